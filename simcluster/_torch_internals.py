@@ -1,0 +1,160 @@
+"""Every use of a private PyTorch internal lives here, so a torch upgrade touches one file.
+
+Tested with torch 2.13 (pinned in pyproject.toml). What we rely on, and why:
+
+* ``torch.distributed.distributed_c10d._world`` holds the process-wide registry of process
+  groups. Our ranks are threads of one process, so each thread needs its own registry:
+  we swap ``_world`` for a proxy that forwards to a per-thread ``_World`` while a run is
+  active. PyTorch's own threaded test backend does the same.
+* ``torch._C._distributed_c10d._set_thread_isolation_mode`` gives each thread its own C++
+  group-name registry, which functional collectives (DTensor, FSDP2) resolve groups in.
+* ``dist.init_process_group`` is wrapped so that a learner's own call inside a rank
+  function (as in a ``torchrun`` script) is accepted: the simulator has already
+  initialised the default group, and torch would otherwise refuse a second one.
+"""
+
+import threading
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+TESTED_TORCH = "2.13"
+
+_original_world = c10d._world
+_original_init_process_group = dist.init_process_group
+
+
+class _RankWorld(c10d._World):
+    """A ``_World`` whose group tables belong to one rank instead of the whole process."""
+
+    def __init__(self):
+        super().__init__()
+        self._pg_map, self._pg_names, self._pg_group_ranks = {}, {}, {}
+        self._pg_backend_config, self._tags_to_pg, self._pg_to_tag = {}, {}, {}
+        self._group_count = 0
+
+    pg_map = property(lambda self: self._pg_map)
+    pg_names = property(lambda self: self._pg_names)
+    pg_group_ranks = property(lambda self: self._pg_group_ranks)
+    pg_backend_config = property(lambda self: self._pg_backend_config)
+    tags_to_pg = property(lambda self: self._tags_to_pg)
+    pg_to_tag = property(lambda self: self._pg_to_tag)
+
+    @property
+    def group_count(self):
+        return self._group_count
+
+    @group_count.setter
+    def group_count(self, value):
+        self._group_count = value
+
+
+class _ThreadLocalWorld:
+    """Forwards every attribute to the calling thread's ``_RankWorld``.
+
+    Threads that are not simulated ranks (the notebook's own thread) see torch's
+    original process-wide world, untouched.
+    """
+
+    _local = threading.local()
+
+    @staticmethod
+    def _current():
+        return getattr(_ThreadLocalWorld._local, "world", _original_world)
+
+    def __getattr__(self, name):
+        return getattr(self._current(), name)
+
+    def __setattr__(self, name, value):
+        setattr(self._current(), name, value)
+
+
+_installed = 0
+_install_lock = threading.Lock()
+
+
+def install():
+    """Make process-group state per-thread. Nested calls are counted."""
+    global _installed
+    with _install_lock:
+        if _installed == 0:
+            c10d._world = _ThreadLocalWorld()
+            torch._C._distributed_c10d._set_thread_isolation_mode(True)
+        _installed += 1
+
+
+def uninstall():
+    """Undo :func:`install` once the last active run has finished."""
+    global _installed
+    with _install_lock:
+        _installed -= 1
+        if _installed == 0:
+            c10d._world = _original_world
+            torch._C._distributed_c10d._set_thread_isolation_mode(False)
+
+
+def enter_rank_thread():
+    """Give the calling thread its own, empty process-group registry."""
+    _ThreadLocalWorld._local.world = _RankWorld()
+    # Backward passes run on the rank's own thread, never on autograd worker threads
+    # that would escape the scheduler.
+    torch.autograd.set_multithreading_enabled(False).__enter__()
+
+
+def leave_rank_thread():
+    """Destroy the calling thread's process groups and drop its registry."""
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    finally:
+        _ThreadLocalWorld._local.world = _original_world
+
+
+def register_backend(name, creator):
+    """Register ``creator(backend_options, pg_options)`` as torch.distributed backend ``name``."""
+    if name.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(name, creator, extended_api=True, devices=["cpu"])
+
+
+def backend_options_fields(options):
+    """Return ``(group_name, group_rank, group_size, global_ranks)`` from torch's options."""
+    return (
+        str(options.group_id),
+        options.group_rank,
+        options.group_size,
+        list(options.global_ranks_in_group),
+    )
+
+
+def patch_init_process_group(in_simulated_rank):
+    """Let a rank function call ``dist.init_process_group`` as it would under torchrun.
+
+    ``in_simulated_rank(kwargs)`` is called on every call; it returns True when it has
+    handled the call (the thread is a simulated rank whose default group already
+    exists), or False to fall through to torch's own function.
+    """
+
+    def init_process_group(backend=None, *args, **kwargs):
+        if in_simulated_rank(backend, kwargs):
+            return None
+        return _original_init_process_group(backend, *args, **kwargs)
+
+    init_process_group.__doc__ = _original_init_process_group.__doc__
+    init_process_group.__wrapped__ = _original_init_process_group
+    dist.init_process_group = init_process_group
+    c10d.init_process_group = init_process_group
+
+
+def init_default_group(rank, world_size, store):
+    """Initialise the calling rank's default group on the ``sim`` backend."""
+    _original_init_process_group("sim", rank=rank, world_size=world_size, store=store)
+
+
+def reduce_op_name(op) -> str:
+    """``"SUM"``, ``"AVG"``, ... for a ``dist.ReduceOp`` or its ``RedOpType``."""
+    op = getattr(op, "op", op)
+    return op.name
+
+
+WorkBase = torch._C._distributed_c10d.Work

@@ -1,0 +1,517 @@
+"""The ``sim`` torch.distributed backend: a ``ProcessGroup`` whose ranks are threads.
+
+Each rank's calls arrive here through the ordinary ``torch.distributed`` API. A collective
+is matched across ranks by its sequence number in its group; when the last rank of the
+group arrives, :mod:`simcluster.collectives` computes the result for everybody, and every
+rank's ``Work`` completes. Point-to-point messages are matched by (source, destination,
+tag), first come first served. Whenever a rank must wait, it hands the baton to the
+scheduler, which knows what every rank is waiting for — so mismatches and deadlocks are
+explained instead of hanging.
+"""
+
+import threading
+from collections import defaultdict, deque
+
+import torch
+import torch.distributed as dist
+
+from . import collectives
+from ._torch_internals import WorkBase, backend_options_fields, reduce_op_name, register_backend
+from .errors import CollectiveMismatchError, DeadlockError
+
+FLIGHT_RECORDER_LENGTH = 5
+
+
+def _shape(t):
+    return tuple(t.shape)
+
+
+def _option(opts, name, default):
+    """``opts.name``, or ``default`` when torch passed no options object."""
+    return default if opts is None else getattr(opts, name)
+
+
+class _Collective:
+    """One collective call, shared by the ranks of its group while they arrive."""
+
+    def __init__(self, group, seq, name, spec, first_rank):
+        self.group, self.seq, self.name = group, seq, name
+        self.spec, self.spec_rank = spec, first_rank
+        self.args = {}
+        self.done = False
+
+    def __str__(self):
+        return f"{self.name} #{self.seq} on group {self.group.label}"
+
+
+class _Wait:
+    """What a blocked rank is waiting for; the scheduler stores it, deadlock reports read it."""
+
+    def __init__(self, kind, text, collective=None, call_index=None):
+        self.kind, self.text = kind, text
+        self.collective, self.call_index = collective, call_index
+
+    def __str__(self):
+        return str(self.text)
+
+
+class _Message:
+    """A posted send or receive that waits for its partner."""
+
+    def __init__(self, src, dst, tag, tensor):
+        self.src, self.dst, self.tag, self.tensor = src, dst, tag, tensor
+        self.done = False
+
+
+class _GroupState:
+    """The state one process group shares across its ranks."""
+
+    def __init__(self, name, ranks, is_default):
+        self.name, self.ranks = name, ranks
+        self.label = "WORLD" if is_default else f"{name} (ranks {_rank_list(ranks)})"
+        self.next_seq = [0] * len(ranks)
+        self.open = {}
+
+
+def _rank_list(ranks):
+    ranks = list(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
+
+
+class SimWork(WorkBase):
+    """The ``Work`` handle returned by every operation of the sim backend."""
+
+    def __init__(self, world, pending, result, what):
+        super().__init__()
+        self._world, self._pending, self._result, self._what = world, pending, result, what
+        self._source = None  # for receives: returns the sender's group rank
+
+    def wait(self, timeout=None):
+        """Block this rank (letting the others run) until the operation has completed."""
+        self._world.scheduler.wait_until(lambda: self._pending.done, self._what)
+        return True
+
+    def is_completed(self):
+        return self._pending.done
+
+    def is_success(self):
+        return self._pending.done
+
+    def exception(self):
+        return None
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def get_future(self):
+        # C++ callers (DDP's reducer) block on the future directly, outside our scheduler,
+        # so hand out a future only once the work has completed.
+        self.wait()
+        future = torch.futures.Future()
+        future.set_result(self._result)
+        return future
+
+    def _source_rank(self):
+        self.wait()
+        return self._source()
+
+
+class SimWorld:
+    """Everything the ranks of one run share: groups, open collectives, mailboxes."""
+
+    def __init__(self, scheduler, world_size):
+        self.scheduler = scheduler
+        self.world_size = world_size
+        self.store = dist.HashStore()  # torch wants one; the sim backend never uses it
+        self.groups = {}
+        self.sends = defaultdict(deque)      # (src, dst, tag) -> posted sends
+        self.recvs = defaultdict(deque)      # (src, dst, tag) -> posted receives
+        self.any_recvs = defaultdict(deque)  # (dst, tag) -> receives from any source
+        self.recent = [deque(maxlen=FLIGHT_RECORDER_LENGTH) for _ in range(world_size)]
+        self.call_count = [0] * world_size
+
+    def group(self, name, ranks):
+        """The shared state of group ``name``, created by the first rank that asks."""
+        if name not in self.groups:
+            is_default = not ranks
+            self.groups[name] = _GroupState(name, ranks or list(range(self.world_size)),
+                                            is_default)
+        return self.groups[name]
+
+    # ----------------------------------------------------------------- deadlocks
+    def explain_deadlock(self):
+        """Build the error that describes why no rank can move."""
+        pending, waits = {}, {}
+        for rank in range(self.world_size):
+            if self.scheduler.is_done(rank):
+                pending[rank] = "returned from its function"
+            else:
+                waits[rank] = self.scheduler.waiting_for(rank)
+                pending[rank] = str(waits[rank])
+        recent = {r: list(self.recent[r]) for r in range(self.world_size)}
+        mismatch = self._group_mismatch(waits)
+        if mismatch:
+            return mismatch
+        return DeadlockError(pending, recent, self._deadlock_hint(pending, waits))
+
+    def _group_mismatch(self, waits):
+        """Ranks stuck in their n-th collective, but on different groups, mismatch."""
+        by_index = defaultdict(dict)
+        for rank, wait in waits.items():
+            if wait is not None and wait.collective is not None:
+                by_index[wait.call_index][rank] = wait.collective
+        for calls in by_index.values():
+            labels = {c.group.label for c in calls.values()}
+            if len(labels) > 1:
+                first = next(iter(calls.values()))
+                return CollectiveMismatchError(
+                    "group", {r: c.group.label for r, c in calls.items()}, first.seq,
+                    first.group.label, first.name,
+                    "every rank must call the same collectives on the same groups, in "
+                    "the same order.")
+        return None
+
+    def _deadlock_hint(self, pending, waits):
+        kinds = {w.kind for w in waits.values() if w is not None}
+        returned = [r for r, p in pending.items() if p == "returned from its function"]
+        if returned and "collective" in kinds:
+            return (f"rank(s) {_rank_list(returned)} returned while others wait in a "
+                    "collective: every rank of a group must call each of its collectives.")
+        if kinds <= {"send", "recv"}:
+            return ("blocking send() waits until the matching recv() is posted (as NCCL "
+                    "does for large messages). If every rank sends first, nobody receives: "
+                    "use isend/irecv or batch_isend_irecv, or let even ranks send first "
+                    "and odd ranks receive first.")
+        return ("the ranks are waiting for each other in different places: compare the "
+                "operations above, and make every rank reach them in the same order.")
+
+
+class SimProcessGroup(dist.ProcessGroup):
+    """One rank's view of a process group on the simulated cluster."""
+
+    def __init__(self, world, group, group_rank):
+        super().__init__(group_rank, len(group.ranks))
+        self._world, self._group, self._group_rank = world, group, group_rank
+        self._global_rank = group.ranks[group_rank]
+
+    def getBackendName(self):
+        return "sim"
+
+    def __repr__(self):
+        return f"SimProcessGroup({self._group.label}, rank {self._group_rank})"
+
+    # ------------------------------------------------------------------ plumbing
+    def _collective(self, name, spec, arg, finish, result):
+        """Join collective ``name``; ``finish(args)`` runs once every rank has joined.
+
+        ``spec`` holds the fields that must agree across ranks. ``finish`` returns an
+        error message when the ranks' arguments do not fit together, else None.
+        """
+        group, world, me = self._group, self._world, self._group_rank
+        seq = group.next_seq[me]
+        group.next_seq[me] += 1
+        coll = group.open.get(seq)
+        if coll is None:
+            coll = group.open[seq] = _Collective(group, seq, name, spec, me)
+        else:
+            self._check_match(coll, name, spec)
+        coll.args[me] = arg
+        world.recent[self._global_rank].append(f"{coll.name} #{seq} ({group.label})")
+        call_index = world.call_count[self._global_rank]
+        world.call_count[self._global_rank] += 1
+        if len(coll.args) == len(group.ranks):
+            error = finish([coll.args[r] for r in range(len(group.ranks))])
+            if error:
+                world.scheduler.fail(CollectiveMismatchError(
+                    "arguments", {}, seq, group.label, name, error))
+            coll.done = True
+            del group.open[seq]
+        missing = lambda: [group.ranks[r] for r in range(len(group.ranks))  # noqa: E731
+                           if r not in coll.args]
+        what = _Wait("collective", "", coll, call_index)
+        what.text = _LazyText(lambda: f"waiting in {coll}: ranks {_rank_list(missing())} "
+                                      "have not called it yet")
+        return SimWork(world, coll, result, what)
+
+    def _check_match(self, coll, name, spec):
+        if coll.name != name:
+            field, mine, theirs = "op", name, coll.name
+        else:
+            field = next((f for f in spec if spec[f] != coll.spec.get(f)), None)
+            if field is None:
+                return
+            mine, theirs = spec[field], coll.spec.get(field)
+        ranks = self._group.ranks
+        values = {ranks[coll.spec_rank]: theirs, self._global_rank: mine}
+        self._world.scheduler.fail(CollectiveMismatchError(
+            field, values, coll.seq, self._group.label, coll.name,
+            "every rank must call the same collectives, in the same order, with "
+            "matching arguments."))
+
+    def _check_root(self, root, what):
+        if not 0 <= root < self.size():
+            raise ValueError(f"rank {self._global_rank}: {what} rank {root} is out of range "
+                             f"for a group of size {self.size()}")
+
+    def _check_reduce(self, op, tensors):
+        name = reduce_op_name(op)
+        for t in tensors:
+            collectives.check_reduce_op(name, t.dtype, self._global_rank)
+        return name
+
+    # --------------------------------------------------------------- collectives
+    def allreduce(self, tensors, opts=None):
+        op = self._check_reduce(_option(opts, 'reduceOp', dist.ReduceOp.SUM), tensors)
+        spec = {"shape": [_shape(t) for t in tensors], "dtype": [t.dtype for t in tensors],
+                "reduce_op": op}
+        return self._collective("all_reduce", spec, tensors,
+                                lambda args: collectives.all_reduce(args, op), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        self._check_root(_option(opts, 'rootRank', 0), "source")
+        spec = {"shape": [_shape(t) for t in tensors], "dtype": [t.dtype for t in tensors],
+                "root": _option(opts, 'rootRank', 0)}
+        return self._collective("broadcast", spec, tensors,
+                                lambda args: collectives.broadcast(args, _option(opts, 'rootRank', 0)),
+                                tensors)
+
+    def reduce(self, tensors, opts=None):
+        self._check_root(_option(opts, 'rootRank', 0), "destination")
+        op = self._check_reduce(_option(opts, 'reduceOp', dist.ReduceOp.SUM), tensors)
+        spec = {"shape": [_shape(t) for t in tensors], "dtype": [t.dtype for t in tensors],
+                "root": _option(opts, 'rootRank', 0), "reduce_op": op}
+        return self._collective("reduce", spec, tensors,
+                                lambda args: collectives.reduce(args, op, _option(opts, 'rootRank', 0)),
+                                tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        outputs, inp = output_tensors[0], input_tensors[0]
+        if len(outputs) != self.size():
+            raise ValueError(f"rank {self._global_rank}: all_gather needs a list of "
+                             f"{self.size()} output tensors, got {len(outputs)}")
+        spec = {"shape": _shape(inp), "dtype": inp.dtype}
+        return self._collective("all_gather", spec, (outputs, inp),
+                                collectives.all_gather, output_tensors)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        works = [self.allgather([outs], [inp], opts) for outs, inp in zip(output_lists, input_list)]
+        return works[-1]
+
+    def all_gather_single(self, output, inp, opts=None):
+        if output.numel() != inp.numel() * self.size():
+            raise ValueError(
+                f"rank {self._global_rank}: all_gather_into_tensor needs an output of "
+                f"{self.size()} x {inp.numel()} = {inp.numel() * self.size()} elements, "
+                f"got {output.numel()} (shape {_shape(output)})")
+        spec = {"shape": _shape(inp), "dtype": inp.dtype}
+        return self._collective("all_gather_into_tensor", spec, (output, inp),
+                                collectives.all_gather_single, [output])
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return works[-1]
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        self._check_root(_option(opts, 'rootRank', 0), "destination")
+        inp = input_tensors[0]
+        outputs = output_tensors[0] if output_tensors else None
+        if self._group_rank == _option(opts, 'rootRank', 0) and (not outputs or len(outputs) != self.size()):
+            raise ValueError(f"rank {self._global_rank}: gather's destination needs a "
+                             f"gather_list of {self.size()} tensors")
+        spec = {"shape": _shape(inp), "dtype": inp.dtype, "root": _option(opts, 'rootRank', 0)}
+        return self._collective("gather", spec, (outputs, inp),
+                                lambda args: collectives.gather(args, _option(opts, 'rootRank', 0)),
+                                output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        self._check_root(_option(opts, 'rootRank', 0), "source")
+        out = output_tensors[0]
+        inputs = input_tensors[0] if input_tensors else None
+        if self._group_rank == _option(opts, 'rootRank', 0) and (not inputs or len(inputs) != self.size()):
+            raise ValueError(f"rank {self._global_rank}: scatter's source needs a "
+                             f"scatter_list of {self.size()} tensors")
+        spec = {"shape": _shape(out), "dtype": out.dtype, "root": _option(opts, 'rootRank', 0)}
+        return self._collective("scatter", spec, (out, inputs),
+                                lambda args: collectives.scatter(args, _option(opts, 'rootRank', 0)),
+                                output_tensors)
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        out, inputs = output_tensors[0], input_lists[0]
+        op = self._check_reduce(_option(opts, 'reduceOp', dist.ReduceOp.SUM), [out])
+        if len(inputs) != self.size():
+            raise ValueError(f"rank {self._global_rank}: reduce_scatter needs a list of "
+                             f"{self.size()} input tensors, got {len(inputs)}")
+        spec = {"shape": _shape(out), "dtype": out.dtype, "reduce_op": op}
+        return self._collective("reduce_scatter", spec, (out, inputs),
+                                lambda args: collectives.reduce_scatter(args, op),
+                                output_tensors)
+
+    def reduce_scatter_single(self, output, inp, opts=None):
+        op = self._check_reduce(_option(opts, 'reduceOp', dist.ReduceOp.SUM), [output])
+        if inp.numel() != output.numel() * self.size():
+            raise ValueError(
+                f"rank {self._global_rank}: reduce_scatter_tensor needs an input of "
+                f"{self.size()} x {output.numel()} = {output.numel() * self.size()} "
+                f"elements, got {inp.numel()} (shape {_shape(inp)})")
+        spec = {"shape": _shape(output), "dtype": output.dtype, "reduce_op": op}
+        return self._collective("reduce_scatter_tensor", spec, (output, inp),
+                                lambda args: collectives.reduce_scatter_single(args, op),
+                                [output])
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs,
+                                        opts=None):
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return works[-1]
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        n = self.size()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(f"rank {self._global_rank}: all_to_all needs {n} output and "
+                             f"{n} input tensors")
+        spec = {"dtype": input_tensors[0].dtype}
+
+        def finish(args):
+            for i, (outputs, _) in enumerate(args):
+                for j, (_, inputs) in enumerate(args):
+                    if outputs[j].shape != inputs[i].shape:
+                        return (f"rank {j} sends {_shape(inputs[i])} to rank {i}, which "
+                                f"expects {_shape(outputs[j])}")
+            collectives.all_to_all(args)
+            return None
+
+        return self._collective("all_to_all", spec, (output_tensors, input_tensors),
+                                finish, output_tensors)
+
+    def all_to_all_single(self, output, inp, output_split_sizes, input_split_sizes,
+                          opts=None):
+        spec = {"dtype": inp.dtype}
+        return self._collective(
+            "all_to_all_single", spec,
+            (output, inp, list(output_split_sizes), list(input_split_sizes)),
+            collectives.all_to_all_single, [output])
+
+    def barrier(self, opts=None):
+        return self._collective("barrier", {}, None, lambda args: None, [])
+
+    # Names older torch versions (and some C++ callers) still use.
+    _allgather_base = all_gather_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    _reduce_scatter_base = reduce_scatter_single
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    alltoall_base = all_to_all_single
+
+    # ---------------------------------------------------------- point to point
+    def _peer(self, group_peer, what):
+        if not 0 <= group_peer < self.size():
+            raise ValueError(f"rank {self._global_rank}: {what} rank {group_peer} is out of "
+                             f"range for a group of size {self.size()}")
+        if group_peer == self._group_rank:
+            raise ValueError(f"rank {self._global_rank}: cannot {what} to or from itself")
+        return self._group.ranks[group_peer]
+
+    def send(self, tensors, dst, tag):
+        """Post a send; it completes when the matching receive is posted."""
+        world, me = self._world, self._global_rank
+        dst = self._peer(dst, "send")
+        msg = _Message(me, dst, tag, tensors[0])
+        key = (me, dst, tag)
+        partner = world.recvs[key].popleft() if world.recvs[key] else None
+        if partner is None and world.any_recvs[(dst, tag)]:
+            partner = world.any_recvs[(dst, tag)].popleft()
+        if partner is not None:
+            self._deliver(msg, partner)
+        else:
+            world.sends[key].append(msg)
+        what = _Wait("send", f"waiting in send to rank {dst} (tag {tag}, "
+                             f"{_shape(tensors[0])}): rank {dst} has not posted a matching recv")
+        return SimWork(world, msg, tensors, what)
+
+    def recv(self, tensors, src, tag):
+        """Post a receive from group rank ``src``; it completes when the send arrives."""
+        world, me = self._world, self._global_rank
+        src = self._peer(src, "receive")
+        msg = _Message(src, me, tag, tensors[0])
+        key = (src, me, tag)
+        if world.sends[key]:
+            self._deliver(world.sends[key].popleft(), msg)
+        else:
+            world.recvs[key].append(msg)
+        what = _Wait("recv", f"waiting in recv from rank {src} (tag {tag}, "
+                             f"{_shape(tensors[0])}): rank {src} has not sent it")
+        work = SimWork(world, msg, tensors, what)
+        work._source = lambda: self._group.ranks.index(msg.src)
+        return work
+
+    def recv_anysource(self, tensors, tag):
+        """Post a receive from any rank of the group: the earliest posted send wins."""
+        world, me = self._world, self._global_rank
+        msg = _Message(None, me, tag, tensors[0])
+        what = _Wait("recv", f"waiting in recv from any rank (tag {tag}): nobody sent one")
+        work = SimWork(world, msg, tensors, what)
+        for src in self._group.ranks:
+            key = (src, me, tag)
+            if world.sends[key]:
+                self._deliver(world.sends[key].popleft(), msg)
+                break
+        else:
+            world.any_recvs[(me, tag)].append(msg)
+        work._source = lambda: self._group.ranks.index(msg.src)
+        return work
+
+    recvAnysource = recv_anysource
+
+    def _deliver(self, send, recv):
+        if send.tensor.shape != recv.tensor.shape or send.tensor.dtype != recv.tensor.dtype:
+            self._world.scheduler.fail(CollectiveMismatchError(
+                "shape/dtype", {send.src: f"sends {_shape(send.tensor)} {send.tensor.dtype}",
+                                recv.dst: f"receives {_shape(recv.tensor)} {recv.tensor.dtype}"},
+                0, self._group.label, "send/recv",
+                "the receiving tensor must have the same shape and dtype as the sent one."))
+        with torch.no_grad():
+            recv.tensor.detach().copy_(send.tensor)
+        recv.src = send.src
+        send.done = recv.done = True
+
+
+class _LazyText:
+    """A string computed only when printed (deadlock reports), not on every wait."""
+
+    def __init__(self, make):
+        self._make = make
+
+    def __str__(self):
+        return self._make()
+
+
+# ------------------------------------------------------------ backend registration
+_thread = threading.local()
+
+
+def bind_thread(world):
+    """Tell the sim backend which run the calling rank thread belongs to."""
+    _thread.world = world
+
+
+def current_world():
+    """The :class:`SimWorld` of the calling rank thread, or None outside a run."""
+    return getattr(_thread, "world", None)
+
+
+def create_process_group(options, pg_options=None):
+    """torch.distributed's factory for the ``sim`` backend (registered at import)."""
+    world = current_world()
+    if world is None:
+        raise RuntimeError(
+            'the "sim" backend only works inside a simulated run: call your function '
+            "with cluster.run(fn, world_size=...) instead of calling it directly.")
+    name, group_rank, _, global_ranks = backend_options_fields(options)
+    return SimProcessGroup(world, world.group(name, global_ranks), group_rank)
+
+
+register_backend("sim", create_process_group)

@@ -1,0 +1,130 @@
+"""``Cluster`` — the entry point: run an SPMD function on N simulated ranks.
+
+    cluster = Cluster.preset("dgx-a100", nodes=2)     # 2 nodes x 8 simulated GPUs
+    run = cluster.run(train, world_size=8, args=(...))
+    run.results[r]                                     # what train() returned on rank r
+
+Inside ``train`` the default process group is already initialised on the ``sim``
+backend, so ordinary ``torch.distributed`` code runs unchanged.
+"""
+
+import torch.distributed as dist
+
+from . import _torch_internals, backend, spec
+from .scheduler import RankScheduler
+
+
+class Run:
+    """The record of one finished run.
+
+    Attributes:
+        results: ``results[r]`` is what the function returned on rank ``r``.
+        world_size: the number of ranks that ran.
+        cluster: the :class:`Cluster` it ran on.
+    """
+
+    def __init__(self, cluster, world_size, results):
+        self.cluster, self.world_size, self.results = cluster, world_size, results
+
+    def __repr__(self):
+        return f"<Run of {self.world_size} ranks on {self.cluster.spec.name}>"
+
+
+class Cluster:
+    """A simulated cluster. Build one with :meth:`preset`."""
+
+    def __init__(self, cluster_spec):
+        self.spec = cluster_spec
+
+    @classmethod
+    def preset(cls, name, nodes=None):
+        """A cluster from a named preset: ``"dgx-a100"``, ``"dgx-h100"``, ``"hetero-11"``."""
+        return cls(spec.preset(name, nodes))
+
+    @property
+    def world_size(self):
+        """How many devices (and so ranks) the cluster has."""
+        return self.spec.world_size
+
+    def __repr__(self):
+        return (f"<Cluster {self.spec.name}: {len(self.spec.nodes)} nodes, "
+                f"{self.world_size} devices>")
+
+    def run(self, fn, world_size=None, args=(), kwargs=None, timeout=None):
+        """Run ``fn(*args, **kwargs)`` on ranks ``0 .. world_size-1`` and return a :class:`Run`.
+
+        Args:
+            fn: the function every rank runs (SPMD); it finds its rank with
+                ``dist.get_rank()``.
+            world_size: how many ranks; defaults to every device of the cluster.
+            args, kwargs: passed to ``fn`` on every rank (the same objects: copy what a
+                rank must not share).
+            timeout: wall-clock seconds after which a rank that is still running
+                (an infinite loop) is stopped with :class:`~simcluster.SimulationTimeout`.
+
+        Raises:
+            RankError: ``fn`` raised on some rank.
+            DeadlockError, CollectiveMismatchError: the ranks' communication does not fit.
+        """
+        world_size = self._check_run_arguments(fn, world_size, args, kwargs, timeout)
+        kwargs = dict(kwargs or {})
+        results = [None] * world_size
+        world = None
+
+        def rank_main(rank):
+            _torch_internals.enter_rank_thread()
+            backend.bind_thread(world)
+            try:
+                _torch_internals.init_default_group(rank, world_size, world.store)
+                results[rank] = fn(*args, **kwargs)
+            finally:
+                _torch_internals.leave_rank_thread()
+                backend.bind_thread(None)
+
+        scheduler = RankScheduler(world_size, lambda: world.explain_deadlock(), timeout)
+        world = backend.SimWorld(scheduler, world_size)
+        _torch_internals.install()
+        try:
+            scheduler.run(rank_main)
+        finally:
+            _torch_internals.uninstall()
+        return Run(self, world_size, results)
+
+    def _check_run_arguments(self, fn, world_size, args, kwargs, timeout):
+        if not callable(fn):
+            raise TypeError(f"cluster.run needs a function to run on every rank, got "
+                            f"{type(fn).__name__} {fn!r}")
+        if world_size is None:
+            world_size = self.world_size
+        if not isinstance(world_size, int) or isinstance(world_size, bool):
+            raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
+        if not 1 <= world_size <= self.world_size:
+            raise ValueError(f"world_size must be between 1 and {self.world_size} (the "
+                             f"devices in {self.spec.name}), got {world_size}")
+        if not isinstance(args, (tuple, list)):
+            raise TypeError(f"args must be a tuple, got {type(args).__name__}; "
+                            "for one argument write args=(x,)")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        return world_size
+
+
+def _learner_init_process_group(backend_name, kwargs):
+    """Accept a rank function's own ``dist.init_process_group(...)`` inside a run."""
+    world = backend.current_world()
+    if world is None:
+        return False
+    rank = world.scheduler.rank
+    for key, actual in (("world_size", world.world_size), ("rank", rank)):
+        wanted = kwargs.get(key, -1)
+        if wanted not in (-1, None, actual):
+            raise ValueError(f"rank {rank}: init_process_group({key}={wanted}) does not match "
+                             f"the simulated run ({key} is {actual})")
+    if not dist.is_initialized():
+        _torch_internals.init_default_group(rank, world.world_size, world.store)
+    return True
+
+
+_torch_internals.patch_init_process_group(_learner_init_process_group)

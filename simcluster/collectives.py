@@ -1,0 +1,168 @@
+"""What each collective computes, once every rank of the group has arrived.
+
+Each function receives the ranks' arguments as a list in group-rank order and writes the
+results into the ranks' output tensors. Reductions always run in rank order
+(``((x0 + x1) + x2) + ...``), which is what makes results bit-identical from run to run.
+
+Writes go through ``.detach()`` under ``no_grad`` because collectives mutate tensors
+behind autograd's back, exactly as a real backend does.
+"""
+
+import torch
+
+from ._torch_internals import reduce_op_name
+
+_FLOAT_ONLY = {"AVG"}
+_INT_ONLY = {"BAND", "BOR", "BXOR"}
+
+
+def check_reduce_op(op_name, dtype, rank):
+    """Raise a clear error when ``op_name`` cannot reduce tensors of ``dtype``."""
+    if op_name == "PREMUL_SUM":
+        raise NotImplementedError(
+            f"rank {rank}: ReduceOp.PREMUL_SUM is an NCCL-only op and is not simulated; "
+            "multiply by the factor, then use ReduceOp.SUM.")
+    floating = dtype.is_floating_point or dtype.is_complex
+    if op_name in _FLOAT_ONLY and not floating:
+        raise ValueError(
+            f"rank {rank}: ReduceOp.{op_name} needs a floating-point tensor, got {dtype}. "
+            "Use ReduceOp.SUM and divide by the world size yourself.")
+    if op_name in _INT_ONLY and floating:
+        raise ValueError(
+            f"rank {rank}: ReduceOp.{op_name} is a bitwise op and needs an integer or bool "
+            f"tensor, got {dtype}.")
+
+
+def reduce_tensors(tensors, op):
+    """Reduce ``tensors`` (rank order) with ``op`` into a new tensor."""
+    name = reduce_op_name(op) if not isinstance(op, str) else op
+    out = tensors[0].detach().clone()
+    for t in tensors[1:]:
+        t = t.detach()
+        if name in ("SUM", "AVG"):
+            out.add_(t)
+        elif name == "PRODUCT":
+            out.mul_(t)
+        elif name == "MIN":
+            torch.minimum(out, t, out=out)
+        elif name == "MAX":
+            torch.maximum(out, t, out=out)
+        elif name == "BAND":
+            out.bitwise_and_(t)
+        elif name == "BOR":
+            out.bitwise_or_(t)
+        elif name == "BXOR":
+            out.bitwise_xor_(t)
+        else:
+            raise NotImplementedError(f"reduce op {name} is not simulated")
+    if name == "AVG":
+        out.div_(len(tensors))
+    return out
+
+
+@torch.no_grad()
+def _write(dst, src):
+    dst.detach().copy_(src)
+
+
+def all_reduce(args, op):
+    """``args[r]`` is rank r's list of tensors; every rank gets the reduction of each."""
+    for i in range(len(args[0])):
+        result = reduce_tensors([a[i] for a in args], op)
+        for a in args:
+            _write(a[i], result)
+
+
+def reduce(args, op, dst):
+    """Like :func:`all_reduce`, but only group rank ``dst`` receives the result."""
+    for i in range(len(args[0])):
+        _write(args[dst][i], reduce_tensors([a[i] for a in args], op))
+
+
+def broadcast(args, src):
+    """Every rank's tensors become copies of group rank ``src``'s."""
+    for r, tensors in enumerate(args):
+        if r != src:
+            for dst, s in zip(tensors, args[src]):
+                _write(dst, s)
+
+
+def all_gather(args):
+    """``args[r] = (outputs, input)``: ``outputs[j]`` on every rank gets rank j's input."""
+    for outputs, _ in args:
+        for j, (_, inp) in enumerate(args):
+            _write(outputs[j], inp)
+
+
+def all_gather_single(args):
+    """``args[r] = (output, input)``: the output is every rank's input, stacked on dim 0."""
+    for output, _ in args:
+        chunks = output.view(len(args), *args[0][1].shape) if output.dim() else None
+        for j, (_, inp) in enumerate(args):
+            _write(chunks[j], inp)
+
+
+def reduce_scatter(args, op):
+    """``args[r] = (output, inputs)``: rank i gets the reduction of every rank's ``inputs[i]``."""
+    for i, (output, _) in enumerate(args):
+        _write(output, reduce_tensors([inputs[i] for _, inputs in args], op))
+
+
+def reduce_scatter_single(args, op):
+    """``args[r] = (output, input)``: the input is split on dim 0 into one chunk per rank."""
+    n = len(args)
+    split = [inp.detach().reshape(n, -1) for _, inp in args]
+    for i, (output, _) in enumerate(args):
+        _write(output, reduce_tensors([s[i] for s in split], op).view(output.shape))
+
+
+def gather(args, dst):
+    """``args[r] = (outputs, input)``; only group rank ``dst`` has outputs."""
+    outputs = args[dst][0]
+    for j, (_, inp) in enumerate(args):
+        _write(outputs[j], inp)
+
+
+def scatter(args, src):
+    """``args[r] = (output, inputs)``; rank i's output gets group rank ``src``'s ``inputs[i]``."""
+    inputs = args[src][1]
+    for i, (output, _) in enumerate(args):
+        _write(output, inputs[i])
+
+
+def all_to_all(args):
+    """``args[r] = (outputs, inputs)``: rank i's ``outputs[j]`` gets rank j's ``inputs[i]``."""
+    for i, (outputs, _) in enumerate(args):
+        for j, (_, inputs_of_j) in enumerate(args):
+            _write(outputs[j], inputs_of_j[i])
+
+
+def _splits(tensor, sizes, n):
+    if not sizes:
+        return list(tensor.chunk(n)) if tensor.shape[0] % n == 0 else None
+    return list(tensor.split(list(sizes)))
+
+
+def all_to_all_single(args):
+    """``args[r] = (output, input, output_splits, input_splits)``, split on dim 0.
+
+    Returns an error message when the split sizes do not fit together, else None.
+    """
+    n = len(args)
+    outs, ins = [], []
+    for r, (output, inp, out_splits, in_splits) in enumerate(args):
+        o, i = _splits(output, out_splits, n), _splits(inp, in_splits, n)
+        if o is None or i is None:
+            return (f"rank {r}: dim 0 ({output.shape[0]} / {inp.shape[0]}) does not divide "
+                    f"by the group size {n}; pass output_split_sizes and input_split_sizes")
+        outs.append(o)
+        ins.append(i)
+    for i in range(n):
+        for j in range(n):
+            if outs[i][j].shape != ins[j][i].shape:
+                return (f"rank {j} sends {tuple(ins[j][i].shape)} to rank {i}, which expects "
+                        f"{tuple(outs[i][j].shape)}")
+    for i in range(n):
+        for j in range(n):
+            _write(outs[i][j], ins[j][i])
+    return None

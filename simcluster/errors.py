@@ -1,0 +1,82 @@
+"""Errors raised by a simulated run.
+
+Every error the simulator raises on purpose derives from :class:`SimulationError`, so a
+notebook can catch them all with one ``except``. Each message says what went wrong, on
+which rank, in which operation, and what to try next.
+"""
+
+import traceback
+
+
+class SimulationError(Exception):
+    """Base class of every error raised by a simulated run."""
+
+
+class RankError(SimulationError):
+    """A rank's function raised an exception; the other ranks were stopped.
+
+    Attributes:
+        rank: the global rank that raised.
+        original: the exception raised on that rank.
+        traceback_text: the formatted traceback of ``original``, from inside the rank.
+    """
+
+    def __init__(self, rank: int, original: BaseException):
+        self.rank = rank
+        self.original = original
+        self.traceback_text = "".join(
+            traceback.format_exception(type(original), original, original.__traceback__)
+        )
+        super().__init__(
+            f"rank {rank} raised {type(original).__name__}: {original}\n"
+            f"The other ranks were stopped. Traceback from rank {rank}:\n"
+            f"{self.traceback_text}"
+        )
+
+
+class DeadlockError(SimulationError):
+    """Every rank that is still running is waiting for something that can never happen.
+
+    Attributes:
+        pending: ``{rank: description}`` of what each rank was doing when the run stopped.
+        recent: ``{rank: [description, ...]}`` — each rank's last few collectives
+            (the flight recorder), oldest first.
+    """
+
+    def __init__(self, pending: dict, recent: dict, hint: str = ""):
+        self.pending = pending
+        self.recent = recent
+        lines = ["deadlock: no rank can make progress."]
+        for rank in sorted(pending):
+            lines.append(f"  rank {rank}: {pending[rank]}")
+            if recent.get(rank):
+                lines.append(f"          last collectives: {'; '.join(recent[rank])}")
+        if hint:
+            lines.append(f"Hint: {hint}")
+        super().__init__("\n".join(lines))
+
+
+class CollectiveMismatchError(SimulationError):
+    """Ranks called different collectives at the same point of the same group.
+
+    Attributes:
+        field: what differs (``"op"``, ``"shape"``, ``"dtype"``, ``"root"``,
+            ``"reduce_op"``, ``"group"``, ...).
+        values: ``{rank: value}`` of that field on the ranks involved.
+        seq: the collective's sequence number in its group.
+    """
+
+    def __init__(self, field: str, values: dict, seq: int, group: str, op: str, hint: str = ""):
+        self.field = field
+        self.values = values
+        self.seq = seq
+        shown = ", ".join(f"rank {r}: {v}" for r, v in sorted(values.items()))
+        message = (
+            f"collective mismatch in {op} #{seq} on group {group}: the {field} differs "
+            f"({shown})."
+        )
+        super().__init__(message + (f"\nHint: {hint}" if hint else ""))
+
+
+class SimulationTimeout(SimulationError):
+    """A rank ran for longer than the run's wall-clock ``timeout`` (an infinite loop?)."""

@@ -1,0 +1,237 @@
+"""The rank scheduler: N ranks as threads, exactly one running at a time.
+
+Why threads that take turns, instead of threads that run freely?
+
+* **Determinism.** A rank runs until it must wait (for a collective, a ``recv``, a
+  ``wait()``); then the baton passes to the next rank, round-robin, that can make progress.
+  The interleaving is therefore a pure function of the program, and so are the results.
+* **Per-rank process state.** Each rank keeps its own random-number state (torch,
+  ``random``, numpy) and default dtype, as if it were its own process: they are saved
+  when a rank hands over the baton and restored when it gets it back.
+* **Never hang.** The scheduler always knows which ranks are waiting and for what. When
+  no rank can make progress it raises :class:`~simcluster.DeadlockError` at once, instead
+  of hanging the kernel the way a real cluster would.
+"""
+
+import ctypes
+import random
+import threading
+
+import numpy as np
+import torch
+
+from .errors import RankError, SimulationError, SimulationTimeout
+
+# A fresh Python process starts torch's generator from this seed; our ranks do too.
+TORCH_DEFAULT_SEED = 67280421310721
+PY_DEFAULT_SEED = 0
+
+
+class Abort(BaseException):
+    """Unwinds a rank's thread when the run is being stopped. Never seen by the learner.
+
+    It derives from BaseException so that a learner's ``except Exception`` does not
+    swallow it.
+    """
+
+
+class _ProcessState:
+    """What a real process would keep to itself but our threads share: RNGs, dtype."""
+
+    def __init__(self):
+        saved = _ProcessState.capture()
+        torch.manual_seed(TORCH_DEFAULT_SEED)
+        random.seed(PY_DEFAULT_SEED)
+        np.random.seed(PY_DEFAULT_SEED)
+        torch.set_default_dtype(torch.float32)
+        self.state = _ProcessState.capture()
+        _ProcessState.apply(saved)
+
+    @staticmethod
+    def capture():
+        return (torch.get_rng_state(), random.getstate(), np.random.get_state(),
+                torch.get_default_dtype())
+
+    @staticmethod
+    def apply(state):
+        torch_rng, py_rng, np_rng, dtype = state
+        torch.set_rng_state(torch_rng)
+        random.setstate(py_rng)
+        np.random.set_state(np_rng)
+        torch.set_default_dtype(dtype)
+
+    def save(self):
+        self.state = _ProcessState.capture()
+
+    def restore(self):
+        _ProcessState.apply(self.state)
+
+
+READY, BLOCKED, DONE = "ready", "blocked", "done"
+
+
+class RankScheduler:
+    """Runs ``target(rank)`` for every rank, one rank at a time, deterministically.
+
+    Ranks call :meth:`wait_until` whenever they must wait; everything else is internal.
+    ``on_deadlock()`` is called (on a rank's thread) when no rank can make progress and
+    must return the :class:`SimulationError` to raise from :meth:`run`.
+    """
+
+    def __init__(self, world_size, on_deadlock, timeout=None):
+        self.world_size = world_size
+        self.timeout = timeout
+        self._on_deadlock = on_deadlock
+        self._go = [threading.Event() for _ in range(world_size)]
+        self._finished = threading.Event()
+        self._state = [READY] * world_size
+        self._ready_when = [None] * world_size
+        self._waiting_for = [None] * world_size
+        self._process = [None] * world_size
+        self._threads = []
+        self._local = threading.local()
+        self.current = None
+        self.failure = None
+        self.aborting = False
+
+    # ----------------------------------------------------------------- for the ranks
+    @property
+    def rank(self):
+        """The global rank of the calling thread (None outside a rank)."""
+        return getattr(self._local, "rank", None)
+
+    def waiting_for(self, rank):
+        """What ``rank`` is waiting for now, or None if it is running or done."""
+        return self._waiting_for[rank] if self._state[rank] == BLOCKED else None
+
+    def is_done(self, rank):
+        return self._state[rank] == DONE
+
+    def wait_until(self, ready, what):
+        """Let other ranks run until ``ready()`` is true. ``what`` describes the wait."""
+        if self.aborting:
+            raise Abort()
+        if ready():
+            return
+        rank = self.rank
+        self._state[rank] = BLOCKED
+        self._ready_when[rank] = ready
+        self._waiting_for[rank] = what
+        self._hand_over(rank)
+        self._go[rank].wait()
+        self._go[rank].clear()
+        self._take_over(rank)
+        if self.aborting:
+            raise Abort()
+
+    def fail(self, error):
+        """Stop the run with ``error`` (raised from :meth:`run`); unwinds the calling rank."""
+        if self.failure is None:
+            self.failure = error
+        self.aborting = True
+        raise Abort()
+
+    # ------------------------------------------------------------------ for the run
+    def run(self, target):
+        """Run ``target(rank)`` on every rank; raise the run's failure, if any."""
+        self._process = [_ProcessState() for _ in range(self.world_size)]
+        notebook_state = _ProcessState.capture()
+        self._threads = [
+            threading.Thread(target=self._rank_main, args=(rank, target),
+                             name=f"sim-rank-{rank}", daemon=True)
+            for rank in range(self.world_size)
+        ]
+        for thread in self._threads:
+            thread.start()
+        try:
+            self.current = 0
+            self._go[0].set()
+            self._wait_for_ranks()
+        finally:
+            _ProcessState.apply(notebook_state)
+        if self.failure is not None:
+            raise self.failure
+
+    def _wait_for_ranks(self):
+        try:
+            if not self._finished.wait(self.timeout):
+                stuck = self.current
+                self.failure = SimulationTimeout(
+                    f"rank {stuck} was still running after {self.timeout} s of wall-clock "
+                    f"time, so the run was stopped. Is there an infinite loop, or a "
+                    f"loop that waits for something no other rank will do?")
+                self._interrupt_current()
+                self._finished.wait()
+        except KeyboardInterrupt:
+            self.failure = self.failure or SimulationError("interrupted by the user")
+            self._interrupt_current()
+            self._finished.wait()
+            for thread in self._threads:
+                thread.join()
+            raise
+        for thread in self._threads:
+            thread.join()
+
+    def _interrupt_current(self):
+        """Stop whichever rank holds the baton by raising Abort inside its thread."""
+        self.aborting = True
+        thread = self._threads[self.current]
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(Abort))
+
+    # -------------------------------------------------------------------- internals
+    def _rank_main(self, rank, target):
+        self._local.rank = rank
+        self._go[rank].wait()
+        self._go[rank].clear()
+        self._take_over(rank)
+        try:
+            if not self.aborting:
+                target(rank)
+        except Abort:
+            pass
+        except BaseException as exc:  # noqa: BLE001 — any failure is reported, not raised here
+            if not self.aborting:
+                self.failure = RankError(rank, exc)
+                self.aborting = True
+        finally:
+            self._state[rank] = DONE
+            self._waiting_for[rank] = None
+            self._hand_over(rank)
+
+    def _take_over(self, rank):
+        self.current = rank
+        self._state[rank] = READY
+        self._ready_when[rank] = None
+        self._process[rank].restore()
+
+    def _hand_over(self, rank):
+        """Pass the baton from ``rank`` to the next rank that can run."""
+        if self._state[rank] != DONE:
+            self._process[rank].save()
+        nxt = self._next_runnable(rank)
+        if nxt is None and not self.aborting and any(s != DONE for s in self._state):
+            # Nobody can move: a deadlock. Ask the backend to explain it, then unwind.
+            try:
+                error = self._on_deadlock()
+            except BaseException as exc:  # a bug in the explanation must not hang the kernel
+                error = SimulationError(f"deadlock (and explaining it failed: {exc!r})")
+            self.failure = self.failure or error
+            self.aborting = True
+            nxt = self._next_runnable(rank)
+        if nxt is None:
+            self._finished.set()
+        else:
+            self.current = nxt
+            self._go[nxt].set()
+
+    def _next_runnable(self, after):
+        """The first rank after ``after`` (round-robin) that can run, or None."""
+        for step in range(1, self.world_size + 1):
+            rank = (after + step) % self.world_size
+            state = self._state[rank]
+            if state == DONE:
+                continue
+            if state == READY or self.aborting or self._ready_when[rank]():
+                return rank
+        return None
