@@ -200,6 +200,15 @@ class SimProcessGroup(dist.ProcessGroup):
     def getBackendName(self):
         return "sim"
 
+    @property
+    def group_name(self):
+        """The name torch.distributed registered this group under."""
+        return self._group.name
+
+    @property
+    def group_desc(self):
+        return self._group.label
+
     def __repr__(self):
         return f"SimProcessGroup({self._group.label}, rank {self._group_rank})"
 
