@@ -9,13 +9,16 @@ Ranks are threads of this Python process, scheduled one at a time in a fixed ord
 every run is deterministic, and a deadlock is reported instead of hanging.
 """
 
-from .cluster import Cluster, Run
-from .errors import (CollectiveMismatchError, DeadlockError, RankError, SimulationError,
+from .cluster import Cluster
+from .errors import (CollectiveMismatchError, DeadlockError, OutOfMemoryError, RankError,
+                     SimulationError,
                      SimulationTimeout)
-from .spec import PRESETS, ClusterSpec, NodeSpec
+from .report import Run, Summary
+from .spec import PRESETS, ClusterSpec, DeviceSpec, LinkSpec, NetworkSpec, NodeSpec
 
 __all__ = [
-    "Cluster", "Run", "ClusterSpec", "NodeSpec", "PRESETS",
+    "Cluster", "Run", "Summary", "ClusterSpec", "NodeSpec", "DeviceSpec", "LinkSpec",
+    "NetworkSpec", "PRESETS",
     "SimulationError", "RankError", "DeadlockError", "CollectiveMismatchError",
-    "SimulationTimeout",
+    "SimulationTimeout", "OutOfMemoryError",
 ]

@@ -72,15 +72,28 @@ class _ThreadLocalWorld:
 
 _installed = 0
 _install_lock = threading.Lock()
+_original_storage_resize = torch.UntypedStorage.resize_
 
 
-def install():
-    """Make process-group state per-thread. Nested calls are counted."""
+def install(on_storage_resize):
+    """Make process-group state per-thread; report storage resizes to ``on_storage_resize``.
+
+    FSDP2 frees and refills unsharded parameters with ``UntypedStorage.resize_``, which
+    bypasses the dispatcher, so memory accounting hears of it through this wrapper.
+    Nested calls are counted.
+    """
     global _installed
     with _install_lock:
         if _installed == 0:
             c10d._world = _ThreadLocalWorld()
             torch._C._distributed_c10d._set_thread_isolation_mode(True)
+
+            def resize_(storage, nbytes):
+                result = _original_storage_resize(storage, nbytes)
+                on_storage_resize(storage, nbytes)
+                return result
+
+            torch.UntypedStorage.resize_ = resize_
         _installed += 1
 
 
@@ -92,6 +105,7 @@ def uninstall():
         if _installed == 0:
             c10d._world = _original_world
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
+            torch.UntypedStorage.resize_ = _original_storage_resize
 
 
 def enter_rank_thread():

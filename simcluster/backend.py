@@ -15,7 +15,7 @@ from collections import defaultdict, deque
 import torch
 import torch.distributed as dist
 
-from . import collectives
+from . import accounting, collectives
 from ._torch_internals import WorkBase, backend_options_fields, reduce_op_name, register_backend
 from .errors import CollectiveMismatchError, DeadlockError
 
@@ -24,6 +24,10 @@ FLIGHT_RECORDER_LENGTH = 5
 
 def _shape(t):
     return tuple(t.shape)
+
+
+def _nbytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _option(opts, name, default):
@@ -38,7 +42,9 @@ class _Collective:
         self.group, self.seq, self.name = group, seq, name
         self.spec, self.spec_rank = spec, first_rank
         self.args = {}
+        self.arrivals = {}   # group rank -> simulated time it reached the collective
         self.done = False
+        self.end = 0.0       # simulated time the collective finishes
 
     def __str__(self):
         return f"{self.name} #{self.seq} on group {self.group.label}"
@@ -58,9 +64,11 @@ class _Wait:
 class _Message:
     """A posted send or receive that waits for its partner."""
 
-    def __init__(self, src, dst, tag, tensor):
+    def __init__(self, src, dst, tag, tensor, posted):
         self.src, self.dst, self.tag, self.tensor = src, dst, tag, tensor
+        self.posted = posted  # simulated time it was posted
         self.done = False
+        self.end = 0.0
 
 
 class _GroupState:
@@ -83,14 +91,17 @@ def _rank_list(ranks):
 class SimWork(WorkBase):
     """The ``Work`` handle returned by every operation of the sim backend."""
 
-    def __init__(self, world, pending, result, what):
+    def __init__(self, world, pending, result, what, clock):
         super().__init__()
         self._world, self._pending, self._result, self._what = world, pending, result, what
+        self._clock = clock  # the waiting rank's simulated clock (None: no accounting)
         self._source = None  # for receives: returns the sender's group rank
 
     def wait(self, timeout=None):
         """Block this rank (letting the others run) until the operation has completed."""
         self._world.scheduler.wait_until(lambda: self._pending.done, self._what)
+        if self._clock is not None:
+            self._clock.wait_until(self._pending.end, "wait for communication")
         return True
 
     def is_completed(self):
@@ -109,7 +120,11 @@ class SimWork(WorkBase):
     def get_future(self):
         # C++ callers (DDP's reducer) block on the future directly, outside our scheduler,
         # so hand out a future only once the work has completed.
-        self.wait()
+        self._world.scheduler.wait_until(lambda: self._pending.done, self._what)
+        if self._clock is not None:
+            # The rank's compute stream waits only when it reads the result.
+            for t in self._result:
+                self._clock.ready_at[accounting.storage_key(t)] = self._pending.end
         future = torch.futures.Future()
         future.set_result(self._result)
         return future
@@ -122,8 +137,9 @@ class SimWork(WorkBase):
 class SimWorld:
     """Everything the ranks of one run share: groups, open collectives, mailboxes."""
 
-    def __init__(self, scheduler, world_size):
+    def __init__(self, scheduler, world_size, recorder=None):
         self.scheduler = scheduler
+        self.recorder = recorder  # simulated time and memory (None: accounting off)
         self.world_size = world_size
         self.store = dist.HashStore()  # torch wants one; the sim backend never uses it
         self.groups = {}
@@ -132,6 +148,17 @@ class SimWorld:
         self.any_recvs = defaultdict(deque)  # (dst, tag) -> receives from any source
         self.recent = [deque(maxlen=FLIGHT_RECORDER_LENGTH) for _ in range(world_size)]
         self.call_count = [0] * world_size
+        self.bytes_sent = [0] * world_size     # point-to-point payload bytes, per sender
+        self.messages_sent = [0] * world_size  # point-to-point messages, per sender
+
+    def clock(self, rank):
+        """Global ``rank``'s simulated clock, or None when accounting is off."""
+        return self.recorder.clocks[rank] if self.recorder else None
+
+    def now(self, rank):
+        """When ``rank``'s communication stream can start something new."""
+        clock = self.clock(rank)
+        return max(clock.now, clock.comm_free) if clock else 0.0
 
     def group(self, name, ranks):
         """The shared state of group ``name``, created by the first rank that asks."""
@@ -213,11 +240,12 @@ class SimProcessGroup(dist.ProcessGroup):
         return f"SimProcessGroup({self._group.label}, rank {self._group_rank})"
 
     # ------------------------------------------------------------------ plumbing
-    def _collective(self, name, spec, arg, finish, result):
+    def _collective(self, name, spec, arg, finish, result, nbytes):
         """Join collective ``name``; ``finish(args)`` runs once every rank has joined.
 
         ``spec`` holds the fields that must agree across ranks. ``finish`` returns an
         error message when the ranks' arguments do not fit together, else None.
+        ``nbytes`` is the buffer size the cost model charges (see costmodel.OP_FAMILY).
         """
         group, world, me = self._group, self._world, self._group_rank
         seq = group.next_seq[me]
@@ -228,11 +256,15 @@ class SimProcessGroup(dist.ProcessGroup):
         else:
             self._check_match(coll, name, spec)
         coll.args[me] = arg
+        coll.arrivals[me] = world.now(self._global_rank)
+        _tag_as_communication(result)
         world.recent[self._global_rank].append(f"{coll.name} #{seq} ({group.label})")
         call_index = world.call_count[self._global_rank]
         world.call_count[self._global_rank] += 1
         if len(coll.args) == len(group.ranks):
-            error = finish([coll.args[r] for r in range(len(group.ranks))])
+            self._charge(coll, nbytes)
+            with _paused_accounting():
+                error = finish([coll.args[r] for r in range(len(group.ranks))])
             if error:
                 world.scheduler.fail(CollectiveMismatchError(
                     "arguments", {}, seq, group.label, name, error))
@@ -243,7 +275,24 @@ class SimProcessGroup(dist.ProcessGroup):
         what = _Wait("collective", "", coll, call_index)
         what.text = _LazyText(lambda: f"waiting in {coll}: ranks {_rank_list(missing())} "
                                       "have not called it yet")
-        return SimWork(world, coll, result, what)
+        return SimWork(world, coll, result, what, world.clock(self._global_rank))
+
+    def _charge(self, coll, nbytes):
+        """Put a completed collective on every member's communication stream."""
+        recorder = self._world.recorder
+        if recorder is None:
+            return
+        ranks = self._group.ranks
+        seconds, algorithm = recorder.cost.collective_time(coll.name, ranks, nbytes)
+        start = max(coll.arrivals.values())
+        coll.end = start + seconds
+        label = f"{coll.name} #{coll.seq}"
+        for r in ranks:
+            recorder.clocks[r].run_comm(start, coll.end, label)
+        recorder.collectives.append((coll.name, algorithm, tuple(ranks), nbytes, start,
+                                     coll.end))
+        for src, dst, b in recorder.cost.traffic(coll.name, algorithm, ranks, nbytes):
+            recorder.add_traffic(src, dst, b)
 
     def _check_match(self, coll, name, spec):
         if coll.name != name:
@@ -273,31 +322,32 @@ class SimProcessGroup(dist.ProcessGroup):
 
     # --------------------------------------------------------------- collectives
     def allreduce(self, tensors, opts=None):
-        op = self._check_reduce(_option(opts, 'reduceOp', dist.ReduceOp.SUM), tensors)
+        op = self._check_reduce(_option(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
         spec = {"shape": [_shape(t) for t in tensors], "dtype": [t.dtype for t in tensors],
                 "reduce_op": op}
         return self._collective("all_reduce", spec, tensors,
-                                lambda args: collectives.all_reduce(args, op), tensors)
+                                lambda args: collectives.all_reduce(args, op), tensors,
+                                _nbytes(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts=None):
-        self._check_root(_option(opts, 'rootRank', 0), "source")
+        self._check_root(_option(opts, "rootRank", 0), "source")
         spec = {"shape": [_shape(t) for t in tensors], "dtype": [t.dtype for t in tensors],
-                "root": _option(opts, 'rootRank', 0)}
+                "root": _option(opts, "rootRank", 0)}
         return self._collective("broadcast", spec, tensors,
-                                lambda args: collectives.broadcast(args, _option(opts, 'rootRank', 0)),
-                                tensors)
+                                lambda args: collectives.broadcast(args, _option(opts, "rootRank", 0)),
+                                tensors, _nbytes(tensors))
 
     def reduce(self, tensors, opts=None):
-        self._check_root(_option(opts, 'rootRank', 0), "destination")
-        op = self._check_reduce(_option(opts, 'reduceOp', dist.ReduceOp.SUM), tensors)
+        self._check_root(_option(opts, "rootRank", 0), "destination")
+        op = self._check_reduce(_option(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
         spec = {"shape": [_shape(t) for t in tensors], "dtype": [t.dtype for t in tensors],
-                "root": _option(opts, 'rootRank', 0), "reduce_op": op}
+                "root": _option(opts, "rootRank", 0), "reduce_op": op}
         return self._collective("reduce", spec, tensors,
-                                lambda args: collectives.reduce(args, op, _option(opts, 'rootRank', 0)),
-                                tensors)
+                                lambda args: collectives.reduce(args, op, _option(opts, "rootRank", 0)),
+                                tensors, _nbytes(tensors))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs, inp = output_tensors[0], input_tensors[0]
@@ -306,7 +356,8 @@ class SimProcessGroup(dist.ProcessGroup):
                              f"{self.size()} output tensors, got {len(outputs)}")
         spec = {"shape": _shape(inp), "dtype": inp.dtype}
         return self._collective("all_gather", spec, (outputs, inp),
-                                collectives.all_gather, output_tensors)
+                                collectives.all_gather, output_tensors,
+                                _nbytes([inp]) * self.size())
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         works = [self.allgather([outs], [inp], opts) for outs, inp in zip(output_lists, input_list)]
@@ -320,49 +371,49 @@ class SimProcessGroup(dist.ProcessGroup):
                 f"got {output.numel()} (shape {_shape(output)})")
         spec = {"shape": _shape(inp), "dtype": inp.dtype}
         return self._collective("all_gather_into_tensor", spec, (output, inp),
-                                collectives.all_gather_single, [output])
+                                collectives.all_gather_single, [output], _nbytes([output]))
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return works[-1]
 
     def gather(self, output_tensors, input_tensors, opts=None):
-        self._check_root(_option(opts, 'rootRank', 0), "destination")
+        self._check_root(_option(opts, "rootRank", 0), "destination")
         inp = input_tensors[0]
         outputs = output_tensors[0] if output_tensors else None
-        if self._group_rank == _option(opts, 'rootRank', 0) and (not outputs or len(outputs) != self.size()):
+        if self._group_rank == _option(opts, "rootRank", 0) and (not outputs or len(outputs) != self.size()):
             raise ValueError(f"rank {self._global_rank}: gather's destination needs a "
                              f"gather_list of {self.size()} tensors")
-        spec = {"shape": _shape(inp), "dtype": inp.dtype, "root": _option(opts, 'rootRank', 0)}
+        spec = {"shape": _shape(inp), "dtype": inp.dtype, "root": _option(opts, "rootRank", 0)}
         return self._collective("gather", spec, (outputs, inp),
-                                lambda args: collectives.gather(args, _option(opts, 'rootRank', 0)),
-                                output_tensors)
+                                lambda args: collectives.gather(args, _option(opts, "rootRank", 0)),
+                                output_tensors, _nbytes([inp]) * self.size())
 
     def scatter(self, output_tensors, input_tensors, opts=None):
-        self._check_root(_option(opts, 'rootRank', 0), "source")
+        self._check_root(_option(opts, "rootRank", 0), "source")
         out = output_tensors[0]
         inputs = input_tensors[0] if input_tensors else None
-        if self._group_rank == _option(opts, 'rootRank', 0) and (not inputs or len(inputs) != self.size()):
+        if self._group_rank == _option(opts, "rootRank", 0) and (not inputs or len(inputs) != self.size()):
             raise ValueError(f"rank {self._global_rank}: scatter's source needs a "
                              f"scatter_list of {self.size()} tensors")
-        spec = {"shape": _shape(out), "dtype": out.dtype, "root": _option(opts, 'rootRank', 0)}
+        spec = {"shape": _shape(out), "dtype": out.dtype, "root": _option(opts, "rootRank", 0)}
         return self._collective("scatter", spec, (out, inputs),
-                                lambda args: collectives.scatter(args, _option(opts, 'rootRank', 0)),
-                                output_tensors)
+                                lambda args: collectives.scatter(args, _option(opts, "rootRank", 0)),
+                                output_tensors, _nbytes([out]) * self.size())
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         out, inputs = output_tensors[0], input_lists[0]
-        op = self._check_reduce(_option(opts, 'reduceOp', dist.ReduceOp.SUM), [out])
+        op = self._check_reduce(_option(opts, "reduceOp", dist.ReduceOp.SUM), [out])
         if len(inputs) != self.size():
             raise ValueError(f"rank {self._global_rank}: reduce_scatter needs a list of "
                              f"{self.size()} input tensors, got {len(inputs)}")
         spec = {"shape": _shape(out), "dtype": out.dtype, "reduce_op": op}
         return self._collective("reduce_scatter", spec, (out, inputs),
                                 lambda args: collectives.reduce_scatter(args, op),
-                                output_tensors)
+                                output_tensors, _nbytes([out]) * self.size())
 
     def reduce_scatter_single(self, output, inp, opts=None):
-        op = self._check_reduce(_option(opts, 'reduceOp', dist.ReduceOp.SUM), [output])
+        op = self._check_reduce(_option(opts, "reduceOp", dist.ReduceOp.SUM), [output])
         if inp.numel() != output.numel() * self.size():
             raise ValueError(
                 f"rank {self._global_rank}: reduce_scatter_tensor needs an input of "
@@ -371,7 +422,7 @@ class SimProcessGroup(dist.ProcessGroup):
         spec = {"shape": _shape(output), "dtype": output.dtype, "reduce_op": op}
         return self._collective("reduce_scatter_tensor", spec, (output, inp),
                                 lambda args: collectives.reduce_scatter_single(args, op),
-                                [output])
+                                [output], _nbytes([inp]))
 
     def reduce_scatter_single_coalesced(self, outputs, inputs,
                                         opts=None):
@@ -395,7 +446,7 @@ class SimProcessGroup(dist.ProcessGroup):
             return None
 
         return self._collective("all_to_all", spec, (output_tensors, input_tensors),
-                                finish, output_tensors)
+                                finish, output_tensors, _nbytes(input_tensors))
 
     def all_to_all_single(self, output, inp, output_split_sizes, input_split_sizes,
                           opts=None):
@@ -403,10 +454,10 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._collective(
             "all_to_all_single", spec,
             (output, inp, list(output_split_sizes), list(input_split_sizes)),
-            collectives.all_to_all_single, [output])
+            collectives.all_to_all_single, [output], _nbytes([inp]))
 
     def barrier(self, opts=None):
-        return self._collective("barrier", {}, None, lambda args: None, [])
+        return self._collective("barrier", {}, None, lambda args: None, [], 0)
 
     # Names older torch versions (and some C++ callers) still use.
     _allgather_base = all_gather_single
@@ -428,8 +479,10 @@ class SimProcessGroup(dist.ProcessGroup):
         """Post a send; it completes when the matching receive is posted."""
         world, me = self._world, self._global_rank
         dst = self._peer(dst, "send")
-        msg = _Message(me, dst, tag, tensors[0])
+        msg = _Message(me, dst, tag, tensors[0], world.now(me))
         key = (me, dst, tag)
+        world.messages_sent[me] += 1
+        world.bytes_sent[me] += tensors[0].numel() * tensors[0].element_size()
         partner = world.recvs[key].popleft() if world.recvs[key] else None
         if partner is None and world.any_recvs[(dst, tag)]:
             partner = world.any_recvs[(dst, tag)].popleft()
@@ -439,13 +492,13 @@ class SimProcessGroup(dist.ProcessGroup):
             world.sends[key].append(msg)
         what = _Wait("send", f"waiting in send to rank {dst} (tag {tag}, "
                              f"{_shape(tensors[0])}): rank {dst} has not posted a matching recv")
-        return SimWork(world, msg, tensors, what)
+        return SimWork(world, msg, tensors, what, world.clock(me))
 
     def recv(self, tensors, src, tag):
         """Post a receive from group rank ``src``; it completes when the send arrives."""
         world, me = self._world, self._global_rank
         src = self._peer(src, "receive")
-        msg = _Message(src, me, tag, tensors[0])
+        msg = _Message(src, me, tag, tensors[0], world.now(me))
         key = (src, me, tag)
         if world.sends[key]:
             self._deliver(world.sends[key].popleft(), msg)
@@ -453,16 +506,16 @@ class SimProcessGroup(dist.ProcessGroup):
             world.recvs[key].append(msg)
         what = _Wait("recv", f"waiting in recv from rank {src} (tag {tag}, "
                              f"{_shape(tensors[0])}): rank {src} has not sent it")
-        work = SimWork(world, msg, tensors, what)
+        work = SimWork(world, msg, tensors, what, world.clock(me))
         work._source = lambda: self._group.ranks.index(msg.src)
         return work
 
     def recv_anysource(self, tensors, tag):
         """Post a receive from any rank of the group: the earliest posted send wins."""
         world, me = self._world, self._global_rank
-        msg = _Message(None, me, tag, tensors[0])
+        msg = _Message(None, me, tag, tensors[0], world.now(me))
         what = _Wait("recv", f"waiting in recv from any rank (tag {tag}): nobody sent one")
-        work = SimWork(world, msg, tensors, what)
+        work = SimWork(world, msg, tensors, what, world.clock(me))
         for src in self._group.ranks:
             key = (src, me, tag)
             if world.sends[key]:
@@ -482,10 +535,43 @@ class SimProcessGroup(dist.ProcessGroup):
                                 recv.dst: f"receives {_shape(recv.tensor)} {recv.tensor.dtype}"},
                 0, self._group.label, "send/recv",
                 "the receiving tensor must have the same shape and dtype as the sent one."))
-        with torch.no_grad():
+        with torch.no_grad(), _paused_accounting():
             recv.tensor.detach().copy_(send.tensor)
         recv.src = send.src
         send.done = recv.done = True
+        recorder = self._world.recorder
+        if recorder is not None:
+            nbytes = _nbytes([send.tensor])
+            start = max(send.posted, recv.posted)
+            send.end = recv.end = start + recorder.cost.p2p_time(send.src, recv.dst, nbytes)
+            label = f"send {send.src}->{recv.dst}"
+            recorder.clocks[send.src].run_comm(start, send.end, label)
+            recorder.clocks[recv.dst].run_comm(start, send.end, label)
+            recorder.add_traffic(send.src, recv.dst, nbytes)
+
+
+def _tag_as_communication(tensors):
+    """Memory that so far counted as "other" and is handed to a collective is a buffer."""
+    acc = accounting.current()
+    if acc is not None:
+        for t in tensors:
+            key = accounting.storage_key(t)
+            entry = acc.memory.live.get(key)
+            if entry is not None and entry[1] == "other":
+                acc.memory.retag(key, "communication buffers")
+
+
+class _paused_accounting:
+    """Don't charge the calling rank for the simulator's own work (copies, reductions)."""
+
+    def __enter__(self):
+        self.acc = accounting.current()
+        if self.acc is not None:
+            self.was, self.acc.paused = self.acc.paused, True
+
+    def __exit__(self, *exc):
+        if self.acc is not None:
+            self.acc.paused = self.was
 
 
 class _LazyText:

@@ -11,23 +11,10 @@ backend, so ordinary ``torch.distributed`` code runs unchanged.
 import torch.distributed as dist
 
 from . import _torch_internals, backend, spec
+from . import accounting as _accounting
+from .costmodel import CostModel
+from .report import Run
 from .scheduler import RankScheduler
-
-
-class Run:
-    """The record of one finished run.
-
-    Attributes:
-        results: ``results[r]`` is what the function returned on rank ``r``.
-        world_size: the number of ranks that ran.
-        cluster: the :class:`Cluster` it ran on.
-    """
-
-    def __init__(self, cluster, world_size, results):
-        self.cluster, self.world_size, self.results = cluster, world_size, results
-
-    def __repr__(self):
-        return f"<Run of {self.world_size} ranks on {self.cluster.spec.name}>"
 
 
 class Cluster:
@@ -50,7 +37,28 @@ class Cluster:
         return (f"<Cluster {self.spec.name}: {len(self.spec.nodes)} nodes, "
                 f"{self.world_size} devices>")
 
-    def run(self, fn, world_size=None, args=(), kwargs=None, timeout=None):
+    @classmethod
+    def from_dict(cls, description):
+        """A custom cluster from a dict; see :func:`simcluster.spec.from_dict`."""
+        return cls(spec.from_dict(description))
+
+    @classmethod
+    def from_yaml(cls, path):
+        """A custom cluster from a YAML file with the fields of :meth:`from_dict`."""
+        return cls(spec.from_yaml(path))
+
+    def describe(self):
+        """Print the cluster's nodes, devices and links."""
+        print(self.spec.describe())
+
+    def draw(self, ax=None):
+        """Plot the cluster's topology with matplotlib."""
+        from .plots import draw_cluster
+
+        return draw_cluster(self.spec, ax=ax)
+
+    def run(self, fn, world_size=None, args=(), kwargs=None, timeout=None,
+            accounting=True, algorithms=None, speed_factor=None, link_factor=None):
         """Run ``fn(*args, **kwargs)`` on ranks ``0 .. world_size-1`` and return a :class:`Run`.
 
         Args:
@@ -61,6 +69,13 @@ class Cluster:
                 rank must not share).
             timeout: wall-clock seconds after which a rank that is still running
                 (an infinite loop) is stopped with :class:`~simcluster.SimulationTimeout`.
+            accounting: charge simulated time and memory (turn off for raw speed).
+            algorithms: force collective algorithms, e.g. ``{"all_reduce": "ring"}``
+                (see :data:`simcluster.costmodel.ALGORITHMS`); default: the fastest.
+            speed_factor: ``{rank: factor}``, a rank's compute takes ``factor`` times as
+                long (a straggler).
+            link_factor: ``{node_index or "network": factor}`` multiplies a link's
+                bandwidth (0.5: a degraded link).
 
         Raises:
             RankError: ``fn`` raised on some rank.
@@ -69,26 +84,40 @@ class Cluster:
         world_size = self._check_run_arguments(fn, world_size, args, kwargs, timeout)
         kwargs = dict(kwargs or {})
         results = [None] * world_size
-        world = None
+        cost = CostModel(self.spec, algorithms)
+        cost.speed_factor.update(speed_factor or {})
+        cost.link_factor.update(link_factor or {})
+        recorder = _accounting.Recorder(self.spec, world_size, cost) if accounting else None
+        scheduler = RankScheduler(world_size, lambda: world.explain_deadlock(), timeout)
+        world = backend.SimWorld(scheduler, world_size, recorder)
 
         def rank_main(rank):
             _torch_internals.enter_rank_thread()
             backend.bind_thread(world)
+            mode = _accounting.RankAccounting(rank, recorder) if recorder else None
+            _accounting.bind_thread(mode)
             try:
-                _torch_internals.init_default_group(rank, world_size, world.store)
-                results[rank] = fn(*args, **kwargs)
+                if mode is not None:
+                    mode.__enter__()
+                try:
+                    _torch_internals.init_default_group(rank, world_size, world.store)
+                    results[rank] = fn(*args, **kwargs)
+                finally:
+                    if mode is not None:
+                        mode.__exit__(None, None, None)
             finally:
+                _accounting.bind_thread(None)
                 _torch_internals.leave_rank_thread()
                 backend.bind_thread(None)
 
-        scheduler = RankScheduler(world_size, lambda: world.explain_deadlock(), timeout)
-        world = backend.SimWorld(scheduler, world_size)
-        _torch_internals.install()
+        _torch_internals.install(_accounting.on_storage_resize)
+        _accounting.install_hooks()
         try:
             scheduler.run(rank_main)
         finally:
+            _accounting.remove_hooks()
             _torch_internals.uninstall()
-        return Run(self, world_size, results)
+        return Run(self, world_size, results, world)
 
     def _check_run_arguments(self, fn, world_size, args, kwargs, timeout):
         if not callable(fn):

@@ -7,6 +7,8 @@ which rank, in which operation, and what to try next.
 
 import traceback
 
+import torch
+
 
 class SimulationError(Exception):
     """Base class of every error raised by a simulated run."""
@@ -80,3 +82,27 @@ class CollectiveMismatchError(SimulationError):
 
 class SimulationTimeout(SimulationError):
     """A rank ran for longer than the run's wall-clock ``timeout`` (an infinite loop?)."""
+
+
+def _gib(nbytes):
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+class OutOfMemoryError(SimulationError, torch.OutOfMemoryError):
+    """A rank tried to use more memory than its simulated device has.
+
+    Worded like PyTorch's CUDA message. Attributes: ``rank``, ``requested`` (bytes),
+    ``capacity`` (bytes), ``in_use`` (``{category: bytes}`` before the request).
+    """
+
+    def __init__(self, rank, device, requested, total, in_use, category):
+        self.rank, self.requested, self.capacity = rank, requested, device.memory
+        self.in_use = in_use
+        free = max(device.memory - total, 0)
+        used = ", ".join(f"{name} {_gib(b)}" for name, b in in_use.items() if b)
+        super().__init__(
+            f"Simulated out of memory on rank {rank}. Tried to allocate {_gib(requested)} "
+            f"({category}). GPU {rank} ({device.name}) has a total capacity of "
+            f"{_gib(device.memory)} of which {_gib(free)} is free. In use: "
+            f"{used or 'nothing'}. Shard what you can (ZeRO/FSDP), use a smaller "
+            f"micro-batch or activation checkpointing, or lower precision.")

@@ -192,7 +192,8 @@ class RankScheduler:
             pass
         except BaseException as exc:  # noqa: BLE001 — any failure is reported, not raised here
             if not self.aborting:
-                self.failure = RankError(rank, exc)
+                # The simulator's own errors (out of memory) are raised as they are.
+                self.failure = exc if isinstance(exc, SimulationError) else RankError(rank, exc)
                 self.aborting = True
         finally:
             self._state[rank] = DONE

@@ -1,27 +1,93 @@
-"""What a simulated cluster is made of: nodes, and the devices in them.
+"""What a simulated cluster is made of: devices, nodes, links and the network.
 
-A cluster is a list of nodes; each node holds some devices (GPUs). Global ranks fill the
-nodes in order: with 8 devices per node, ranks 0-7 live on node 0, ranks 8-15 on node 1.
+A cluster is a list of nodes; each node holds some devices (GPUs) joined by an intra-node
+fabric (NVLink/NVSwitch), and NICs onto the network between nodes (InfiniBand). Global
+ranks fill the nodes in order: with 8 devices per node, ranks 0-7 live on node 0, ranks
+8-15 on node 1.
+
+Numbers are the data-sheet peaks of DESIGN.md §6; ``efficiency`` is the fraction of a
+link's peak that collectives really achieve (NVLink ~0.8, InfiniBand ~0.95).
 """
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+
+GB = 1e9
+GiB = 2**30
+TFLOPS = 1e12
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "tf32": None,
+          "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator: memory capacity, peak FLOP/s per dtype, HBM bandwidth."""
+
+    name: str
+    memory: int                      # bytes
+    peak_flops: dict                 # dtype name -> FLOP/s (dense)
+    hbm_bandwidth: float             # bytes/s
+
+    def flops_for(self, dtype):
+        """Peak FLOP/s for a torch dtype (integers count at the int8 rate, else fp32)."""
+        for name, torch_dtype in DTYPES.items():
+            if torch_dtype == dtype and name in self.peak_flops:
+                return self.peak_flops[name]
+        return self.peak_flops.get("float32")
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A link: per-direction peak bandwidth (bytes/s), latency per message (s)."""
+
+    name: str
+    bandwidth: float
+    latency: float
+    efficiency: float = 1.0
+
+    @property
+    def effective_bandwidth(self):
+        """What a collective really gets out of the link, in bytes/s."""
+        return self.bandwidth * self.efficiency
 
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One machine: ``devices`` GPUs of the model called ``device``."""
+    """One machine: ``devices`` devices of type ``device`` on ``fabric``, with ``nics``."""
 
     name: str
     devices: int
-    device: str = "A100-80GB"
+    device: DeviceSpec = None
+    fabric: LinkSpec = None
+    nics: int = 0
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """The network between nodes: one NIC's link, and the fabric's oversubscription."""
+
+    nic: LinkSpec
+    oversubscription: float = 1.0
 
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """A named list of nodes."""
+    """A named list of nodes and the network that joins them."""
 
     name: str
     nodes: tuple = field(default_factory=tuple)
+    network: NetworkSpec = None
+
+    def __post_init__(self):
+        # Nodes given as NodeSpec("name", devices) get DGX-A100-like hardware.
+        nodes = tuple(replace(n, device=n.device or A100_80GB, fabric=n.fabric or NVLINK3,
+                              nics=n.nics or n.devices) for n in self.nodes)
+        object.__setattr__(self, "nodes", nodes)
+        if self.network is None:
+            object.__setattr__(self, "network", NetworkSpec(HDR_IB))
 
     @property
     def world_size(self):
@@ -30,27 +96,100 @@ class ClusterSpec:
 
     def placement(self, rank):
         """``(node_index, local_rank)`` of global ``rank``."""
+        if rank < 0:
+            raise ValueError(f"rank {rank} is negative")
         for index, node in enumerate(self.nodes):
             if rank < node.devices:
                 return index, rank
             rank -= node.devices
         raise ValueError(f"rank is out of range for {self.name} ({self.world_size} devices)")
 
+    def node_of(self, rank):
+        """The index of the node that holds global ``rank``."""
+        return self.placement(rank)[0]
 
-def _uniform(name, nodes, devices, device):
-    return ClusterSpec(name, tuple(NodeSpec(f"node{i}", devices, device) for i in range(nodes)))
+    def device_of(self, rank):
+        """The :class:`DeviceSpec` of global ``rank``."""
+        return self.nodes[self.node_of(rank)].device
+
+    def link_between(self, rank_a, rank_b):
+        """The link a message from ``rank_a`` to ``rank_b`` crosses."""
+        node_a, node_b = self.node_of(rank_a), self.node_of(rank_b)
+        if node_a == node_b:
+            return self.nodes[node_a].fabric
+        return self.inter_node_link
+
+    @property
+    def inter_node_link(self):
+        """One NIC's share of the network, after oversubscription."""
+        nic = self.network.nic
+        return replace(nic, bandwidth=nic.bandwidth / self.network.oversubscription)
+
+    def describe(self):
+        """A few lines of text: nodes, devices, links."""
+        lines = [f"{self.name}: {len(self.nodes)} node(s), {self.world_size} devices"]
+        groups = []
+        for i, node in enumerate(self.nodes):
+            key = (node.devices, node.device.name, node.fabric.name, node.nics)
+            if groups and groups[-1][0] == key:
+                groups[-1][1].append(i)
+            else:
+                groups.append((key, [i]))
+        for (devices, device_name, fabric, nics), indices in groups:
+            which = (f"node {indices[0]}" if len(indices) == 1
+                     else f"nodes {indices[0]}-{indices[-1]}")
+            node = self.nodes[indices[0]]
+            lines.append(
+                f"  {which}: {devices} x {device_name} "
+                f"({node.device.memory / GiB:.0f} GiB, "
+                f"{node.device.peak_flops.get('bfloat16', 0) / TFLOPS:.0f} TFLOP/s bf16, "
+                f"{node.device.hbm_bandwidth / GB:,.0f} GB/s HBM), "
+                f"{fabric} {node.fabric.bandwidth / GB:.0f} GB/s per direction, "
+                f"{nics} NIC(s)")
+        nic = self.network.nic
+        lines.append(f"  network: {nic.name} {nic.bandwidth / GB:.0f} GB/s per NIC, "
+                     f"latency {nic.latency * 1e6:.1f} us, "
+                     f"oversubscription {self.network.oversubscription:g}:1")
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------- hardware
+A100_80GB = DeviceSpec(
+    "A100-80GB", 80 * GiB,
+    {"float64": 19.5 * TFLOPS, "float32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS,
+     "bfloat16": 312 * TFLOPS, "float16": 312 * TFLOPS, "int8": 624 * TFLOPS},
+    2039 * GB)
+H100_80GB = DeviceSpec(
+    "H100-80GB", 80 * GiB,
+    {"float64": 67 * TFLOPS, "float32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
+     "bfloat16": 989 * TFLOPS, "float16": 989 * TFLOPS, "int8": 1979 * TFLOPS},
+    3350 * GB)
+# Latencies: NCCL's tuner uses ~3.4 us per NVLink hop and ~9.6 us per network hop.
+NVLINK3 = LinkSpec("NVLink3/NVSwitch", 300 * GB, 3.4e-6, efficiency=0.8)
+NVLINK4 = LinkSpec("NVLink4/NVSwitch", 450 * GB, 3.4e-6, efficiency=0.8)
+HDR_IB = LinkSpec("HDR InfiniBand 200 Gb/s", 25 * GB, 9.6e-6, efficiency=0.95)
+NDR_IB = LinkSpec("NDR InfiniBand 400 Gb/s", 50 * GB, 9.6e-6, efficiency=0.95)
+
+DEVICES = {d.name: d for d in (A100_80GB, H100_80GB)}
+LINKS = {"nvlink3": NVLINK3, "nvlink4": NVLINK4, "hdr-ib": HDR_IB, "ndr-ib": NDR_IB}
+
+
+def _dgx(name, nodes, device, fabric, nic):
+    return ClusterSpec(name, tuple(NodeSpec(f"node{i}", 8, device, fabric, nics=8)
+                                   for i in range(nodes)), NetworkSpec(nic))
 
 
 def _hetero_11(nodes):
     if nodes not in (None, 11):
         raise ValueError("the hetero-11 preset always has 11 nodes; leave out nodes=")
     return ClusterSpec("hetero-11", tuple(
-        NodeSpec(f"node{i}", 8 if i == 7 else 4, "A100-80GB") for i in range(11)))
+        NodeSpec(f"node{i}", 8 if i == 7 else 4, A100_80GB, NVLINK3, nics=8 if i == 7 else 4)
+        for i in range(11)), NetworkSpec(HDR_IB))
 
 
 PRESETS = {
-    "dgx-a100": lambda nodes: _uniform("dgx-a100", nodes or 1, 8, "A100-80GB"),
-    "dgx-h100": lambda nodes: _uniform("dgx-h100", nodes or 1, 8, "H100-80GB"),
+    "dgx-a100": lambda nodes: _dgx("dgx-a100", nodes or 1, A100_80GB, NVLINK3, HDR_IB),
+    "dgx-h100": lambda nodes: _dgx("dgx-h100", nodes or 1, H100_80GB, NVLINK4, NDR_IB),
     "hetero-11": _hetero_11,
 }
 
@@ -64,3 +203,101 @@ def preset(name, nodes=None):
                               or nodes < 1):
         raise ValueError(f"nodes must be a positive integer, got {nodes!r}")
     return PRESETS[name](nodes)
+
+
+# --------------------------------------------------------- custom clusters
+def _positive(value, what, allow_zero=False):
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{what} must be a {'non-negative' if allow_zero else 'positive'} "
+                         f"number, got {value!r}")
+    return value
+
+
+def _device_from(d, where):
+    if isinstance(d, str):
+        if d not in DEVICES:
+            raise ValueError(f"{where}: unknown device {d!r}; known: {', '.join(DEVICES)} "
+                             "(or give a dict with memory_gb, peak_tflops, hbm_gbps)")
+        return DEVICES[d]
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: device must be a name or a dict, got {d!r}")
+    flops = d.get("peak_tflops")
+    if not isinstance(flops, dict) or not flops:
+        raise ValueError(f"{where}: peak_tflops must be a dict like {{'bfloat16': 312}}")
+    for dtype, value in flops.items():
+        if dtype not in DTYPES:
+            raise ValueError(f"{where}: unknown dtype {dtype!r} in peak_tflops; known: "
+                             f"{', '.join(DTYPES)}")
+        _positive(value, f"{where}: peak_tflops[{dtype!r}]")
+    return DeviceSpec(str(d.get("name", "custom")),
+                      int(_positive(d.get("memory_gb"), f"{where}: memory_gb") * GiB),
+                      {k: v * TFLOPS for k, v in flops.items()},
+                      _positive(d.get("hbm_gbps"), f"{where}: hbm_gbps") * GB)
+
+
+def _link_from(d, where):
+    if isinstance(d, str):
+        if d not in LINKS:
+            raise ValueError(f"{where}: unknown link {d!r}; known: {', '.join(LINKS)}")
+        return LINKS[d]
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: link must be a name or a dict, got {d!r}")
+    efficiency = d.get("efficiency", 1.0)
+    if not (isinstance(efficiency, (int, float)) and 0 < efficiency <= 1):
+        raise ValueError(f"{where}: efficiency must be in (0, 1], got {efficiency!r}")
+    return LinkSpec(str(d.get("name", "custom")),
+                    _positive(d.get("bandwidth_gbps"), f"{where}: bandwidth_gbps") * GB,
+                    _positive(d.get("latency_us", 0), f"{where}: latency_us", True) * 1e-6,
+                    efficiency)
+
+
+def from_dict(d):
+    """Build a :class:`ClusterSpec` from a dict (the shape of ``examples/cluster.yaml``).
+
+    ``{"name": ..., "nodes": [{"devices": 4, "device": "A100-80GB", "fabric": "nvlink3",
+    "nics": 4, "count": 2}, ...], "network": {"nic": "hdr-ib", "oversubscription": 1}}``
+    Every problem raises ``ValueError`` naming the field.
+    """
+    if not isinstance(d, dict):
+        raise ValueError(f"a cluster description must be a dict, got {type(d).__name__}")
+    unknown = set(d) - {"name", "nodes", "network"}
+    if unknown:
+        raise ValueError(f"unknown cluster field(s): {', '.join(sorted(unknown))}")
+    groups = d.get("nodes")
+    if not isinstance(groups, list) or not groups:
+        raise ValueError("nodes must be a non-empty list")
+    nodes = []
+    for i, g in enumerate(groups):
+        where = f"nodes[{i}]"
+        if not isinstance(g, dict):
+            raise ValueError(f"{where} must be a dict")
+        devices = g.get("devices")
+        if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+            raise ValueError(f"{where}: devices must be a positive integer, got {devices!r}")
+        count = g.get("count", 1)
+        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"{where}: count must be a positive integer, got {count!r}")
+        nics = g.get("nics", devices)
+        if not isinstance(nics, int) or nics < 0:
+            raise ValueError(f"{where}: nics must be a non-negative integer, got {nics!r}")
+        device = _device_from(g.get("device", "A100-80GB"), where)
+        fabric = _link_from(g.get("fabric", "nvlink3"), where)
+        for _ in range(count):
+            nodes.append(NodeSpec(f"node{len(nodes)}", devices, device, fabric, nics))
+    net = d.get("network", {})
+    if not isinstance(net, dict):
+        raise ValueError("network must be a dict")
+    network = NetworkSpec(_link_from(net.get("nic", "hdr-ib"), "network"),
+                          _positive(net.get("oversubscription", 1), "network: oversubscription"))
+    if len(nodes) > 1 and any(n.nics == 0 for n in nodes):
+        raise ValueError("a node with nics: 0 cannot talk to the other nodes")
+    return ClusterSpec(str(d.get("name", "custom")), tuple(nodes), network)
+
+
+def from_yaml(path):
+    """Build a :class:`ClusterSpec` from a YAML file with the fields of :func:`from_dict`."""
+    import yaml
+
+    with open(path) as f:
+        return from_dict(yaml.safe_load(f))

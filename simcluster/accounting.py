@@ -1,0 +1,319 @@
+"""Per-rank simulated clocks and memory, charged from the torch ops each rank really runs.
+
+Each rank runs under a :class:`RankAccounting` dispatch mode, which sees every aten op
+(also those DDP, FSDP2 or DTensor issue from C++). For each op it
+
+* advances the rank's clock by the roofline time of the op (:mod:`simcluster.costmodel`),
+  after first waiting for any input that an asynchronous collective is still producing
+  (the way a GPU compute stream waits on an event of the communication stream);
+* counts every new storage the op creates toward the rank's simulated device memory, in
+  a category — parameters, gradients, optimizer state, activations, communication
+  buffers, other — and forgets it when torch frees it. Meta tensors count too, so a
+  model far larger than this laptop can be measured without allocating it.
+"""
+
+import threading
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.module_tracker import ModuleTracker
+
+from .errors import OutOfMemoryError
+
+CATEGORIES = ("parameters", "gradients", "optimizer state", "activations",
+              "communication buffers", "other")
+
+# Ops that only allocate or relabel memory: no time is charged for them.
+_FREE_OPS = {"detach", "alias", "lift_fresh", "_local_scalar_dense", "empty", "empty_like",
+             "empty_strided", "new_empty", "new_empty_strided", "set_", "resize_"}
+
+
+class RankClock:
+    """One rank's simulated time: a compute stream and a communication stream."""
+
+    def __init__(self):
+        self.now = 0.0          # when the compute stream is next free
+        self.comm_free = 0.0    # when the communication stream is next free
+        self.compute = 0.0
+        self.comm = 0.0
+        self.idle = 0.0
+        self.flops = 0
+        self.events = []        # (lane, start, end, label), lane: compute | comm | idle
+        self.ready_at = {}      # storage key -> time an async collective finishes writing it
+
+    def run_compute(self, seconds, label):
+        """Advance the compute stream by ``seconds`` spent in ``label``."""
+        if seconds <= 0:
+            return
+        start, self.now = self.now, self.now + seconds
+        self.compute += seconds
+        last = self.events[-1] if self.events else None
+        if last and last[0] == "compute" and last[3] == label and last[2] == start:
+            self.events[-1] = ("compute", last[1], self.now, label)
+        else:
+            self.events.append(("compute", start, self.now, label))
+
+    def run_comm(self, start, end, label):
+        """Record that the communication stream was busy from ``start`` to ``end``."""
+        self.comm_free = max(self.comm_free, end)
+        self.comm += end - start
+        self.events.append(("comm", start, end, label))
+
+    def wait_until(self, t, label):
+        """The compute stream waits (idle) until simulated time ``t``."""
+        if t > self.now:
+            self.events.append(("idle", self.now, t, label))
+            self.idle += t - self.now
+            self.now = t
+
+    @property
+    def end(self):
+        """When this rank's last work, compute or communication, finished."""
+        return max(self.now, self.comm_free)
+
+
+class MemoryAccount:
+    """Bytes in use on one simulated device, by category, with peak and history."""
+
+    def __init__(self, rank, device, clock):
+        self.rank, self.device, self.clock = rank, device, clock
+        self.capacity = device.memory
+        self.in_use = dict.fromkeys(CATEGORIES, 0)
+        self.total = 0
+        self.peak = 0
+        self.peak_by_category = dict(self.in_use)
+        self.history = [(0.0, 0)]        # (simulated time, total bytes)
+        self.live = {}                   # storage key -> [nbytes, category]
+
+    def allocate(self, key, nbytes, category, storage):
+        """Count a new storage; raise :class:`OutOfMemoryError` beyond capacity."""
+        if key in self.live or nbytes == 0:
+            return
+        if self.total + nbytes > self.capacity:
+            raise OutOfMemoryError(self.rank, self.device, nbytes, self.total,
+                                   dict(self.in_use), category)
+        self.live[key] = [nbytes, category]
+        weakref.finalize(storage, self.free, key)
+        self._change(category, nbytes)
+
+    def free(self, key):
+        entry = self.live.pop(key, None)
+        if entry is not None:
+            self._change(entry[1], -entry[0])
+
+    def retag(self, key, category):
+        """Move a live storage to ``category`` (e.g. once we learn it is a parameter)."""
+        entry = self.live.get(key)
+        if entry is not None and entry[1] != category:
+            self.in_use[entry[1]] -= entry[0]
+            self.in_use[category] += entry[0]
+            entry[1] = category
+
+    def resize(self, key, nbytes, storage):
+        """A storage was resized in place (FSDP2 frees and refills parameters this way)."""
+        entry = self.live.get(key)
+        if entry is None:
+            self.allocate(key, nbytes, "other", storage)
+            return
+        grow = nbytes - entry[0]
+        if grow > 0 and self.total + grow > self.capacity:
+            raise OutOfMemoryError(self.rank, self.device, grow, self.total,
+                                   dict(self.in_use), entry[1])
+        entry[0] = nbytes
+        self._change(entry[1], grow)
+
+    def _change(self, category, delta):
+        self.in_use[category] += delta
+        self.total += delta
+        if self.total > self.peak:
+            self.peak = self.total
+            self.peak_by_category = dict(self.in_use)
+        t = self.clock.now
+        if self.history[-1][0] == t:
+            self.history[-1] = (t, self.total)
+        else:
+            self.history.append((t, self.total))
+
+
+def storage_key(tensor):
+    """A stable identity for the memory behind ``tensor`` (None if it has none)."""
+    try:
+        return tensor.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+
+
+def local_tensor(tensor):
+    """The plain tensor holding ``tensor``'s data on this rank (unwraps DTensor)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+class _RankModuleTracker(ModuleTracker):
+    """torch's ModuleTracker, fed by process-wide hooks that only forward this rank's calls."""
+
+    def innermost(self):
+        return max(self.parents, key=len)
+
+
+class RankAccounting(TorchDispatchMode):
+    """Charges every aten op this rank runs to its clock and its memory."""
+
+    def __init__(self, rank, recorder):
+        super().__init__()
+        self.rank, self.recorder = rank, recorder
+        self.clock = recorder.clocks[rank]
+        self.memory = recorder.memories[rank]
+        self.modules = _RankModuleTracker()
+        self.phase = None        # "optimizer" or "communication" while inside those
+        self.paused = False      # True while the backend computes a collective's result
+        self.module_time = recorder.module_time[rank]
+
+    def category(self):
+        """The category of memory allocated right now."""
+        if self.phase == "optimizer":
+            return "optimizer state"
+        if self.phase == "communication":
+            return "communication buffers"
+        if torch._C._current_graph_task_id() != -1:
+            return "gradients"
+        if len(self.modules.parents) > 1 and torch.is_grad_enabled():
+            return "activations"
+        return "other"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
+        if any(t is not torch.Tensor and not _is_fake(t) for t in types):
+            return NotImplemented  # let tensor subclasses (DTensor) unwrap to plain ops
+        inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        clock = self.clock
+        if clock.ready_at:
+            for t in inputs:
+                ready = clock.ready_at.pop(storage_key(t), None)
+                if ready is not None:
+                    clock.wait_until(ready, "wait for communication")
+        out = func(*args, **kwargs)
+        outputs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        self._count_memory(outputs)
+        name = func.overloadpacket.__name__
+        if func.is_view or name in _FREE_OPS:
+            return out
+        nbytes = sum(t.numel() * t.element_size() for t in inputs + outputs)
+        seconds, flops = self.recorder.cost.compute_time(self.rank, func, args, kwargs, out,
+                                                         nbytes)
+        label = self.modules.innermost()
+        clock.flops += flops
+        clock.run_compute(seconds, label)
+        self.module_time[label] = self.module_time.get(label, 0.0) + seconds
+        return out
+
+    def _count_memory(self, outputs):
+        category = None
+        for t in outputs:
+            try:
+                storage = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            key = storage._cdata
+            if key not in self.memory.live:
+                category = category or self.category()
+                self.memory.allocate(key, storage.nbytes(), category, storage)
+
+
+def _is_fake(t):
+    return getattr(t, "__name__", "") in ("FakeTensor", "FunctionalTensor")
+
+
+# ------------------------------------------------ process-wide hooks, per rank
+_thread = threading.local()
+
+
+def current():
+    """The calling rank thread's :class:`RankAccounting`, or None."""
+    return getattr(_thread, "accounting", None)
+
+
+def bind_thread(accounting):
+    """Make ``accounting`` the calling thread's accountant (None to unbind)."""
+    _thread.accounting = accounting
+
+
+def on_forward_pre(module, args):
+    acc = current()
+    if acc is not None:
+        acc.modules._fw_pre_hook(module, args)
+
+
+def on_forward_post(module, args, output):
+    acc = current()
+    if acc is not None:
+        acc.modules._fw_post_hook(module, args, output)
+
+
+def on_parameter(module, name, param):
+    acc = current()
+    if acc is not None and param is not None:
+        key = storage_key(local_tensor(param))
+        acc.memory.retag(key, "parameters")
+
+
+def on_optimizer_pre(optimizer, args, kwargs):
+    acc = current()
+    if acc is not None:
+        acc.phase = "optimizer"
+
+
+def on_optimizer_post(optimizer, args, kwargs):
+    acc = current()
+    if acc is not None:
+        acc.phase = None
+        # Gradients that the optimizer reads were created during backward; state it
+        # created is already "optimizer state". Parameters stay parameters.
+
+
+def on_storage_resize(storage, nbytes):
+    acc = current()
+    if acc is not None:
+        acc.memory.resize(storage._cdata, nbytes, storage)
+
+
+class Recorder:
+    """Everything a run measures: clocks, memory, traffic, per-module compute time."""
+
+    def __init__(self, spec, world_size, cost):
+        self.spec, self.world_size, self.cost = spec, world_size, cost
+        self.clocks = [RankClock() for _ in range(world_size)]
+        self.memories = [MemoryAccount(r, spec.device_of(r), self.clocks[r])
+                         for r in range(world_size)]
+        self.module_time = [{} for _ in range(world_size)]
+        self.traffic = {}        # (src, dst) -> bytes
+        self.collectives = []    # (op, algorithm, ranks, nbytes, start, end)
+
+    def add_traffic(self, src, dst, nbytes):
+        self.traffic[(src, dst)] = self.traffic.get((src, dst), 0) + nbytes
+
+
+_hooks = []
+
+
+def install_hooks():
+    """Install the process-wide hooks that feed each rank's accountant."""
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer
+
+    _hooks.extend([
+        nn_module.register_module_forward_pre_hook(on_forward_pre),
+        nn_module.register_module_forward_hook(on_forward_post),
+        nn_module.register_module_parameter_registration_hook(on_parameter),
+        optimizer.register_optimizer_step_pre_hook(on_optimizer_pre),
+        optimizer.register_optimizer_step_post_hook(on_optimizer_post),
+    ])
+
+
+def remove_hooks():
+    """Remove what :func:`install_hooks` installed."""
+    while _hooks:
+        _hooks.pop().remove()

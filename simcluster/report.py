@@ -1,0 +1,113 @@
+"""``Run`` — the record of one finished run: results, simulated time, memory, traffic."""
+
+from .accounting import CATEGORIES
+
+
+class Summary:
+    """Per-rank totals of a run; prints as a text table, renders as HTML in a notebook."""
+
+    COLUMNS = ("rank", "compute_s", "comm_s", "idle_s", "overlap_s", "peak_memory_GiB")
+
+    def __init__(self, rows):
+        self.rows = rows  # one dict per rank, keys COLUMNS
+
+    def _cells(self):
+        return [[str(row["rank"])] + [_fmt_seconds(row[c]) for c in self.COLUMNS[1:5]]
+                + [f"{row['peak_memory_GiB']:.3f}"] for row in self.rows]
+
+    def __str__(self):
+        header = ["rank", "compute", "communication", "idle", "overlap", "peak memory GiB"]
+        cells = [header] + self._cells()
+        widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+        return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells)
+
+    def __repr__(self):
+        return str(self)
+
+    def _repr_html_(self):
+        header = ["rank", "compute", "communication", "idle", "overlap", "peak memory (GiB)"]
+        head = "".join(f"<th>{h}</th>" for h in header)
+        body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>"
+                       for row in self._cells())
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fmt_seconds(s):
+    """Seconds in the unit that reads best: s, ms or us."""
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def _overlap(events):
+    """Seconds of communication that ran while the compute stream was busy."""
+    compute = sorted((s, e) for lane, s, e, _ in events if lane == "compute")
+    comm = sorted((s, e) for lane, s, e, _ in events if lane == "comm")
+    total, i = 0.0, 0
+    for cs, ce in comm:
+        while i < len(compute) and compute[i][1] <= cs:
+            i += 1
+        j = i
+        while j < len(compute) and compute[j][0] < ce:
+            total += max(0.0, min(ce, compute[j][1]) - max(cs, compute[j][0]))
+            j += 1
+    return total
+
+
+class Run:
+    """The record of one finished run.
+
+    Attributes:
+        results: ``results[r]`` is what the function returned on rank ``r``.
+        world_size: the number of ranks that ran.
+        cluster: the :class:`~simcluster.Cluster` it ran on.
+        bytes_sent: ``bytes_sent[r]`` — payload bytes rank ``r`` sent point-to-point.
+        messages_sent: ``messages_sent[r]`` — point-to-point messages rank ``r`` sent.
+        elapsed: simulated seconds from start to the last rank's last work.
+    """
+
+    def __init__(self, cluster, world_size, results, world):
+        self.cluster, self.world_size, self.results = cluster, world_size, results
+        self.bytes_sent = list(world.bytes_sent)
+        self.messages_sent = list(world.messages_sent)
+        self.recorder = world.recorder
+
+    def __repr__(self):
+        return f"<Run of {self.world_size} ranks on {self.cluster.spec.name}>"
+
+    def _need_accounting(self):
+        if self.recorder is None:
+            raise RuntimeError("this run had accounting=False: run again with accounting on "
+                               "to see simulated time and memory")
+        return self.recorder
+
+    @property
+    def elapsed(self):
+        """Simulated seconds until the last rank finished its last compute or communication."""
+        return max(c.end for c in self._need_accounting().clocks)
+
+    def clock(self, rank):
+        """Rank ``rank``'s simulated clock (compute, comm, idle totals and events)."""
+        return self._need_accounting().clocks[rank]
+
+    def peak_memory(self, rank):
+        """``{category: bytes}`` in use on ``rank`` at its peak, plus ``"total"``."""
+        memory = self._need_accounting().memories[rank]
+        return {**memory.peak_by_category, "total": memory.peak}
+
+    def summary(self):
+        """Per rank: compute, communication, idle, overlap (seconds) and peak memory."""
+        rec = self._need_accounting()
+        rows = []
+        for r, clock in enumerate(rec.clocks):
+            rows.append({"rank": r, "compute_s": clock.compute, "comm_s": clock.comm,
+                         "idle_s": clock.idle, "overlap_s": _overlap(clock.events),
+                         "peak_memory_GiB": rec.memories[r].peak / 2**30})
+        return Summary(rows)
+
+    @property
+    def memory_categories(self):
+        """The memory categories, in the order plots and tables use."""
+        return CATEGORIES
