@@ -21,6 +21,10 @@ import torch.distributed.distributed_c10d as c10d
 
 TESTED_TORCH = "2.13"
 
+# Dispatch modes import torch._dynamo the first time they run (about 4 s). Pay that once,
+# here, rather than inside the first simulated run, where it would look like a hang.
+import torch._dynamo  # noqa: E402,F401
+
 _original_world = c10d._world
 _original_init_process_group = dist.init_process_group
 

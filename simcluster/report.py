@@ -111,3 +111,52 @@ class Run:
     def memory_categories(self):
         """The memory categories, in the order plots and tables use."""
         return CATEGORIES
+
+    # ------------------------------------------------------------ pictures and traces
+    def timeline(self, ax=None, ranks=None, max_labels=100):
+        """A Gantt chart: one row per rank (rank 0 on top), compute / communication / idle.
+
+        Each rank's row shows its compute stream (compute, and idle waits) with its
+        communication stream as a thinner bar just below; wide communication bars are
+        labelled with the collective's name (at most ``max_labels`` of them). ``ranks``
+        picks the ranks to show. Returns the matplotlib Axes; end the cell with
+        ``plt.show()``.
+        """
+        from .plots import draw_timeline
+
+        return draw_timeline(self._need_accounting(), self.cluster.spec, ax=ax, ranks=ranks,
+                             max_labels=max_labels)
+
+    def memory_plot(self, ax=None, ranks=None):
+        """Memory in use over simulated time per rank (with the device capacity when it is
+        near), and each rank's peak memory by category as stacked bars.
+
+        ``ax``: None for a new 1x2 figure, or a pair of Axes ``(over_time, peaks)``.
+        Returns the pair of Axes.
+        """
+        from .plots import draw_memory
+
+        return draw_memory(self._need_accounting(), self.cluster.spec, ax=ax, ranks=ranks)
+
+    def comm_matrix(self, ax=None):
+        """Bytes each rank sent to each other rank as a heatmap (sender rows, receiver
+        columns), with node boundaries marked. Returns the Axes."""
+        from .plots import draw_comm_matrix
+
+        return draw_comm_matrix(self._need_accounting(), self.cluster.spec, ax=ax)
+
+    def module_heatmap(self, ax=None):
+        """Compute time per module (rows) per rank (columns) as a heatmap. Returns the Axes."""
+        from .plots import draw_module_heatmap
+
+        return draw_module_heatmap(self._need_accounting(), self.cluster.spec, ax=ax)
+
+    def save_trace(self, path):
+        """Write the run as a Chrome trace / Perfetto JSON file and return ``path``.
+
+        Open it at https://ui.perfetto.dev or chrome://tracing: a process per node, a
+        compute and a communication thread per rank, idle waits, and memory counters.
+        """
+        from .trace import save_trace
+
+        return save_trace(self._need_accounting(), self.cluster.spec, path)

@@ -1,0 +1,74 @@
+# Two commands (see README.md): `make lab` and `make test`. Both set up .venv first.
+# The virtual environment is created with $(PYTHON) when missing, and the project is
+# (re)installed into it only when pyproject.toml changed, so later runs start at once.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST := $(BIN)/python -m pytest
+
+# Notebook directories run by nbval, one line each; a directory without notebooks is
+# skipped. Strict: every stored output must match. Lax: only errors fail.
+NBVAL_STRICT += notebooks
+NBVAL_STRICT += solutions
+NBVAL_LAX    += labs
+
+# Extra arguments for `jupyter lab`, e.g. `make lab LAB_ARGS="--port=9999 --no-browser"`.
+LAB_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help setup lab test labs progress clean distclean
+
+help:
+	@echo "make lab        set up .venv, then start JupyterLab on notebooks/"
+	@echo "make test       set up .venv, then run the tests and check the notebooks"
+	@echo "make progress   run your labs and show which exercises pass"
+	@echo "make labs       regenerate labs/ from solutions/ (for contributors)"
+	@echo "make setup      only set up .venv (done by lab and test)"
+	@echo "make clean      remove caches and build files"
+	@echo "make distclean  clean, and remove .venv too"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e .
+	@touch $@
+
+setup: $(STAMP)
+
+lab: $(STAMP)
+	JUPYTER=$(BIN)/jupyter scripts/lab.sh $(LAB_ARGS)
+
+# Every step runs even when an earlier one fails, so one CI run reports everything.
+test: $(STAMP)
+	@status=0; \
+	echo "$(PYTEST) tests"; \
+	$(PYTEST) tests || status=1; \
+	for run in $(NBVAL_STRICT:%=%:--nbval) $(NBVAL_LAX:%=%:--nbval-lax); do \
+	    dir=$${run%%:*}; mode=$${run#*:}; \
+	    if [ -n "$$(find "$$dir" -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' \
+	                2>/dev/null | head -n 1)" ]; then \
+	        echo "$(PYTEST) $$mode --nbval-current-env $$dir"; \
+	        $(PYTEST) $$mode --nbval-current-env "$$dir" || status=1; \
+	    else \
+	        echo "nbval: no notebooks in $$dir/, skipped"; \
+	    fi; \
+	done; \
+	exit $$status
+
+labs: $(STAMP)
+	$(BIN)/python -m workbook.labs
+
+progress: $(STAMP)
+	$(BIN)/python -m workbook.progress
+
+clean:
+	find . \( -path ./$(VENV) -o -path ./.git \) -prune -o -type d \( -name __pycache__ \
+	    -o -name .ipynb_checkpoints -o -name .pytest_cache -o -name '*.egg-info' \) \
+	    -prune -exec rm -rf {} +
+	rm -rf build dist
+
+distclean: clean
+	rm -rf $(VENV)

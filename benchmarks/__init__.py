@@ -1,0 +1,1 @@
+"""Speed and scale measurements (see README.md); each prints ratios."""

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Start JupyterLab on the workbook: bound to 127.0.0.1 with token authentication (the
+# default), serving the repository and opened on notebooks/.
+# `make lab` runs this, and so does tests/test_lab_server.py (adding --port and
+# --no-browser): extra arguments go to `jupyter lab`. JUPYTER names the jupyter command.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+args=(
+    --ServerApp.ip=127.0.0.1
+    --ServerApp.root_dir="$PWD"
+    --LabApp.default_url=/lab/tree/notebooks
+)
+# Jupyter refuses to start as root, which is how containers and some CI runners run.
+if [ "$(id -u)" = 0 ]; then
+    args+=(--allow-root)
+fi
+exec "${JUPYTER:-jupyter}" lab "${args[@]}" "$@"

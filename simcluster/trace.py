@@ -1,0 +1,94 @@
+"""A run as a Chrome trace (the ``traceEvents`` JSON that Perfetto and chrome://tracing open).
+
+Layout of the trace:
+
+* one process per node: ``pid`` = node index, named ``"node1 (A100-80GB)"``;
+* two threads per rank on its node: ``tid = 2 * local_rank`` is the compute stream
+  (``"rank 3 compute"``: compute, and idle waits with category ``"idle"``) and
+  ``tid = 2 * local_rank + 1`` the communication stream (``"rank 3 comm"``);
+* ``"X"`` (complete) events with ``ts`` and ``dur`` in microseconds of simulated time;
+* a ``"C"`` (counter) track per rank, ``"rank 3 memory"``, with the bytes in use.
+
+The output is deterministic — keys sorted, events in a fixed order, one event per line —
+so two traces can be compared with ``diff``.
+"""
+
+import json
+
+from .accounting import CATEGORIES
+
+US = 1e6   # microseconds per second
+LANE_CATEGORY = {"compute": "compute", "comm": "comm", "idle": "idle"}
+
+
+def _us(seconds):
+    """Seconds -> microseconds, rounded to the nanosecond (stable, short numbers)."""
+    return round(seconds * US, 3)
+
+
+def trace_events(recorder, spec):
+    """The list of trace events (dicts) for a run recorded by ``recorder`` on ``spec``."""
+    meta, work, counters = [], [], []
+    ranks_by_node = {}
+    for rank in range(recorder.world_size):
+        node, local = spec.placement(rank)
+        ranks_by_node.setdefault(node, []).append((rank, local))
+
+    for node, ranks in sorted(ranks_by_node.items()):
+        node_spec = spec.nodes[node]
+        meta.append({"ph": "M", "name": "process_name", "pid": node, "tid": 0,
+                     "args": {"name": f"{node_spec.name} ({node_spec.device.name})"}})
+        meta.append({"ph": "M", "name": "process_sort_index", "pid": node, "tid": 0,
+                     "args": {"sort_index": node}})
+        for rank, local in ranks:
+            for tid, lane in ((2 * local, "compute"), (2 * local + 1, "comm")):
+                meta.append({"ph": "M", "name": "thread_name", "pid": node, "tid": tid,
+                             "args": {"name": f"rank {rank} {lane}"}})
+                meta.append({"ph": "M", "name": "thread_sort_index", "pid": node, "tid": tid,
+                             "args": {"sort_index": tid}})
+
+    details = {}      # (op, start, end) -> [(ranks, algorithm, nbytes)]
+    for op, algorithm, ranks, nbytes, start, end in recorder.collectives:
+        details.setdefault((op, start, end), []).append((ranks, algorithm, nbytes))
+
+    for rank in range(recorder.world_size):
+        node, local = spec.placement(rank)
+        events = sorted(recorder.clocks[rank].events,
+                        key=lambda e: (e[0] == "comm", e[1], e[2], e[0], e[3]))
+        for lane, start, end, label in events:
+            ts = _us(start)
+            event = {"ph": "X", "name": label, "cat": LANE_CATEGORY[lane], "pid": node,
+                     "tid": 2 * local + (lane == "comm"), "ts": ts,
+                     "dur": round(_us(end) - ts, 3), "args": {"rank": rank}}
+            if lane == "comm":
+                op = label.split(" #")[0]
+                for ranks, algorithm, nbytes in details.get((op, start, end), ()):
+                    if rank in ranks:
+                        event["args"].update(algorithm=algorithm, bytes=nbytes,
+                                             ranks=list(ranks))
+                        break
+            work.append(event)
+        memory = recorder.memories[rank]
+        for t, nbytes in memory.history:
+            counters.append({"ph": "C", "name": f"rank {rank} memory", "pid": node,
+                             "tid": 2 * local, "ts": _us(t), "args": {"bytes": nbytes}})
+    return meta + work + counters
+
+
+def save_trace(recorder, spec, path, cluster_name=None):
+    """Write the run's trace to ``path`` (JSON, one event per line); return ``path``."""
+    events = trace_events(recorder, spec)
+    peaks = {str(r): {**{c: recorder.memories[r].peak_by_category[c] for c in CATEGORIES},
+                      "total": recorder.memories[r].peak}
+             for r in range(recorder.world_size)}
+    other = {"cluster": cluster_name or spec.name, "world_size": recorder.world_size,
+             "time_unit": "microseconds of simulated time", "peak_memory_bytes": peaks}
+    lines = ["{", '"displayTimeUnit": "ms",',
+             f'"otherData": {json.dumps(other, sort_keys=True)},', '"traceEvents": [']
+    body = [json.dumps(e, sort_keys=True, ensure_ascii=False) for e in events]
+    lines.append(",\n".join(body))
+    lines.append("]")
+    lines.append("}")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return path

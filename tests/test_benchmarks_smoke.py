@@ -1,0 +1,46 @@
+"""The benchmarks run (quick mode, tiny sizes). No timing is asserted: only that each
+benchmark completes and that what it trains is correct."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # `benchmarks` is imported from the repository root
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_ddp_quick():
+    from benchmarks import bench_ddp
+
+    r = bench_ddp.main(quick=True, verbose=False)
+    for variant in ("serial", "sim", "gloo"):
+        assert r[variant]["loop"]["median"] > 0
+    assert r["gloo"]["e2e"]["median"] > 0
+    # The sim and gloo trained the same model on the same data.
+    assert r["loss_diff_sim_vs_gloo"] < 1e-4
+    assert r["sim_deterministic"]
+    assert isinstance(r["sim_goal_met"], bool) and isinstance(r["gloo_goal_met"], bool)
+
+
+def test_bench_scale_quick():
+    from benchmarks import bench_scale
+
+    r = bench_scale.main(quick=True, verbose=False)
+    assert r["ranks"] == 16
+    assert set(r["phases"]) == {"allreduce_rank", "hand_dp_rank", "ddp_rank"}
+    for name, phase in r["phases"].items():
+        assert phase["ok"], f"{name}: {phase['detail']}"
+    assert r["peak_rss_mib"] > 0
+
+
+def test_profile_sim_quick():
+    from benchmarks import profile_sim
+
+    r = profile_sim.main(quick=True, verbose=False)
+    assert "serial floor" in r["ablation"]
+    assert r["unit_costs"]["per_step"]["hand_over"] > 0
+    assert r["profile"]["total_s"] > 0

@@ -1,0 +1,833 @@
+"""workbook.checks: every check passes the reference solution, and reports each kind of
+mistake — wrong values, deadlock, exception, infinite loop, collective instead of
+point-to-point, wrong dtype, modified input, too many bytes — as one exact ❌ line."""
+
+import re
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from workbook import aggregation as A
+from workbook import checks
+
+ALL = "world sizes 1, 2, 3, 4, 5, 8, sizes 1, 6, 13, 64"
+
+
+def line(capsys, check, *args):
+    """Run ``check(*args)``; return (result, the one line it printed)."""
+    result = check(*args)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) == 1, out
+    assert result is lines[0].startswith("✅")
+    return result, lines[0]
+
+
+def expect(capsys, check, args, message):
+    result, text = line(capsys, check, *args)
+    assert text == message
+    return result
+
+
+@pytest.fixture
+def short_timeout(monkeypatch):
+    monkeypatch.setattr(checks, "TIMEOUT", 1.0)
+
+
+# ------------------------------------------------------------ shared wrong code
+
+
+def uses_all_reduce(tensor, *args):
+    dist.all_reduce(tensor)
+
+
+def returns_sum(tensor):
+    out = tensor.clone()
+    dist.all_reduce(out)
+    return out
+
+
+def all_to_all_naive(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    mine = tensor.clone()
+    for shift in range(1, p):
+        incoming = torch.empty_like(tensor)
+        A.exchange(mine, (rank + shift) % p, incoming, (rank - shift) % p)
+        tensor += incoming
+
+
+def blocking_ring(tensor):
+    """Every rank sends first, with blocking send: deadlock as soon as p > 1."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    incoming = torch.empty_like(tensor)
+    for _ in range(p - 1):
+        dist.send(tensor, (rank + 1) % p)
+        dist.recv(incoming, (rank - 1) % p)
+
+
+def whole_tensor_ring(tensor):
+    """Correct sum, but passes the whole tensor around the ring p - 1 times."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    passing = tensor.clone()
+    for _ in range(p - 1):
+        incoming = torch.empty_like(tensor)
+        A.exchange(passing, (rank + 1) % p, incoming, (rank - 1) % p)
+        tensor += incoming
+        passing = incoming
+
+
+def chunk_ring(tensor):
+    """tensor.chunk(p) gives fewer than p chunks when size < p."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    chunks = tensor.view(-1).chunk(p)
+    for step in range(p - 1):
+        send, recv = chunks[(rank - step - 1) % p], chunks[(rank - step - 2) % p]
+        incoming = torch.empty_like(recv)
+        A.exchange(send, (rank + 1) % p, incoming, (rank - 1) % p)
+        recv += incoming
+
+
+def float32_buffer_ring(tensor):
+    """Receive buffers made with torch.zeros(...): float32 even for a float64 tensor."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if p == 1:
+        return
+    flat = tensor.view(-1)
+    bounds = A.chunk_bounds(flat.numel(), p)
+    for step in range(p - 1):
+        s0, s1 = bounds[(rank - step - 1) % p]
+        r0, r1 = bounds[(rank - step - 2) % p]
+        incoming = torch.zeros(r1 - r0)
+        A.exchange(flat[s0:s1], (rank + 1) % p, incoming, (rank - 1) % p)
+        flat[r0:r1] += incoming
+    for step in range(p - 1):
+        s0, s1 = bounds[(rank - step) % p]
+        r0, r1 = bounds[(rank - step - 1) % p]
+        incoming = torch.zeros(r1 - r0)
+        A.exchange(flat[s0:s1], (rank + 1) % p, incoming, (rank - 1) % p)
+        flat[r0:r1] = incoming
+
+
+def forever_ring(tensor):
+    step = 0
+    while step < dist.get_world_size() - 1:
+        pass
+
+
+def reduce_scatter_only(tensor):
+    """Forgets the all-gather: each rank holds only its own chunk of the sum."""
+    p = dist.get_world_size()
+    if p > 1:
+        flat = tensor.view(-1)
+        A.ring_reduce_scatter(flat, list(range(p)), A.chunk_bounds(flat.numel(), p))
+
+
+# ---------------------------------------------------------------- naive
+
+
+def naive_no_broadcast(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        incoming = torch.empty_like(tensor)
+        for src in range(1, p):
+            dist.recv(incoming, src)
+            tensor += incoming
+    else:
+        dist.send(tensor, 0)
+
+
+def naive_root_sends_first(tensor):
+    """Rank 0 broadcasts before it gathers; everybody else sends first: deadlock."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        for dst in range(1, p):
+            dist.send(tensor, dst)
+    else:
+        dist.send(tensor, 0)
+        dist.recv(tensor, 0)
+
+
+def test_naive_reference(capsys):
+    expect(capsys, checks.check_naive_allreduce, (A.naive_allreduce,),
+           f"✅ naive all-reduce: passed on {ALL}")
+
+
+def test_naive_mistakes(capsys):
+    expect(capsys, checks.check_naive_allreduce, (naive_no_broadcast,),
+           "❌ naive all-reduce: world size 2, size 1: rank 1 left the tensor unchanged — "
+           "Hint: " + checks._HINTS["unchanged"])
+    expect(capsys, checks.check_naive_allreduce, (naive_root_sends_first,),
+           "❌ naive all-reduce: world size 2, size 1: deadlock (rank 0: send to rank 1; "
+           "rank 1: send to rank 0) — Hint: " + checks._HINTS["deadlock"])
+    expect(capsys, checks.check_naive_allreduce, (all_to_all_naive,),
+           "❌ naive all-reduce: world size 8, size 64 (float64): in a naive all-reduce every "
+           "rank but 0 sends its tensor once, to rank 0 (512 bytes): rank 1 sent 7 "
+           "message(s), 3584 bytes — Hint: gather to rank 0, add, broadcast from rank 0: the "
+           "other ranks talk only to rank 0.")
+    expect(capsys, checks.check_naive_allreduce, (uses_all_reduce,),
+           "❌ naive all-reduce: world size 1, size 1: rank 0 called all_reduce, a collective "
+           "— Hint: " + checks._HINTS["collective"])
+
+
+# ----------------------------------------------------------------- ring
+
+
+def test_ring_reference(capsys):
+    expect(capsys, checks.check_ring_allreduce, (A.ring_allreduce,),
+           f"✅ ring all-reduce: passed on {ALL}")
+
+
+RING_VALUES_HINT = checks._HINTS["values"]
+
+
+def test_ring_mistakes(capsys, short_timeout):
+    ring = checks.check_ring_allreduce
+    expect(capsys, ring, (uses_all_reduce,),
+           "❌ ring all-reduce: world size 1, size 1: rank 0 called all_reduce, a collective "
+           "— Hint: " + checks._HINTS["collective"])
+    expect(capsys, ring, (blocking_ring,),
+           "❌ ring all-reduce: world size 2, size 1: deadlock (rank 0: send to rank 1; "
+           "rank 1: send to rank 0) — Hint: " + checks._HINTS["deadlock"])
+    expect(capsys, ring, (chunk_ring,),
+           "❌ ring all-reduce: world size 2, size 1: rank 0 raised IndexError: tuple index "
+           "out of range — Hint: " + checks._HINTS["exception"])
+    expect(capsys, ring, (float32_buffer_ring,),
+           "❌ ring all-reduce: world size 2, size 64 (float64): mismatch in send/recv #0 on "
+           "group WORLD: the shape/dtype differs (rank 0: receives (32,) torch.float32, rank 1: "
+           "sends (32,) torch.float64) — Hint: " + checks._HINTS["mismatch"])
+    expect(capsys, ring, (forever_ring,),
+           "❌ ring all-reduce: world size 2, size 1: rank 0 was still running after 1 s of "
+           "wall-clock time (an infinite loop?) — Hint: " + checks._HINTS["timeout"])
+    expect(capsys, ring, (returns_sum,),
+           "❌ ring all-reduce: world size 1, size 1: rank 0 called all_reduce, a collective "
+           "— Hint: " + checks._HINTS["collective"])
+    expect(capsys, ring, (whole_tensor_ring,),
+           "❌ ring all-reduce: world size 8, size 64 (float64): ring all-reduce should send "
+           "2(p-1)/p·n = 112 elements (896 bytes) per rank: rank 0 sent 3584 bytes, 4.00× "
+           "that — Hint: send one chunk of about n/p elements per step, 2(p-1) steps: never "
+           "the whole tensor.")
+    expect(capsys, ring, (reduce_scatter_only,),
+           "❌ ring all-reduce: world size 2, size 1: rank 1 left the tensor unchanged — Hint: "
+           + checks._HINTS["unchanged"])
+
+
+def test_ring_returning_a_new_tensor_is_reported(capsys):
+    def returns_new(tensor):
+        out = tensor.clone()
+        A.ring_allreduce(out)
+        return out
+
+    expect(capsys, checks.check_ring_allreduce, (returns_new,),
+           "❌ ring all-reduce: world size 2, size 1: rank 0 left the tensor unchanged and "
+           "returned a tensor — Hint: " + checks._HINTS["unchanged"])
+
+
+# ----------------------------------------------------------------- tree
+
+
+def tree_no_bounds_check(tensor):
+    """Receives from rank + mask even when that rank does not exist (p not a power of 2)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    incoming, mask = torch.empty_like(tensor), 1
+    while mask < p:
+        if rank & mask:
+            dist.send(tensor, rank - mask)
+            break
+        dist.recv(incoming, rank + mask)
+        tensor += incoming
+        mask <<= 1
+    A.naive_allreduce(torch.zeros(1)) if False else None
+    # broadcast back down, as in the reference
+    mask = 1
+    while mask < p and not rank & mask:
+        mask <<= 1
+    if mask < p:
+        dist.recv(tensor, rank - mask)
+    mask >>= 1
+    while mask > 0:
+        if rank + mask < p:
+            dist.send(tensor, rank + mask)
+        mask >>= 1
+
+
+def tree_reduce_only(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    incoming, mask = torch.empty_like(tensor), 1
+    while mask < p:
+        if rank & mask:
+            dist.send(tensor, rank - mask)
+            break
+        if rank + mask < p:
+            dist.recv(incoming, rank + mask)
+            tensor += incoming
+        mask <<= 1
+
+
+def binary_tree(tensor):
+    """A heap-ordered binary tree: correct, but its two children take turns."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    incoming = torch.empty_like(tensor)
+    children = [c for c in (2 * rank + 1, 2 * rank + 2) if c < p]
+    for child in children:
+        dist.recv(incoming, child)
+        tensor += incoming
+    if rank:
+        dist.send(tensor, (rank - 1) // 2)
+        dist.recv(tensor, (rank - 1) // 2)
+    for child in children:
+        dist.send(tensor, child)
+
+
+def test_tree_reference(capsys):
+    expect(capsys, checks.check_tree_allreduce, (A.tree_allreduce,),
+           f"✅ tree all-reduce: passed on {ALL}")
+
+
+def test_tree_mistakes(capsys):
+    tree = checks.check_tree_allreduce
+    expect(capsys, tree, (tree_no_bounds_check,),
+           "❌ tree all-reduce: world size 3, size 1: rank 2 raised ValueError: rank 2: "
+           "receive rank 3 is out of range for a group of size 3 — Hint: "
+           + checks._HINTS["exception"])
+    result, text = line(capsys, tree, tree_reduce_only)
+    assert text.startswith("❌ tree all-reduce: world size 2, size 1: rank 1 left the tensor "
+                           "unchanged — Hint: ")
+    expect(capsys, tree, (A.naive_allreduce,),
+           "❌ tree all-reduce: world size 8, size 64 (float64): in a tree all-reduce the "
+           "busiest rank sends ⌈log2 p⌉ = 3 messages: rank 0 sent 7, 2.33× that — Hint: in a "
+           "tree every rank talks to its parent and at most ⌈log2 p⌉ children; rank 0 must "
+           "not receive from everybody itself.")
+    expect(capsys, tree, (uses_all_reduce,),
+           "❌ tree all-reduce: world size 1, size 1: rank 0 called all_reduce, a collective "
+           "— Hint: " + checks._HINTS["collective"])
+
+
+def test_tree_slower_than_binomial_is_reported_once_time_is_simulated(capsys):
+    result, text = line(capsys, checks.check_tree_allreduce, binary_tree)
+    if A.sim_elapsed(_one_timed_run()) is None:
+        assert result
+        return
+    assert re.fullmatch(
+        r"❌ tree all-reduce: world size 8, size 8: took [\d.]+ µs of simulated time, "
+        r"1\.\d\d× the binomial tree's [\d.]+ µs — Hint: a binomial tree takes ⌈log2 p⌉ "
+        r"rounds each way: in round i the ranks with bit i set send to rank - 2\^i, all at "
+        r"the same time\.", text), text
+
+
+def _one_timed_run():
+    import simcluster as sc
+    cluster = sc.Cluster.preset("dgx-a100", nodes=1)
+    return cluster.run(lambda: None, world_size=1, **checks._run_options(cluster, True))
+
+
+# ----------------------------------------------------- halving-doubling
+
+
+def recursive_doubling(tensor):
+    """Exchanges the whole tensor with rank ^ mask: lg p·n bytes per rank."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    p2 = 1 << (p.bit_length() - 1)
+    if rank >= p2:
+        dist.send(tensor, rank - p2)
+        dist.recv(tensor, rank - p2)
+        return
+    if rank < p - p2:
+        incoming = torch.empty_like(tensor)
+        dist.recv(incoming, rank + p2)
+        tensor += incoming
+    mask = 1
+    while mask < p2:
+        incoming = torch.empty_like(tensor)
+        A.exchange(tensor.clone(), rank ^ mask, incoming, rank ^ mask)
+        tensor += incoming
+        mask <<= 1
+    if rank < p - p2:
+        dist.send(tensor, rank + p2)
+
+
+def halving_doubling_powers_of_two_only(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    mask = 1
+    while mask < p:
+        incoming = torch.empty_like(tensor)
+        A.exchange(tensor.clone(), rank ^ mask, incoming, rank ^ mask)
+        tensor += incoming
+        mask <<= 1
+
+
+def blocking_pairs(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    mask = 1
+    while mask < p:
+        incoming = torch.empty_like(tensor)
+        dist.send(tensor, rank ^ mask)
+        dist.recv(incoming, rank ^ mask)
+        tensor += incoming
+        mask <<= 1
+
+
+def test_halving_doubling_reference(capsys):
+    expect(capsys, checks.check_halving_doubling_allreduce, (A.halving_doubling_allreduce,),
+           f"✅ halving-doubling all-reduce: passed on {ALL}")
+
+
+def test_halving_doubling_mistakes(capsys):
+    hd = checks.check_halving_doubling_allreduce
+    expect(capsys, hd, (recursive_doubling,),
+           "❌ halving-doubling all-reduce: world size 8, size 64 (float64): halving-doubling "
+           "should send 2(p-1)/p·n = 112 elements (896 bytes) per rank: rank 0 sent 1536 "
+           "bytes, 1.71× that — Hint: exchange half of your current segment with your "
+           "partner, not the whole tensor: that is recursive doubling, lg p·n per rank.")
+    expect(capsys, hd, (halving_doubling_powers_of_two_only,),
+           "❌ halving-doubling all-reduce: world size 3, size 1: rank 1 raised ValueError: "
+           "rank 1: send rank 3 is out of range for a group of size 3 — Hint: "
+           + checks._HINTS["exception"])
+    expect(capsys, hd, (A.ring_allreduce,),
+           "❌ halving-doubling all-reduce: world size 8, size 64 (float64): halving-doubling "
+           "takes 2·lg p = 6 messages per rank: rank 0 sent 14, 2.33× that — Hint: each "
+           "round pairs rank with rank ^ mask and halves (then doubles) the segment: lg p "
+           "rounds each way, not p - 1 ring steps.")
+    expect(capsys, hd, (blocking_pairs,),
+           "❌ halving-doubling all-reduce: world size 2, size 1: deadlock (rank 0: send to "
+           "rank 1; rank 1: send to rank 0) — Hint: " + checks._HINTS["deadlock"])
+
+
+# ----------------------------------------------------------- hierarchical
+
+
+def flat_ring(tensor, ranks_per_node):
+    A.ring_allreduce(tensor)
+
+
+def inside_nodes_only(tensor, ranks_per_node):
+    rank = dist.get_rank()
+    node = rank // ranks_per_node
+    ranks = [node * ranks_per_node + j for j in range(ranks_per_node)]
+    flat = tensor.view(-1)
+    if len(ranks) > 1:
+        bounds = A.chunk_bounds(flat.numel(), len(ranks))
+        A.ring_reduce_scatter(flat, ranks, bounds)
+        A.ring_all_gather(flat, ranks, bounds)
+
+
+def wrong_nodes(tensor, ranks_per_node):
+    """Takes rank % k as the node: groups ranks that are on different nodes."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    k = ranks_per_node
+    node_ranks = [rank % k + j * k for j in range(p // k)]
+    flat = tensor.view(-1)
+    bounds = A.chunk_bounds(flat.numel(), len(node_ranks))
+    A.ring_reduce_scatter(flat, node_ranks, bounds)
+    A.ring_all_gather(flat, node_ranks, bounds)
+    peers = [(rank // k) * k + j for j in range(k)]
+    if len(peers) > 1:
+        A.ring_reduce_scatter(flat, peers, A.chunk_bounds(flat.numel(), k))
+
+
+def test_hierarchical_reference(capsys):
+    expect(capsys, checks.check_hierarchical_allreduce, (A.hierarchical_allreduce,),
+           "✅ hierarchical all-reduce: passed on (world size, ranks per node) (1, 1), (2, 1), "
+           "(2, 2), (4, 2), (6, 2), (6, 3), (8, 4), sizes 1, 6, 13, 64")
+
+
+def test_hierarchical_mistakes(capsys):
+    hier = checks.check_hierarchical_allreduce
+    expect(capsys, hier, (uses_all_reduce,),
+           "❌ hierarchical all-reduce: world size 1 (1 ranks per node), size 1: rank 0 called "
+           "all_reduce, a collective — Hint: " + checks._HINTS["collective"])
+    result, text = line(capsys, hier, inside_nodes_only)
+    assert text.startswith("❌ hierarchical all-reduce: world size 2 (1 ranks per node), "
+                           "size 1: rank 0 left the tensor unchanged — Hint: ")
+    expect(capsys, hier, (wrong_nodes,),
+           "❌ hierarchical all-reduce: world size 2 (2 ranks per node), size 1: rank 1 left the "
+           "tensor unchanged — Hint: " + checks._HINTS["unchanged"])
+    if checks._traffic(_one_timed_run()) is None:
+        return
+    expect(capsys, hier, (flat_ring,),
+           "❌ hierarchical all-reduce: world size 8 (4 ranks per node), size 64 (float64): "
+           "across the nodes a hierarchical all-reduce sends 2(m-1)·n = 128 elements (1024 "
+           "bytes) for m = 2 nodes: yours sent 1792 bytes between nodes, 1.75× that — Hint: "
+           "finish the reduction inside each node first, so only one partial sum per node (or "
+           "one shard per rank) crosses the network.")
+
+
+# ---------------------------------------------------------------- fp16
+
+
+def fp16_divide_after(tensor):
+    half = tensor.to(torch.float16)
+    A.ring_allreduce(half)
+    tensor.copy_(half)
+    tensor /= dist.get_world_size()
+
+
+def fp32_mean(tensor):
+    A.ring_allreduce(tensor)
+    tensor /= dist.get_world_size()
+
+
+def fp16_sum(tensor):
+    half = tensor.to(torch.float16)
+    A.ring_allreduce(half)
+    tensor.copy_(half)
+
+
+def fp16_collective(tensor):
+    half = (tensor / dist.get_world_size()).to(torch.float16)
+    dist.all_reduce(half)
+    tensor.copy_(half)
+
+
+def test_fp16_reference(capsys):
+    expect(capsys, checks.check_fp16_allreduce, (A.fp16_allreduce,),
+           f"✅ fp16 all-reduce: passed on {ALL}")
+
+
+def test_fp16_mistakes(capsys):
+    fp16 = checks.check_fp16_allreduce
+    result, text = line(capsys, fp16, fp16_divide_after)
+    assert re.fullmatch(r"❌ fp16 all-reduce: values of ±30000 on world size 8: rank 0, index "
+                        r"\d+: expected -?[\d.]+, got -?inf — Hint: fp16 stops at 65504: divide "
+                        r"by the world size BEFORE casting, so the sum of p values stays in "
+                        r"range \(PyTorch's fp16_compress_hook does\)\.", text), text
+    expect(capsys, fp16, (fp32_mean,),
+           "❌ fp16 all-reduce: world size 8, size 64: an fp16 ring sends 2(p-1)/p·n·2 bytes = "
+           "224 bytes per rank: rank 0 sent 448, 2.00× that — Hint: all-reduce the float16 "
+           "copy, not the float32 tensor.")
+    result, text = line(capsys, fp16, fp16_sum)
+    assert text.startswith("❌ fp16 all-reduce: world size 2, size 1: rank 0, index 0: "
+                           "expected "), text
+    assert text.endswith("— Hint: divide by the world size, cast to torch.float16, all-reduce "
+                         "the half tensor with ring_allreduce, copy the result back into "
+                         "`tensor`.")
+    expect(capsys, fp16, (fp16_collective,),
+           "❌ fp16 all-reduce: world size 1, size 1: rank 0 called all_reduce, a collective — "
+           "Hint: all-reduce the half tensor with aggregation.ring_allreduce (point to point), "
+           "so its bytes on the wire can be counted.")
+
+
+# ---------------------------------------------------------------- int8
+
+
+def quantize_floor(x):
+    q, scale = A.int8_quantize(x)
+    return torch.floor(x / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+def quantize_zero_scale(x):
+    scale = x.abs().max() / 127
+    return torch.round(x / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+def quantize_no_cast(x):
+    q, scale = A.int8_quantize(x)
+    return q.float(), scale
+
+
+def quantize_narrow(x):
+    scale = x.abs().max() / 63 if x.abs().max() > 0 else torch.tensor(1.0)
+    return torch.round(x / scale).to(torch.int8), scale
+
+
+def quantize_in_place(x):
+    scale = x.abs().max() / 127 if x.abs().max() > 0 else torch.tensor(1.0)
+    return x.div_(scale).round_().to(torch.int8), scale
+
+
+def test_int8_reference(capsys):
+    expect(capsys, checks.check_int8_quantization, (A.int8_quantize, A.int8_dequantize),
+           "✅ int8 quantization: passed on sizes 1, 6, 13, 64, shape (3, 5), all zeros, all "
+           "negative, tiny values, one outlier")
+
+
+def test_int8_mistakes(capsys):
+    check = checks.check_int8_quantization
+    result, text = line(capsys, check, quantize_floor, A.int8_dequantize)
+    assert re.fullmatch(r"❌ int8 quantization: size 1: at index 0 x = -2\.5 came back as "
+                        r"-?[\d.]+: an error of 1\.00·scale, more than scale/2 — Hint: round "
+                        r"to the nearest integer \(torch.round\), don't truncate; and use scale "
+                        r"= max\|x\| / 127 so that nothing is clipped\.", text) or re.fullmatch(
+        r"❌ int8 quantization: size 6: at index \d+ x = .* — Hint: .*", text), text
+    expect(capsys, check, (quantize_zero_scale, A.int8_dequantize),
+           "❌ int8 quantization: all zeros: scale is 0; it must be a positive number — Hint: "
+           "an all-zero tensor has max |x| = 0: use scale 1 (or any positive number) then, "
+           "never 0.")
+    expect(capsys, check, (quantize_no_cast, A.int8_dequantize),
+           "❌ int8 quantization: size 1: q has dtype float32, expected int8 — Hint: finish "
+           "with .to(torch.int8): one byte per element is the point.")
+    expect(capsys, check, (quantize_narrow, A.int8_dequantize),
+           "❌ int8 quantization: size 1: the largest |q| is 63; the largest |x| should map to "
+           "127 — Hint: scale = max|x| / 127 uses the whole int8 range: more levels, smaller "
+           "errors.")
+    expect(capsys, check, (quantize_in_place, A.int8_dequantize),
+           "❌ int8 quantization: size 1: quantize modified its input — Hint: compute q from "
+           "x / scale, a new tensor; no in-place ops on x.")
+    expect(capsys, check, (A.int8_quantize, lambda q, s: q.double() * s),
+           "❌ int8 quantization: size 1: dequantize returned float64, expected float32 — "
+           "Hint: return q.to(torch.float32) * scale.")
+
+
+# ---------------------------------------------------------------- top-k
+
+
+def topk_no_feedback(grad, residual, k):
+    return A.topk_compress(grad, torch.zeros_like(residual), k)
+
+
+def topk_signed(grad, residual, k):
+    acc = grad + residual
+    idx = torch.topk(acc, k).indices
+    new = acc.clone()
+    new[idx] = 0
+    return acc[idx], idx, new
+
+
+def topk_reset(grad, residual, k):
+    values, idx, _ = A.topk_compress(grad, residual, k)
+    return values, idx, torch.zeros_like(grad)
+
+
+def topk_in_place(grad, residual, k):
+    residual += grad
+    idx = torch.topk(residual.abs(), k).indices
+    values = residual[idx].clone()
+    residual[idx] = 0
+    return values, idx, residual.clone()
+
+
+def topk_drops_old_residual(grad, residual, k):
+    values, idx, _ = A.topk_compress(grad, residual, k)
+    new = grad.clone()
+    new[idx] = 0
+    return values, idx, new
+
+
+def test_topk_reference(capsys):
+    expect(capsys, checks.check_topk_error_feedback, (A.topk_compress,),
+           "✅ top-k with error feedback: passed on sizes 1, 6, 13, 64 with k = 1, 2, 3, 5, "
+           "three calls each")
+
+
+def test_topk_mistakes(capsys):
+    check = checks.check_topk_error_feedback
+    expect(capsys, check, (topk_no_feedback,),
+           "❌ top-k with error feedback: size 6, k = 2, call 2: the values are grad[indices]: "
+           "the residual was never added — Hint: error feedback: acc = grad + residual, then "
+           "take the top k of acc.")
+    result, text = line(capsys, check, topk_signed)
+    assert re.fullmatch(r"❌ top-k with error feedback: size 6, k = 2, call 1: \|acc\| = [\d.]+ "
+                        r"was left out while [\d.]+ was sent — Hint: pick the k largest by "
+                        r"magnitude: torch.topk\(acc.abs\(\), k\), not torch.topk\(acc, k\)\.",
+                        text), text
+    result, text = line(capsys, check, topk_reset)
+    assert re.fullmatch(r"❌ top-k with error feedback: size 6, k = 2, call 1: residual "
+                        r"accounting at index \d: grad \+ old residual = -?[\d.]+, but sent \+ "
+                        r"new residual = 0 — Hint: the residual must keep what was not sent, "
+                        r"not be reset to 0\.", text), text
+    expect(capsys, check, (topk_in_place,),
+           "❌ top-k with error feedback: size 6, k = 2, call 1: your function modified its "
+           "`residual` argument — Hint: work on acc = grad + residual (a new tensor) and "
+           "return a new residual.")
+    result, text = line(capsys, check, topk_drops_old_residual)
+    assert re.fullmatch(r"❌ top-k with error feedback: size 6, k = 2, call 2: residual "
+                        r"accounting at index \d: .* — Hint: the new residual is acc minus what "
+                        r"was sent, with acc = grad \+ OLD residual: you dropped the old "
+                        r"residual\.", text), text
+
+
+# ------------------------------------------------------------ parameter server
+
+
+class NoLock(A.ParameterServer):
+    def pull(self, worker):
+        self.pulled[worker] = self.version
+        return self.params.clone()
+
+
+class SyncAppliesAtOnce(A.ParameterServer):
+    def push(self, worker, gradients):
+        with self.lock:
+            self.clock[worker] += 1
+            self.pending[worker] = gradients.clone()
+            self.params -= self.lr * gradients / self.num_workers
+
+
+class KeepsReference(A.ParameterServer):
+    def push(self, worker, gradients):
+        with self.lock:
+            self.clock[worker] += 1
+            if self.mode == "sync":
+                self.pending[worker] = gradients
+                return
+            self.staleness.append(self.version - self.pulled[worker])
+            self.params -= self.lr * gradients
+            self.version += 1
+
+
+class FixedBound(A.ParameterServer):
+    def pull(self, worker):
+        with self.lock:
+            if self.mode == "sync" and worker in self.pending:
+                return None
+            if self.mode == "bounded" and self.clock[worker] - min(self.clock) > 3:
+                return None
+            self.pulled[worker] = self.version
+            return self.params.clone()
+
+
+class LeavesLockHeld(A.ParameterServer):
+    def pull(self, worker):
+        self.lock.acquire()
+        if self.mode == "sync" and worker in self.pending:
+            return None
+        self.pulled[worker] = self.version
+        out = self.params.clone()
+        self.lock.release()
+        return out
+
+
+class RaisesInSync(A.ParameterServer):
+    def sync(self, all_workers):
+        with self.lock:
+            mean = sum(self.pending[w] for w in all_workers) / len(all_workers)
+            self.params -= self.lr * mean
+            self.version += 1
+            self.pending.clear()
+            return True
+
+
+def test_parameter_server_reference(capsys):
+    expect(capsys, checks.check_parameter_server, (A.ParameterServer,),
+           "✅ parameter server: passed sync, async and bounded (bound 3 and 1) modes, and "
+           "training on the cluster with 3 workers")
+
+
+def test_parameter_server_mistakes(capsys):
+    check = checks.check_parameter_server
+    expect(capsys, check, (NoLock,),
+           "❌ parameter server: sync mode: pull(0) did not take self.lock — Hint: ranks are "
+           "threads: read and write the shared state inside `with self.lock:`.")
+    expect(capsys, check, (SyncAppliesAtOnce,),
+           "❌ parameter server: sync mode: after push(0, g), push(1, g), params[0] = -0.2427, "
+           "expected 0 — Hint: in sync mode push only stores the gradient; sync() applies "
+           "them.")
+    result, text = line(capsys, check, KeepsReference)
+    assert re.fullmatch(r"❌ parameter server: sync mode: after sync\(\[0, 1, 2\]\), "
+                        r"params\[\d\] = -?[\d.]+, expected -?[\d.]+ — Hint: params -= lr · mean "
+                        r"of the round's gradients; store a copy of each gradient in push \(the "
+                        r"worker may reuse its buffer\)\.", text), text
+    expect(capsys, check, (FixedBound,),
+           "❌ parameter server: bounded mode (bound 1): worker 0 is 2 pushes ahead of the "
+           "slowest worker, yet pull(0) did not return None — Hint: pull must return None "
+           "while clock[worker] - min(clock) > bound (use self.bound, not a fixed 3).")
+    expect(capsys, check, (LeavesLockHeld,),
+           "❌ parameter server: sync mode: pull(0) returned while still holding self.lock — "
+           "Hint: use `with self.lock:` so that every return releases it.")
+    expect(capsys, check, (RaisesInSync,),
+           "❌ parameter server: sync mode: sync([0, 1, 2]) raised KeyError: 2 — Hint: "
+           + checks._HINTS["exception"])
+
+
+def test_recording_lock_works_from_threads():
+    lock = checks._RecordingLock()
+    counter = []
+
+    def work():
+        for _ in range(100):
+            with lock:
+                counter.append(1)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert lock.acquired == 400 and lock.depth == 0 and len(counter) == 400
+
+
+# ------------------------------------------------------------------ local SGD
+
+
+def sync_every_step(w, batches, grad_fn, lr, sync_every):
+    return A.local_sgd(w, batches, grad_fn, lr, 1)
+
+
+def averages_gradients(w, batches, grad_fn, lr, sync_every):
+    p = dist.get_world_size()
+    w = w.clone()
+    for step, (x, y) in enumerate(batches):
+        g = grad_fn(w, x, y)
+        if (step + 1) % sync_every == 0:
+            dist.all_reduce(g)
+            g /= p
+        w -= lr * g
+    return w
+
+
+def forgets_to_divide(w, batches, grad_fn, lr, sync_every):
+    w = w.clone()
+    for step, (x, y) in enumerate(batches):
+        w -= lr * grad_fn(w, x, y)
+        if (step + 1) % sync_every == 0:
+            dist.all_reduce(w)
+    return w
+
+
+def ring_instead(w, batches, grad_fn, lr, sync_every):
+    w = w.clone()
+    for step, (x, y) in enumerate(batches):
+        w -= lr * grad_fn(w, x, y)
+        if (step + 1) % sync_every == 0:
+            A.ring_allreduce(w)
+            w /= dist.get_world_size()
+    return w
+
+
+def test_local_sgd_reference(capsys):
+    expect(capsys, checks.check_local_sgd, (A.local_sgd,),
+           "✅ local SGD: passed on world sizes 1, 2, 3, 4, 5, 8, sync_every 1, 2, 3")
+
+
+def test_local_sgd_mistakes(capsys):
+    check = checks.check_local_sgd
+    expect(capsys, check, (sync_every_step,),
+           "❌ local SGD: world size 2, 6 steps, sync_every=2: rank 0 called 6 collective(s); "
+           "local SGD synchronises 6 // 2 = 3 times — Hint: all-reduce after step i (counting "
+           "from 0) when (i + 1) % sync_every == 0, and nowhere else.")
+    result, text = line(capsys, check, averages_gradients)
+    assert re.fullmatch(r"❌ local SGD: world size 2, 6 steps, sync_every=2: rank 0 ended with "
+                        r"w\[\d\] = -?[\d.]+, expected -?[\d.]+ — Hint: each step: w -= lr · "
+                        r"grad_fn\(w, x, y\); on a sync step all-reduce the PARAMETERS \(not the "
+                        r"gradients\) and divide by the world size\.", text), text
+    result, text = line(capsys, check, forgets_to_divide)
+    assert text.startswith("❌ local SGD: world size 2, 4 steps, sync_every=1: rank 0 ended "
+                           "with w[0] = "), text
+    expect(capsys, check, (ring_instead,),
+           "❌ local SGD: world size 1, 4 steps, sync_every=1: rank 0 called 0 collective(s); "
+           "local SGD synchronises 4 // 1 = 4 times — Hint: average the parameters with "
+           "dist.all_reduce (then divide by the world size): the check counts those calls.")
+
+
+# ------------------------------------------------------------ the one-line contract
+
+
+def test_every_check_returns_bool_and_never_raises(capsys):
+    def explodes(*args):
+        raise RuntimeError("boom\nsecond line")
+
+    for check, args in [
+        (checks.check_naive_allreduce, (explodes,)),
+        (checks.check_ring_allreduce, (explodes,)),
+        (checks.check_tree_allreduce, (explodes,)),
+        (checks.check_halving_doubling_allreduce, (explodes,)),
+        (checks.check_hierarchical_allreduce, (explodes,)),
+        (checks.check_fp16_allreduce, (explodes,)),
+        (checks.check_int8_quantization, (explodes, explodes)),
+        (checks.check_topk_error_feedback, (explodes,)),
+        (checks.check_local_sgd, (explodes,)),
+    ]:
+        result, text = line(capsys, check, *args)
+        assert result is False
+        assert "raised RuntimeError: boom — Hint:" in text, text

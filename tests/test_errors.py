@@ -1,0 +1,623 @@
+"""What a learner sees when their distributed program is wrong.
+
+Every case checks four things: the type of the error, what its message and attributes say
+(which rank, which op, which field), that it arrives quickly (the simulator knows when no
+rank can move, so it never waits for a timeout), and that the kernel is still usable: the
+next ``cluster.run`` works, no rank thread is left behind and the notebook's thread has no
+process group.
+"""
+
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import simcluster as sc
+
+REPORT_BUDGET_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cluster = sc.Cluster.preset("dgx-a100", nodes=1)  # 8 devices
+    # The first run of a process pays one-time imports (torch's dispatch-mode machinery);
+    # the budgets below are about reporting errors, so pay it here.
+    cluster.run(_sum_of_ranks, world_size=2)
+    return cluster
+
+
+# ---------------------------------------------------------------------------- helpers
+def _sum_of_ranks():
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def _process_wide_state():
+    """What a run patches or installs process-wide, and must put back even when it fails."""
+    from torch.distributed import distributed_c10d as c10d
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer
+    return {
+        "c10d world": c10d._world,
+        "storage resize_": torch.UntypedStorage.resize_,
+        "module hooks": (len(nn_module._global_forward_pre_hooks),
+                         len(nn_module._global_forward_hooks)),
+        "optimizer hooks": (len(optimizer._global_optimizer_pre_hooks),
+                            len(optimizer._global_optimizer_post_hooks)),
+        "dispatch modes": torch._C._len_torch_dispatch_stack(),
+        "default dtype": torch.get_default_dtype(),
+        "grad enabled": torch.is_grad_enabled(),
+    }
+
+
+_STATE_BEFORE_ANY_RUN = _process_wide_state()
+
+
+def assert_kernel_usable(cluster):
+    """The run after a failure works and nothing of the failed run is left over."""
+    assert _process_wide_state() == _STATE_BEFORE_ANY_RUN
+    assert not dist.is_initialized(), "the notebook's thread must not see a process group"
+    leftovers = [t.name for t in threading.enumerate() if t.name.startswith("sim-rank-")]
+    assert leftovers == [], f"rank threads left running: {leftovers}"
+    run = cluster.run(_sum_of_ranks, world_size=4)
+    assert run.results == [6.0] * 4
+    assert _process_wide_state() == _STATE_BEFORE_ANY_RUN
+
+
+def expect_error(cluster, error_type, fn, world_size, budget=REPORT_BUDGET_S, **kwargs):
+    """Run ``fn``, expect ``error_type`` within ``budget`` seconds, check the kernel after."""
+    start = time.perf_counter()
+    with pytest.raises(error_type) as info:
+        cluster.run(fn, world_size=world_size, **kwargs)
+    elapsed = time.perf_counter() - start
+    assert elapsed < budget, f"{error_type.__name__} took {elapsed:.2f} s (budget {budget} s)"
+    assert isinstance(info.value, sc.SimulationError)
+    assert_kernel_usable(cluster)
+    return info.value
+
+
+def hint_of(error):
+    lines = [line for line in str(error).splitlines() if line.startswith("Hint:")]
+    assert len(lines) == 1, str(error)
+    return lines[0]
+
+
+# ======================================================= an exception on one rank
+def _raise_on_rank_2():
+    t = torch.ones(1)
+    if dist.get_rank() == 2:
+        raise ZeroDivisionError("learner bug on purpose")
+    dist.all_reduce(t)  # the other ranks wait here for rank 2
+
+
+def test_exception_on_one_rank_while_others_wait_in_a_collective(cluster):
+    err = expect_error(cluster, sc.RankError, _raise_on_rank_2, 4)
+    assert err.rank == 2
+    assert type(err.original) is ZeroDivisionError
+    assert str(err.original) == "learner bug on purpose"
+    assert "_raise_on_rank_2" in err.traceback_text
+    assert "ZeroDivisionError: learner bug on purpose" in err.traceback_text
+    message = str(err)
+    assert message.startswith("rank 2 raised ZeroDivisionError: learner bug on purpose")
+    assert "_raise_on_rank_2" in message  # the traceback is part of the message
+
+
+def _helper_that_fails(step):
+    return {"step": step}["missing key"]
+
+
+def _raise_deep_after_some_collectives():
+    t = torch.ones(1)
+    for step in range(3):
+        dist.all_reduce(t)
+    if dist.get_rank() == 3:
+        _helper_that_fails(step)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def test_exception_traceback_names_the_learner_functions(cluster):
+    err = expect_error(cluster, sc.RankError, _raise_deep_after_some_collectives, 4)
+    assert err.rank == 3
+    assert isinstance(err.original, KeyError)
+    assert "_raise_deep_after_some_collectives" in err.traceback_text
+    assert "_helper_that_fails" in err.traceback_text
+    # the learner's frames come in calling order, innermost last
+    assert (err.traceback_text.index("_raise_deep_after_some_collectives")
+            < err.traceback_text.index("_helper_that_fails"))
+
+
+def _every_rank_raises():
+    raise ValueError(f"failure on rank {dist.get_rank()}")
+
+
+def test_when_every_rank_raises_the_report_is_deterministic(cluster):
+    ranks = {expect_error(cluster, sc.RankError, _every_rank_raises, 4).rank for _ in range(3)}
+    assert ranks == {0}
+
+
+def _exit_on_rank_1():
+    if dist.get_rank() == 1:
+        sys.exit(3)
+    dist.barrier()
+
+
+def test_sys_exit_on_a_rank_is_reported_not_raised_in_the_kernel(cluster):
+    err = expect_error(cluster, sc.RankError, _exit_on_rank_1, 2)
+    assert err.rank == 1
+    assert isinstance(err.original, SystemExit)
+
+
+# ================================================================== deadlocks
+def _recv_without_send():
+    t = torch.zeros(2)
+    dist.barrier()
+    dist.all_reduce(t)
+    if dist.get_rank() == 0:
+        dist.recv(t, src=1)  # rank 1 never sends; it returns
+
+
+def test_recv_with_no_matching_send(cluster):
+    err = expect_error(cluster, sc.DeadlockError, _recv_without_send, 2)
+    assert set(err.pending) == {0, 1}
+    assert "recv from rank 1" in err.pending[0]
+    assert err.pending[1] == "returned from its function"
+    assert err.recent[0] == ["barrier #0 (WORLD)", "all_reduce #1 (WORLD)"]
+    assert err.recent[1] == ["barrier #0 (WORLD)", "all_reduce #1 (WORLD)"]
+    message = str(err)
+    assert "rank 0: waiting in recv from rank 1" in message
+    assert "rank 1: returned from its function" in message
+    assert "last collectives: barrier #0 (WORLD); all_reduce #1 (WORLD)" in message
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "backend.SimWorld._deadlock_hint: when the only waits are p2p it always gives the "
+    "'every rank sends first' hint, even when the partner has returned and nobody sends"))
+def test_recv_with_no_matching_send_hint_names_the_returned_partner(cluster):
+    err = expect_error(cluster, sc.DeadlockError, _recv_without_send, 2)
+    hint = hint_of(err)
+    assert "returned" in hint and "1" in hint, hint
+    assert "sends first" not in hint, hint
+
+
+def _both_recv_first():
+    me, peer = dist.get_rank(), 1 - dist.get_rank()
+    t = torch.zeros(3)
+    dist.all_reduce(t)
+    dist.recv(t, src=peer)
+    dist.send(t, dst=peer)
+
+
+def test_two_ranks_both_recv_first(cluster):
+    err = expect_error(cluster, sc.DeadlockError, _both_recv_first, 2)
+    assert "recv from rank 1" in err.pending[0]
+    assert "recv from rank 0" in err.pending[1]
+    assert err.recent == {0: ["all_reduce #0 (WORLD)"], 1: ["all_reduce #0 (WORLD)"]}
+    message = str(err)
+    assert "rank 0: waiting in recv from rank 1 (tag 0, (3,))" in message
+    assert "rank 1: waiting in recv from rank 0 (tag 0, (3,))" in message
+    assert message.count("last collectives: all_reduce #0 (WORLD)") == 2
+
+
+def _waiting_in_different_places():
+    t = torch.zeros(2)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+    else:
+        dist.recv(t, src=0)
+
+
+def test_ranks_waiting_in_different_places(cluster):
+    err = expect_error(cluster, sc.DeadlockError, _waiting_in_different_places, 2)
+    assert "all_reduce #1 on group WORLD" in err.pending[0]
+    assert "ranks 1 have not called it" in err.pending[0]
+    assert "recv from rank 0" in err.pending[1]
+    assert err.recent[0] == ["barrier #0 (WORLD)", "all_reduce #1 (WORLD)"]
+    assert err.recent[1] == ["barrier #0 (WORLD)"]
+    message = str(err)
+    assert "rank 0: waiting in all_reduce #1 on group WORLD" in message
+    assert "rank 1: waiting in recv from rank 0" in message
+    assert "different places" in hint_of(err)
+
+
+def _rank_1_skips_the_all_reduce():
+    t = torch.ones(1)
+    dist.barrier()
+    if dist.get_rank() != 1:
+        dist.all_reduce(t)
+    return t.item()
+
+
+def test_rank_skipping_a_collective_and_returning(cluster):
+    err = expect_error(cluster, sc.DeadlockError, _rank_1_skips_the_all_reduce, 3)
+    assert err.pending[1] == "returned from its function"
+    for rank in (0, 2):
+        assert "all_reduce #1 on group WORLD" in err.pending[rank]
+        assert "ranks 1 have not called it yet" in err.pending[rank]
+        assert err.recent[rank] == ["barrier #0 (WORLD)", "all_reduce #1 (WORLD)"]
+    assert err.recent[1] == ["barrier #0 (WORLD)"]
+    assert "rank(s) 1 returned while others wait in a collective" in hint_of(err)
+
+
+def _both_send_first():
+    me, peer = dist.get_rank(), 1 - dist.get_rank()
+    t = torch.full((4,), float(me))
+    dist.barrier()
+    dist.send(t, dst=peer)
+    dist.recv(t, src=peer)
+
+
+def test_blocking_send_to_each_other(cluster):
+    err = expect_error(cluster, sc.DeadlockError, _both_send_first, 2)
+    assert "send to rank 1" in err.pending[0]
+    assert "send to rank 0" in err.pending[1]
+    assert err.recent == {0: ["barrier #0 (WORLD)"], 1: ["barrier #0 (WORLD)"]}
+    message = str(err)
+    assert "rank 0: waiting in send to rank 1 (tag 0, (4,))" in message
+    assert "rank 1: waiting in send to rank 0 (tag 0, (4,))" in message
+    hint = hint_of(err)
+    assert "isend" in hint and "batch_isend_irecv" in hint
+
+
+def _ring_of_recvs():
+    r, n = dist.get_rank(), dist.get_world_size()
+    t = torch.zeros(1)
+    dist.recv(t, src=(r - 1) % n)
+    dist.send(t, dst=(r + 1) % n)
+
+
+def test_deadlock_lists_every_rank(cluster):
+    err = expect_error(cluster, sc.DeadlockError, _ring_of_recvs, 8)
+    assert set(err.pending) == set(range(8))
+    message = str(err)
+    for r in range(8):
+        assert f"recv from rank {(r - 1) % 8}" in err.pending[r]
+        assert f"  rank {r}: waiting in recv from rank {(r - 1) % 8}" in message
+
+
+def _many_collectives_then_deadlock():
+    t = torch.ones(1)
+    for _ in range(4):
+        dist.all_reduce(t)
+    dist.broadcast(t, src=0)
+    dist.barrier()
+    dist.all_reduce(t)  # #6
+    if dist.get_rank() == 0:
+        dist.recv(t, src=1)
+
+
+def test_flight_recorder_keeps_the_last_collectives_with_sequence_numbers(cluster):
+    err = expect_error(cluster, sc.DeadlockError, _many_collectives_then_deadlock, 2)
+    expected = ["all_reduce #2 (WORLD)", "all_reduce #3 (WORLD)", "broadcast #4 (WORLD)",
+                "barrier #5 (WORLD)", "all_reduce #6 (WORLD)"]
+    assert err.recent == {0: expected, 1: expected}
+    assert "last collectives: " + "; ".join(expected) in str(err)
+
+
+def _disjoint_groups_a_rank_skips():
+    a, b = dist.new_group([0, 1]), dist.new_group([2, 3])
+    t = torch.ones(1)
+    r = dist.get_rank()
+    # ranks 1 and 3 "forget" their group's all_reduce; 0 and 2 legitimately use different
+    # groups (as two tensor-parallel groups of a 2-D mesh do).
+    if r == 0:
+        dist.all_reduce(t, group=a)
+    if r == 2:
+        dist.all_reduce(t, group=b)
+
+
+@pytest.mark.xfail(strict=True, raises=sc.CollectiveMismatchError, reason=(
+    "backend.SimWorld._group_mismatch reports a 'group' mismatch whenever two blocked ranks "
+    "are at the same call index on different groups, even when the groups are disjoint "
+    "(ranks 0 and 2 here) and the real cause is that ranks 1 and 3 returned"))
+def test_disjoint_groups_are_not_a_group_mismatch(cluster):
+    err = expect_error(cluster, sc.DeadlockError, _disjoint_groups_a_rank_skips, 4)
+    assert err.pending[1] == err.pending[3] == "returned from its function"
+    assert "returned" in hint_of(err)
+
+
+# ===================================================== mismatched collectives
+def _op_mismatch():
+    t = torch.ones(2)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=0)
+
+
+def _shape_mismatch():
+    dist.barrier()
+    dist.all_reduce(torch.ones(2 + dist.get_rank()))
+
+
+def _dtype_mismatch():
+    dist.barrier()
+    dist.all_reduce(torch.ones(2, dtype=torch.float32 if dist.get_rank() == 0 else torch.float64))
+
+
+def _root_mismatch():
+    dist.barrier()
+    dist.broadcast(torch.ones(2), src=dist.get_rank())
+
+
+def _reduce_op_mismatch():
+    dist.barrier()
+    op = dist.ReduceOp.SUM if dist.get_rank() == 0 else dist.ReduceOp.MAX
+    dist.all_reduce(torch.ones(2), op=op)
+
+
+def _group_mismatch():
+    a, b = dist.new_group([0, 1]), dist.new_group([0, 1])
+    dist.barrier()
+    dist.all_reduce(torch.ones(2), group=a if dist.get_rank() == 0 else b)
+
+
+MISMATCHES = {
+    # name: (fn, field, value on rank 0, value on rank 1, op, seq, group label)
+    "op": (_op_mismatch, "op", "all_reduce", "broadcast", "all_reduce", 1, "WORLD"),
+    "shape": (_shape_mismatch, "shape", [(2,)], [(3,)], "all_reduce", 1, "WORLD"),
+    "dtype": (_dtype_mismatch, "dtype", [torch.float32], [torch.float64], "all_reduce", 1,
+              "WORLD"),
+    "root": (_root_mismatch, "root", 0, 1, "broadcast", 1, "WORLD"),
+    "reduce_op": (_reduce_op_mismatch, "reduce_op", "SUM", "MAX", "all_reduce", 1, "WORLD"),
+    "group": (_group_mismatch, "group", "1 (ranks 0,1)", "2 (ranks 0,1)", "all_reduce", 0,
+              "1 (ranks 0,1)"),
+}
+
+
+@pytest.mark.parametrize("case", list(MISMATCHES))
+def test_mismatched_collectives(cluster, case):
+    fn, field, value0, value1, op, seq, group = MISMATCHES[case]
+    err = expect_error(cluster, sc.CollectiveMismatchError, fn, 2)
+    assert err.field == field
+    assert err.values == {0: value0, 1: value1}
+    assert err.seq == seq
+    message = str(err)
+    assert message.startswith("collective mismatch in ")
+    # the op named first is the one the first-arriving rank called
+    assert any(message.startswith(f"collective mismatch in {name} #{seq} on group {group}: ")
+               for name in (op, value0, value1))
+    assert f"the {field} differs (rank 0: {value0}, rank 1: {value1})" in message
+    assert "Hint:" in message
+
+
+def _rank_3_of_4_has_another_shape():
+    n = 5 if dist.get_rank() == 3 else 4
+    dist.all_reduce(torch.ones(n))
+
+
+def test_mismatch_names_the_odd_rank_out(cluster):
+    err = expect_error(cluster, sc.CollectiveMismatchError, _rank_3_of_4_has_another_shape, 4)
+    assert err.field == "shape"
+    assert 3 in err.values and err.values[3] == [(5,)]
+    assert [(4,)] in [v for r, v in err.values.items() if r != 3]
+    assert "rank 3: [(5,)]" in str(err)
+
+
+# =============================================================== bad arguments
+def _noop(*args, **kwargs):
+    return None
+
+
+@pytest.mark.parametrize("world_size", [0, -1, 9, 1000])
+def test_world_size_out_of_range(cluster, world_size):
+    with pytest.raises(ValueError, match=rf"world_size must be between 1 and 8 .*got {world_size}"):
+        cluster.run(_noop, world_size=world_size)
+    assert_kernel_usable(cluster)
+
+
+@pytest.mark.parametrize("world_size", [True, 2.0, "2"])
+def test_world_size_of_the_wrong_type(cluster, world_size):
+    with pytest.raises(TypeError, match=rf"world_size must be an int, got {type(world_size).__name__}"):
+        cluster.run(_noop, world_size=world_size)
+    assert_kernel_usable(cluster)
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match=r"unknown cluster preset 'dgx-a1000'; choose one of "
+                                         r"dgx-a100, dgx-h100, hetero-11"):
+        sc.Cluster.preset("dgx-a1000")
+
+
+@pytest.mark.parametrize("nodes", [0, -1, 1.5, True])
+def test_bad_node_count(nodes):
+    with pytest.raises(ValueError, match=r"nodes must be a positive integer"):
+        sc.Cluster.preset("dgx-a100", nodes=nodes)
+
+
+def test_non_callable_fn(cluster):
+    with pytest.raises(TypeError, match=r"cluster.run needs a function .* got int 42"):
+        cluster.run(42, world_size=2)
+    assert_kernel_usable(cluster)
+
+
+@pytest.mark.parametrize("args", [5, "ab", {"x": 1}])
+def test_args_not_a_tuple(cluster, args):
+    with pytest.raises(TypeError, match=r"args must be a tuple.*args=\(x,\)"):
+        cluster.run(_noop, world_size=2, args=args)
+    assert_kernel_usable(cluster)
+
+
+def test_kwargs_not_a_dict(cluster):
+    with pytest.raises(TypeError, match=r"kwargs must be a dict, got list"):
+        cluster.run(_noop, world_size=2, kwargs=[1])
+
+
+@pytest.mark.parametrize("timeout", [0, -1])
+def test_non_positive_timeout(cluster, timeout):
+    with pytest.raises(ValueError, match=r"timeout must be a positive number of seconds"):
+        cluster.run(_noop, world_size=2, timeout=timeout)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "cluster.Cluster._check_run_arguments: timeout='1' fails with the bare comparison error "
+    "\"'>' not supported between instances of 'str' and 'int'\", and timeout=True is accepted"))
+@pytest.mark.parametrize("timeout", ["1", True])
+def test_timeout_of_the_wrong_type(cluster, timeout):
+    with pytest.raises(TypeError, match=r"timeout must be a (positive )?number"):
+        cluster.run(_noop, world_size=2, timeout=timeout)
+
+
+def _broadcast_from(src):
+    dist.broadcast(torch.ones(2), src=src)
+
+
+def _send_to(dst):
+    dist.send(torch.ones(2), dst=dst)
+
+
+def _recv_from(src):
+    dist.recv(torch.ones(2), src=src)
+
+
+def _send_to_self():
+    dist.send(torch.ones(2), dst=dist.get_rank())
+
+
+@pytest.mark.parametrize("fn, args, message", [
+    (_broadcast_from, (5,), "rank 0: source rank 5 is out of range for a group of size 2"),
+    (_broadcast_from, (-1,), "rank 0: source rank -1 is out of range for a group of size 2"),
+    (_send_to, (7,), "rank 0: send rank 7 is out of range for a group of size 2"),
+    (_recv_from, (7,), "rank 0: receive rank 7 is out of range for a group of size 2"),
+    (_send_to_self, (), "destination rank should not be the same"),
+], ids=["broadcast-src-5", "broadcast-src-neg", "send-dst-7", "recv-src-7", "send-to-self"])
+def test_bad_ranks_in_calls(cluster, fn, args, message):
+    err = expect_error(cluster, sc.RankError, fn, 2, args=args)
+    assert err.rank == 0
+    assert isinstance(err.original, ValueError)
+    assert message in str(err.original)
+    assert fn.__name__ in err.traceback_text
+
+
+# ================================================================== timeouts
+def _infinite_loop_on_rank_1():
+    if dist.get_rank() == 1:
+        x = 0
+        while True:
+            x += 1
+    dist.barrier()
+
+
+def test_infinite_loop_times_out(cluster):
+    err = expect_error(cluster, sc.SimulationTimeout, _infinite_loop_on_rank_1, 4,
+                       budget=3.0, timeout=1)
+    message = str(err)
+    assert message.startswith("rank 1 was still running after 1 s of wall-clock time")
+    assert "infinite loop" in message
+
+
+def _infinite_loop_that_catches_exceptions():
+    if dist.get_rank() == 0:
+        while True:
+            try:
+                sum(range(100))
+            except Exception:  # noqa: BLE001 — the learner's code
+                pass
+    dist.barrier()
+
+
+def test_infinite_loop_with_except_exception_still_times_out(cluster):
+    err = expect_error(cluster, sc.SimulationTimeout, _infinite_loop_that_catches_exceptions,
+                       2, budget=3.0, timeout=1)
+    assert str(err).startswith("rank 0 was still running")
+
+
+def _torch_ops_forever():
+    x = torch.ones(16, 16)
+    if dist.get_rank() == 2:
+        while True:  # every op goes through the simulator's accounting
+            x = (x @ x).clamp(-1, 1) + 1
+    dist.barrier()
+
+
+def test_infinite_loop_of_torch_ops_times_out(cluster):
+    err = expect_error(cluster, sc.SimulationTimeout, _torch_ops_forever, 4, budget=3.0,
+                       timeout=1)
+    assert str(err).startswith("rank 2 was still running")
+
+
+def _collectives_forever():
+    t = torch.zeros(1)
+    while True:
+        dist.all_reduce(t)
+
+
+def test_ranks_that_never_stop_communicating_time_out(cluster):
+    # not a deadlock (every collective completes), so only the timeout can stop it
+    expect_error(cluster, sc.SimulationTimeout, _collectives_forever, 4, budget=3.0,
+                 timeout=1)
+
+
+# ====================================== `except Exception` does not stop the stop
+def _swallow_after_rank_3_fails(log):
+    t = torch.ones(1)
+    if dist.get_rank() == 3:  # ranks 0-2 are already waiting in the all_reduce
+        raise RuntimeError("rank 3 fails")
+    for _ in range(3):
+        try:
+            dist.all_reduce(t)
+        except Exception as exc:  # noqa: BLE001 — the learner's code
+            log.append(("swallowed", dist.get_rank(), repr(exc)))
+    log.append(("finished", dist.get_rank()))
+
+
+def test_except_exception_does_not_swallow_a_rank_failure(cluster):
+    log = []
+    err = expect_error(cluster, sc.RankError, _swallow_after_rank_3_fails, 4, args=(log,))
+    assert err.rank == 3 and str(err.original) == "rank 3 fails"
+    assert log == []
+
+
+def _swallow_a_deadlock(log):
+    t = torch.zeros(1)
+    try:
+        dist.recv(t, src=1 - dist.get_rank())
+    except Exception as exc:  # noqa: BLE001
+        log.append(("swallowed", dist.get_rank(), repr(exc)))
+    log.append(("after", dist.get_rank()))
+
+
+def test_except_exception_does_not_swallow_a_deadlock(cluster):
+    log = []
+    expect_error(cluster, sc.DeadlockError, _swallow_a_deadlock, 2, args=(log,))
+    assert log == []
+
+
+def _swallow_a_mismatch(log):
+    try:
+        dist.all_reduce(torch.ones(1 + dist.get_rank()))
+    except Exception as exc:  # noqa: BLE001
+        log.append(("swallowed", dist.get_rank(), repr(exc)))
+    log.append(("after", dist.get_rank()))
+
+
+def test_except_exception_does_not_swallow_a_mismatch(cluster):
+    log = []
+    expect_error(cluster, sc.CollectiveMismatchError, _swallow_a_mismatch, 2, args=(log,))
+    assert log == []
+
+
+def _loop_swallowing_everything_but_abort(log):
+    t = torch.ones(1)
+    if dist.get_rank() == 1:
+        raise RuntimeError("rank 1 fails")
+    for _ in range(5):
+        try:
+            dist.all_reduce(t)
+        except Exception:  # noqa: BLE001
+            log.append("swallowed")
+        finally:
+            log.append("finally")
+
+
+def test_finally_blocks_run_but_the_rank_stops(cluster):
+    log = []
+    expect_error(cluster, sc.RankError, _loop_swallowing_everything_but_abort, 2, args=(log,))
+    # rank 0 was unwound out of its first all_reduce: its finally ran once, nothing else
+    assert log == ["finally"]
