@@ -26,6 +26,17 @@ def _shape(t):
     return tuple(t.shape)
 
 
+def _shapes(tensors):
+    """The shape of one tensor, or a list of shapes for several (as reports show them)."""
+    shapes = [_shape(t) for t in tensors]
+    return shapes[0] if len(shapes) == 1 else shapes
+
+
+def _dtypes(tensors):
+    dtypes = [t.dtype for t in tensors]
+    return dtypes[0] if len(dtypes) == 1 else dtypes
+
+
 def _nbytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -79,6 +90,17 @@ class _GroupState:
         self.label = "WORLD" if is_default else f"{name} (ranks {_rank_list(ranks)})"
         self.next_seq = [0] * len(ranks)
         self.open = {}
+
+
+def _ranks_named(ranks):
+    """``"rank 3"`` or ``"ranks 1-3"``."""
+    ranks = list(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_rank_list(ranks)}"
+
+
+def _ranks_phrase(ranks):
+    """``"rank 3 has"`` or ``"ranks 1-3 have"``."""
+    return _ranks_named(ranks) + (" has" if len(list(ranks)) == 1 else " have")
 
 
 def _rank_list(ranks):
@@ -205,8 +227,11 @@ class SimWorld:
         kinds = {w.kind for w in waits.values() if w is not None}
         returned = [r for r, p in pending.items() if p == "returned from its function"]
         if returned and "collective" in kinds:
-            return (f"rank(s) {_rank_list(returned)} returned while others wait in a "
+            return (f"{_ranks_named(returned)} returned while others wait in a "
                     "collective: every rank of a group must call each of its collectives.")
+        if kinds == {"recv"}:
+            return ("every waiting rank is receiving and nobody is sending: make one side "
+                    "send first, or use isend/irecv.")
         if kinds <= {"send", "recv"}:
             return ("blocking send() waits until the matching recv() is posted (as NCCL "
                     "does for large messages). If every rank sends first, nobody receives: "
@@ -273,8 +298,8 @@ class SimProcessGroup(dist.ProcessGroup):
         missing = lambda: [group.ranks[r] for r in range(len(group.ranks))  # noqa: E731
                            if r not in coll.args]
         what = _Wait("collective", "", coll, call_index)
-        what.text = _LazyText(lambda: f"waiting in {coll}: ranks {_rank_list(missing())} "
-                                      "have not called it yet")
+        what.text = _LazyText(lambda: f"waiting in {coll}: {_ranks_phrase(missing())} "
+                                      "not called it yet")
         return SimWork(world, coll, result, what, world.clock(self._global_rank))
 
     def _charge(self, coll, nbytes):
@@ -323,8 +348,7 @@ class SimProcessGroup(dist.ProcessGroup):
     # --------------------------------------------------------------- collectives
     def allreduce(self, tensors, opts=None):
         op = self._check_reduce(_option(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
-        spec = {"shape": [_shape(t) for t in tensors], "dtype": [t.dtype for t in tensors],
-                "reduce_op": op}
+        spec = {"shape": _shapes(tensors), "dtype": _dtypes(tensors), "reduce_op": op}
         return self._collective("all_reduce", spec, tensors,
                                 lambda args: collectives.all_reduce(args, op), tensors,
                                 _nbytes(tensors))
@@ -334,7 +358,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         self._check_root(_option(opts, "rootRank", 0), "source")
-        spec = {"shape": [_shape(t) for t in tensors], "dtype": [t.dtype for t in tensors],
+        spec = {"shape": _shapes(tensors), "dtype": _dtypes(tensors),
                 "root": _option(opts, "rootRank", 0)}
         return self._collective("broadcast", spec, tensors,
                                 lambda args: collectives.broadcast(args, _option(opts, "rootRank", 0)),
@@ -343,7 +367,7 @@ class SimProcessGroup(dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         self._check_root(_option(opts, "rootRank", 0), "destination")
         op = self._check_reduce(_option(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
-        spec = {"shape": [_shape(t) for t in tensors], "dtype": [t.dtype for t in tensors],
+        spec = {"shape": _shapes(tensors), "dtype": _dtypes(tensors),
                 "root": _option(opts, "rootRank", 0), "reduce_op": op}
         return self._collective("reduce", spec, tensors,
                                 lambda args: collectives.reduce(args, op, _option(opts, "rootRank", 0)),
@@ -490,7 +514,7 @@ class SimProcessGroup(dist.ProcessGroup):
             self._deliver(msg, partner)
         else:
             world.sends[key].append(msg)
-        what = _Wait("send", f"waiting in send to rank {dst} (tag {tag}, "
+        what = _Wait("send", f"waiting in send to rank {dst} (tag {tag}, shape "
                              f"{_shape(tensors[0])}): rank {dst} has not posted a matching recv")
         return SimWork(world, msg, tensors, what, world.clock(me))
 
@@ -504,7 +528,7 @@ class SimProcessGroup(dist.ProcessGroup):
             self._deliver(world.sends[key].popleft(), msg)
         else:
             world.recvs[key].append(msg)
-        what = _Wait("recv", f"waiting in recv from rank {src} (tag {tag}, "
+        what = _Wait("recv", f"waiting in recv from rank {src} (tag {tag}, shape "
                              f"{_shape(tensors[0])}): rank {src} has not sent it")
         work = SimWork(world, msg, tensors, what, world.clock(me))
         work._source = lambda: self._group.ranks.index(msg.src)

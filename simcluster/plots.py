@@ -214,7 +214,8 @@ def draw_memory(recorder, spec, ax=None, ranks=None):
     Axes (then only the over-time plot is drawn). Returns the pair (the second may be None).
     """
     ranks = _check_ranks(ranks, recorder.world_size)
-    if ax is None:
+    own_figure = ax is None
+    if own_figure:
         ax_time, ax_bar = _new_axes((12, 4.2), ncols=2, width_ratios=[3, 2])
     elif isinstance(ax, (tuple, list, np.ndarray)):
         ax_time, ax_bar = ax
@@ -279,7 +280,7 @@ def draw_memory(recorder, spec, ax=None, ranks=None):
                           frameon=False)
         for side in ("top", "right"):
             ax_bar.spines[side].set_visible(False)
-    if ax_bar is not None and ax_time.figure is ax_bar.figure:
+    if own_figure:
         ax_time.figure.tight_layout()
     return ax_time, ax_bar
 
@@ -293,10 +294,10 @@ def _colormap(name):
 def _rank_colors(n):
     import matplotlib
 
-    if n <= 10:
+    if n <= 8:      # one colour per rank, named in the legend
         cmap = matplotlib.colormaps["tab10"]
         return [cmap(i) for i in range(n)]
-    cmap = matplotlib.colormaps["viridis"]
+    cmap = matplotlib.colormaps["viridis"]   # a colour scale, shown as a colour bar
     return [cmap(i / (n - 1)) for i in range(n)]
 
 
@@ -457,7 +458,8 @@ def draw_cluster(spec, ax=None):
 
     def node_h(node):
         rows = math.ceil(node.devices / cols)
-        return title_h + rows * gpu + (rows - 1) * gap + (fabric_h if node.devices > 1 else 0) + pad
+        fabric = fabric_h if node.devices > 1 else 0
+        return title_h + rows * gpu + (rows - 1) * gap + fabric + pad
 
     count = len(nodes)
     per_row = count if count <= 4 else math.ceil(count / 2)
