@@ -289,7 +289,10 @@ class SimProcessGroup(dist.ProcessGroup):
         if len(coll.args) == len(group.ranks):
             self._charge(coll, nbytes)
             with _paused_accounting():
-                error = finish([coll.args[r] for r in range(len(group.ranks))])
+                try:
+                    error = finish([coll.args[r] for r in range(len(group.ranks))])
+                except RuntimeError as exc:  # e.g. an output tensor of the wrong size
+                    error = f"the ranks' tensors do not fit together ({exc})"
             if error:
                 world.scheduler.fail(CollectiveMismatchError(
                     "arguments", {}, seq, group.label, name, error))
@@ -378,6 +381,11 @@ class SimProcessGroup(dist.ProcessGroup):
         if len(outputs) != self.size():
             raise ValueError(f"rank {self._global_rank}: all_gather needs a list of "
                              f"{self.size()} output tensors, got {len(outputs)}")
+        for t in outputs:
+            if t.shape != inp.shape or t.dtype != inp.dtype:
+                raise ValueError(
+                    f"rank {self._global_rank}: all_gather's output tensors must match the "
+                    f"input ({_shape(inp)}, {inp.dtype}); got {_shape(t)}, {t.dtype}")
         spec = {"shape": _shape(inp), "dtype": inp.dtype}
         return self._collective("all_gather", spec, (outputs, inp),
                                 collectives.all_gather, output_tensors,

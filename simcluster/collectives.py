@@ -132,9 +132,11 @@ def scatter(args, src):
 
 def all_to_all(args):
     """``args[r] = (outputs, inputs)``: rank i's ``outputs[j]`` gets rank j's ``inputs[i]``."""
+    # Snapshot the inputs first: an output may share memory with some rank's input.
+    inputs = [[t.detach().clone() for t in ins] for _, ins in args]
     for i, (outputs, _) in enumerate(args):
-        for j, (_, inputs_of_j) in enumerate(args):
-            _write(outputs[j], inputs_of_j[i])
+        for j in range(len(args)):
+            _write(outputs[j], inputs[j][i])
 
 
 def _splits(tensor, sizes, n):
@@ -156,7 +158,7 @@ def all_to_all_single(args):
             return (f"rank {r}: dim 0 ({output.shape[0]} / {inp.shape[0]}) does not divide "
                     f"by the group size {n}; pass output_split_sizes and input_split_sizes")
         outs.append(o)
-        ins.append(i)
+        ins.append([chunk.detach().clone() for chunk in i])  # in-place calls share memory
     for i in range(n):
         for j in range(n):
             if outs[i][j].shape != ins[j][i].shape:

@@ -592,9 +592,11 @@ def case_list(n):
         d = _DTYPE_NAMES[dt]
         for op in ("SUM", "AVG", "MIN", "MAX", "PRODUCT"):
             if op == "AVG" and not dt.is_floating_point:
-                # AVG of integers is rejected by both backends (gloo: "result type Float
-                # can't be cast to the desired output type Long"; sim: ValueError), so
-                # there is nothing to compare.
+                # gloo (torch 2.13) supports AVG for floating dtypes, bfloat16 included, so
+                # AVG is compared directly, not as SUM / world size. AVG of integers is
+                # rejected by both backends (gloo: "result type Float can't be cast to the
+                # desired output type Long", raised at wait(); sim: ValueError up front),
+                # so there is nothing to compare.
                 continue
             for length in (LENGTHS if op == "SUM" else LENGTHS[:1]):
                 add(f"all_reduce-{op}-{d}-len{length}", _all_reduce(op, dt, length))
@@ -641,6 +643,8 @@ def case_list(n):
         _all_gather_into_tensor(torch.float32, (2, 3), stacked=True))
     add("all_gather_into_tensor-in-place", _all_gather_into_tensor_in_place)
 
+    # gloo (torch 2.13) has reduce_scatter and reduce_scatter_tensor natively, with every
+    # reduce op; only reduce_scatter_tensor's stacked input shape needs a workaround.
     for dt in DTYPES:
         d = _DTYPE_NAMES[dt]
         add(f"reduce_scatter-SUM-{d}", _reduce_scatter("SUM", dt, 7))
