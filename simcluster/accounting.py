@@ -86,6 +86,11 @@ class MemoryAccount:
         self.peak_by_category = dict(self.in_use)
         self.history = [(0.0, 0)]        # (simulated time, total bytes)
         self.live = {}                   # storage key -> [nbytes, category]
+        self.closed = False              # the rank has finished: the record is final
+
+    def close(self):
+        """Freeze the record: storages freed after the rank returned change nothing."""
+        self.closed = True
 
     def allocate(self, key, nbytes, category, storage):
         """Count a new storage; raise :class:`OutOfMemoryError` beyond capacity."""
@@ -106,7 +111,7 @@ class MemoryAccount:
     def retag(self, key, category):
         """Move a live storage to ``category`` (e.g. once we learn it is a parameter)."""
         entry = self.live.get(key)
-        if entry is not None and entry[1] != category:
+        if entry is not None and entry[1] != category and not self.closed:
             self.in_use[entry[1]] -= entry[0]
             self.in_use[category] += entry[0]
             entry[1] = category
@@ -125,6 +130,8 @@ class MemoryAccount:
         self._change(entry[1], grow)
 
     def _change(self, category, delta):
+        if self.closed:
+            return
         self.in_use[category] += delta
         self.total += delta
         if self.total > self.peak:

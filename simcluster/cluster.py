@@ -105,6 +105,7 @@ class Cluster:
                 finally:
                     if mode is not None:
                         mode.__exit__(None, None, None)
+                        recorder.memories[rank].close()
             finally:
                 _accounting.bind_thread(None)
                 _torch_internals.leave_rank_thread()
