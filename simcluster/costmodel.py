@@ -6,7 +6,7 @@ models of each algorithm (Thakur, Rabenseifner & Gropp 2005), with
 
     alpha  latency of one message on the link (s)
     beta   seconds per byte on the slowest link the algorithm uses (1 / bandwidth)
-    gamma  seconds per byte to reduce (read two buffers, write one, at HBM speed)
+    gamma  seconds per byte to reduce, at the device's HBM speed (1 / HBM bandwidth)
 
 For ``p`` ranks and a buffer of ``n`` bytes, e.g. ring all-reduce costs
 ``2(p-1)·alpha + 2(p-1)/p·n·beta + (p-1)/p·n·gamma``.
