@@ -298,6 +298,9 @@ class SimProcessGroup(dist.ProcessGroup):
                     "arguments", {}, seq, group.label, name, error))
             coll.done = True
             del group.open[seq]
+            # Drop the ranks' tensors so a finished collective keeps no memory alive;
+            # the keys stay for the wait description.
+            coll.args = dict.fromkeys(coll.args)
         missing = lambda: [group.ranks[r] for r in range(len(group.ranks))  # noqa: E731
                            if r not in coll.args]
         what = _Wait("collective", "", coll, call_index)

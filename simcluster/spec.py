@@ -33,10 +33,12 @@ class DeviceSpec:
 
     def flops_for(self, dtype):
         """Peak FLOP/s for a torch dtype (integers count at the int8 rate, else fp32)."""
-        for name, torch_dtype in DTYPES.items():
-            if torch_dtype == dtype and name in self.peak_flops:
-                return self.peak_flops[name]
-        return self.peak_flops.get("float32")
+        if dtype is not None and not dtype.is_floating_point and not dtype.is_complex:
+            name = "int8"
+        else:
+            name = next((n for n, t in DTYPES.items() if t is not None and t == dtype),
+                        "float32")
+        return self.peak_flops.get(name) or self.peak_flops["float32"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class NodeSpec:
     devices: int
     device: DeviceSpec = None
     fabric: LinkSpec = None
-    nics: int = 0
+    nics: int = None  # None: one NIC per device
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,8 @@ class ClusterSpec:
     def __post_init__(self):
         # Nodes given as NodeSpec("name", devices) get DGX-A100-like hardware.
         nodes = tuple(replace(n, device=n.device or A100_80GB, fabric=n.fabric or NVLINK3,
-                              nics=n.nics or n.devices) for n in self.nodes)
+                              nics=n.devices if n.nics is None else n.nics)
+                      for n in self.nodes)
         object.__setattr__(self, "nodes", nodes)
         if self.network is None:
             object.__setattr__(self, "network", NetworkSpec(HDR_IB))
@@ -98,11 +101,13 @@ class ClusterSpec:
         """``(node_index, local_rank)`` of global ``rank``."""
         if rank < 0:
             raise ValueError(f"rank {rank} is negative")
+        local = rank
         for index, node in enumerate(self.nodes):
-            if rank < node.devices:
-                return index, rank
-            rank -= node.devices
-        raise ValueError(f"rank is out of range for {self.name} ({self.world_size} devices)")
+            if local < node.devices:
+                return index, local
+            local -= node.devices
+        raise ValueError(f"rank {rank} is out of range for {self.name} "
+                         f"({self.world_size} devices)")
 
     def node_of(self, rank):
         """The index of the node that holds global ``rank``."""
@@ -214,6 +219,13 @@ def _positive(value, what, allow_zero=False):
     return value
 
 
+def _check_fields(d, allowed, where):
+    unknown = set(d) - allowed
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}; "
+                         f"allowed: {', '.join(sorted(allowed))}")
+
+
 def _device_from(d, where):
     if isinstance(d, str):
         if d not in DEVICES:
@@ -222,14 +234,19 @@ def _device_from(d, where):
         return DEVICES[d]
     if not isinstance(d, dict):
         raise ValueError(f"{where}: device must be a name or a dict, got {d!r}")
+    _check_fields(d, {"name", "memory_gb", "peak_tflops", "hbm_gbps"}, where)
     flops = d.get("peak_tflops")
     if not isinstance(flops, dict) or not flops:
-        raise ValueError(f"{where}: peak_tflops must be a dict like {{'bfloat16': 312}}")
+        raise ValueError(f"{where}: peak_tflops must be a dict like "
+                         "{'float32': 19.5, 'bfloat16': 312}")
     for dtype, value in flops.items():
         if dtype not in DTYPES:
             raise ValueError(f"{where}: unknown dtype {dtype!r} in peak_tflops; known: "
                              f"{', '.join(DTYPES)}")
         _positive(value, f"{where}: peak_tflops[{dtype!r}]")
+    if "float32" not in flops:
+        raise ValueError(f"{where}: peak_tflops needs a float32 entry (other dtypes fall "
+                         "back to it)")
     return DeviceSpec(str(d.get("name", "custom")),
                       int(_positive(d.get("memory_gb"), f"{where}: memory_gb") * GiB),
                       {k: v * TFLOPS for k, v in flops.items()},
@@ -243,6 +260,7 @@ def _link_from(d, where):
         return LINKS[d]
     if not isinstance(d, dict):
         raise ValueError(f"{where}: link must be a name or a dict, got {d!r}")
+    _check_fields(d, {"name", "bandwidth_gbps", "latency_us", "efficiency"}, where)
     efficiency = d.get("efficiency", 1.0)
     if not (isinstance(efficiency, (int, float)) and 0 < efficiency <= 1):
         raise ValueError(f"{where}: efficiency must be in (0, 1], got {efficiency!r}")
@@ -272,14 +290,15 @@ def from_dict(d):
         where = f"nodes[{i}]"
         if not isinstance(g, dict):
             raise ValueError(f"{where} must be a dict")
+        _check_fields(g, {"devices", "count", "nics", "device", "fabric"}, where)
         devices = g.get("devices")
         if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
             raise ValueError(f"{where}: devices must be a positive integer, got {devices!r}")
         count = g.get("count", 1)
-        if not isinstance(count, int) or count < 1:
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ValueError(f"{where}: count must be a positive integer, got {count!r}")
         nics = g.get("nics", devices)
-        if not isinstance(nics, int) or nics < 0:
+        if not isinstance(nics, int) or isinstance(nics, bool) or nics < 0:
             raise ValueError(f"{where}: nics must be a non-negative integer, got {nics!r}")
         device = _device_from(g.get("device", "A100-80GB"), where)
         fabric = _link_from(g.get("fabric", "nvlink3"), where)
@@ -288,8 +307,12 @@ def from_dict(d):
     net = d.get("network", {})
     if not isinstance(net, dict):
         raise ValueError("network must be a dict")
-    network = NetworkSpec(_link_from(net.get("nic", "hdr-ib"), "network"),
-                          _positive(net.get("oversubscription", 1), "network: oversubscription"))
+    _check_fields(net, {"nic", "oversubscription"}, "network")
+    oversubscription = _positive(net.get("oversubscription", 1), "network: oversubscription")
+    if oversubscription < 1:
+        raise ValueError(f"network: oversubscription must be at least 1 (1 means none), "
+                         f"got {oversubscription!r}")
+    network = NetworkSpec(_link_from(net.get("nic", "hdr-ib"), "network"), oversubscription)
     if len(nodes) > 1 and any(n.nics == 0 for n in nodes):
         raise ValueError("a node with nics: 0 cannot talk to the other nodes")
     return ClusterSpec(str(d.get("name", "custom")), tuple(nodes), network)
