@@ -158,9 +158,23 @@ def local_tensor(tensor):
 
 
 class _RankModuleTracker(ModuleTracker):
-    """torch's ModuleTracker, fed by process-wide hooks that only forward this rank's calls."""
+    """torch's ModuleTracker, fed by process-wide hooks that only forward this rank's calls.
+
+    It follows modules through the forward pass only: torch's version also hooks the
+    backward pass with multi-grad hooks, which break ``torch.autograd.grad`` on leaf
+    inputs (as torch.distributed.pipelining calls it). Backward time is labelled
+    "(backward)" instead.
+    """
+
+    def _fw_pre_hook(self, mod, input):
+        self.parents.add(self._get_mod_name(mod))
+
+    def _fw_post_hook(self, mod, input, output):
+        self.parents.discard(self._get_mod_name(mod))
 
     def innermost(self):
+        if torch._C._current_graph_task_id() != -1:
+            return "(backward)"
         return max(self.parents, key=len)
 
 

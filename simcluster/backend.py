@@ -214,7 +214,9 @@ class SimWorld:
                 by_index[wait.call_index][rank] = wait.collective
         for calls in by_index.values():
             labels = {c.group.label for c in calls.values()}
-            if len(labels) > 1:
+            members = [set(c.group.ranks) for c in calls.values()]
+            overlapping = any(a & b for i, a in enumerate(members) for b in members[i + 1:])
+            if len(labels) > 1 and overlapping:
                 first = next(iter(calls.values()))
                 return CollectiveMismatchError(
                     "group", {r: c.group.label for r, c in calls.items()}, first.seq,
@@ -229,6 +231,9 @@ class SimWorld:
         if returned and "collective" in kinds:
             return (f"{_ranks_named(returned)} returned while others wait in a "
                     "collective: every rank of a group must call each of its collectives.")
+        if returned and kinds <= {"send", "recv"}:
+            return (f"{_ranks_named(returned)} returned while others still wait to exchange "
+                    "messages with it: every send needs a matching recv on the other side.")
         if kinds == {"recv"}:
             return ("every waiting rank is receiving and nobody is sending: make one side "
                     "send first, or use isend/irecv.")

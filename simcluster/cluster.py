@@ -136,8 +136,13 @@ class Cluster:
                             "for one argument write args=(x,)")
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if timeout is not None:
+            if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
+                raise TypeError(f"timeout must be a positive number of seconds, got "
+                                f"{timeout!r}")
+            if not timeout > 0:
+                raise ValueError(f"timeout must be a positive number of seconds, got "
+                                 f"{timeout!r}")
         return world_size
 
 
@@ -145,6 +150,10 @@ def _learner_init_process_group(backend_name, kwargs):
     """Accept a rank function's own ``dist.init_process_group(...)`` inside a run."""
     world = backend.current_world()
     if world is None:
+        if backend_name == "sim":
+            raise RuntimeError(
+                'the "sim" backend only works inside a simulated run: call your function '
+                "with cluster.run(fn, world_size=...) instead of calling it directly.")
         return False
     rank = world.scheduler.rank
     for key, actual in (("world_size", world.world_size), ("rank", rank)):

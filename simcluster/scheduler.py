@@ -160,17 +160,25 @@ class RankScheduler:
                     f"rank {stuck} was still running after {self.timeout} s of wall-clock "
                     f"time, so the run was stopped. Is there an infinite loop, or a "
                     f"loop that waits for something no other rank will do?")
-                self._interrupt_current()
-                self._finished.wait()
+                self._stop_current()
         except KeyboardInterrupt:
             self.failure = self.failure or SimulationError("interrupted by the user")
-            self._interrupt_current()
-            self._finished.wait()
+            self._stop_current()
             for thread in self._threads:
                 thread.join()
             raise
         for thread in self._threads:
             thread.join()
+
+    def _stop_current(self):
+        """Interrupt the running rank until the run unwinds.
+
+        An asynchronous exception that lands inside a finalizer is dropped by Python, so
+        keep delivering it until every rank has finished.
+        """
+        self._interrupt_current()
+        while not self._finished.wait(0.01):
+            self._interrupt_current()
 
     def _interrupt_current(self):
         """Stop whichever rank holds the baton by raising Abort inside its thread."""

@@ -171,19 +171,8 @@ def _pipeline(schedule_name, n_microbatches):
     return [p.grad.detach().clone() for p in part.parameters()], [l.detach() for l in losses]
 
 
-_MODULE_TRACKER_BUG = (
-    "simcluster/accounting.py: RankAccounting's _RankModuleTracker (torch ModuleTracker) "
-    "registers multi-grad hooks on module inputs; torch.distributed.pipelining's "
-    "_backward_metadata_inference calls torch.autograd.grad w.r.t. leaf inputs, which then "
-    "raises 'A leaf node was passed to _will_engine_execute_node but we are currently "
-    "running autograd.grad()'. Passes with accounting=False.")
 
-
-@pytest.mark.parametrize("accounting", [
-    pytest.param(True, marks=pytest.mark.xfail(strict=True, raises=sc.RankError,
-                                               reason=_MODULE_TRACKER_BUG)),
-    False,
-], ids=["accounting", "no-accounting"])
+@pytest.mark.parametrize("accounting", [True, False], ids=["accounting", "no-accounting"])
 @pytest.mark.parametrize("schedule_name", ["gpipe", "1f1b"])
 def test_pipelining_two_stages_matches_reference(cluster, schedule_name, accounting):
     n_mb = 4
