@@ -344,6 +344,8 @@ def _measure(cfg, repeats, e2e_repeats, out):
         "sim_over_serial_best": min(m["sim"]["loop"]) / min(m["serial"]["loop"]),
         "gloo_over_sim_best": min(m["gloo"]["loop"]) / min(m["sim"]["loop"]),
         "sim_over_serial_cpu": paired("sim", "serial", "cpu"),
+        "gloo_over_sim_e2e": (statistics.median(m["gloo"]["e2e"])
+                              / statistics.median(m["sim"]["e2e"])),
         "sim_raw_over_serial": paired("sim_raw", "serial") if raw else None,
         # The sim and gloo trained the same model on the same data: losses must agree
         # (up to the order of floating-point sums inside gloo's all-reduce).
@@ -390,6 +392,8 @@ def _report(r, cfg, out):
         f"goal <= {SIM_GOAL}: {verdict(r['sim_goal_met'])}")
     out(f"  gloo / sim         = {r['gloo_over_sim']:.2f}  (best/best "
         f"{r['gloo_over_sim_best']:.2f})   goal >= {GLOO_GOAL}: {verdict(r['gloo_goal_met'])}")
+    out(f"  gloo / sim end-to-end (start-up included) = {r['gloo_over_sim_e2e']:.1f}: the goal "
+        f"would be {verdict(r['gloo_over_sim_e2e'] >= GLOO_GOAL)} on this measure")
     if r["sim_raw_over_serial"] is not None:
         out(f"  sim with accounting=False / serial floor = {r['sim_raw_over_serial']:.2f} "
             "(the rest of the gap is simulated time and memory)")

@@ -13,7 +13,11 @@ each) run:
    backward on its own batch, all-reduces each gradient by hand, divides by the world
    size and takes one SGD step.
 3. **DDP step** — the same step with the model wrapped in ``DistributedDataParallel``
-   (its constructor also broadcasts the parameters from rank 0).
+   (its constructor also checks parameter shapes with an all_gather and broadcasts the
+   parameters from rank 0). Above 256 ranks this phase runs with ``accounting=False``
+   unless ``--ddp-accounting`` is given: the shape check costs O(ranks) aten ops per rank,
+   O(ranks^2) in all, each through the accounting dispatch mode (measured: ~11 min at
+   1,024 ranks with accounting, ~30 s without, on two busy cores).
 
 For 2 and 3 the updated parameters must be identical on every rank and match a serial
 reference (each rank's gradient computed one after another in this process, summed in
@@ -138,23 +142,37 @@ def _run(cluster, fn, ranks, accounting):
     return time.perf_counter() - start, time.process_time() - cpu, run.results
 
 
-def main(ranks=1024, repeats=3, quick=False, accounting=True, phases=None, verbose=True):
-    """Run the phases on ``ranks`` simulated ranks; print and return the measurements."""
+# Above this many ranks the DDP phase runs with accounting off unless asked otherwise:
+# DDP's constructor checks parameter shapes with an all_gather whose per-rank cost is
+# O(world size) aten ops (world_size outputs, then .item() on each), so O(n^2) ops in all,
+# each through the accounting dispatch mode: ~11 min at 1,024 ranks on two busy cores.
+DDP_ACCOUNTING_MAX_RANKS = 256
+
+
+def main(ranks=1024, repeats=3, quick=False, accounting=True, ddp_accounting=None,
+         phases=None, verbose=True):
+    """Run the phases on ``ranks`` simulated ranks; print and return the measurements.
+
+    ``ddp_accounting``: accounting for the DDP phase; None = ``accounting`` up to
+    ``DDP_ACCOUNTING_MAX_RANKS`` ranks, off above.
+    """
     out = print if verbose else (lambda *a, **k: None)
     if quick:
         ranks, repeats = 16, 1
+    if ddp_accounting is None:
+        ddp_accounting = accounting and ranks <= DDP_ACCOUNTING_MAX_RANKS
     cluster = big_cluster()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _measure(cluster, ranks, repeats, accounting, phases, out)
+        return _measure(cluster, ranks, repeats, accounting, ddp_accounting, phases, out)
     finally:
         torch.set_num_threads(threads)
 
 
-def _measure(cluster, ranks, repeats, accounting, phases, out):
+def _measure(cluster, ranks, repeats, accounting, ddp_accounting, phases, out):
     out(f"bench_scale: {ranks} simulated ranks on {cluster!r}; torch.set_num_threads(1); "
-        f"accounting={accounting}; median of {repeats}")
+        f"median of {repeats}")
     out(f"  peak RSS before: {peak_rss_mib():.0f} MiB\n")
     serial_reference(2)             # warm-up
     t = time.perf_counter()
@@ -164,15 +182,16 @@ def _measure(cluster, ranks, repeats, accounting, phases, out):
         f"{serial * 1e3:.1f} ms = {serial / ranks * 1e6:.0f} us per rank\n")
     for _, fn in PHASES:            # warm-up: torch's and DDP's lazy first-call costs
         _run(cluster, fn, 2, accounting)
-    out(f"  {'phase':<28}{'wall (median)':>14}{'best':>9}{'CPU':>9}{'per rank':>11}"
-        f"{'CPU/rank':>10}{'peak RSS':>10}  correct")
+    out(f"  {'phase':<28}{'acct':>5}{'wall (median)':>14}{'best':>9}{'CPU':>9}"
+        f"{'per rank':>11}{'CPU/rank':>10}{'peak RSS':>10}  correct")
     rows = {}
     for label, fn in PHASES:
         if phases is not None and fn.__name__ not in phases:
             continue
+        acct = ddp_accounting if fn is ddp_rank else accounting
         times, cpus = [], []
         for _ in range(repeats):
-            seconds, cpu, results = _run(cluster, fn, ranks, accounting)
+            seconds, cpu, results = _run(cluster, fn, ranks, acct)
             times.append(seconds)
             cpus.append(cpu)
         if fn is allreduce_rank:
@@ -182,14 +201,21 @@ def _measure(cluster, ranks, repeats, accounting, phases, out):
         del results
         wall, cpu = statistics.median(times), statistics.median(cpus)
         rss = peak_rss_mib()
-        rows[fn.__name__] = {"wall": wall, "best": min(times), "all": times, "cpu": cpu,
+        rows[fn.__name__] = {"accounting": acct, "wall": wall, "best": min(times),
+                             "all": times, "cpu": cpu,
                              "per_rank": wall / ranks, "cpu_per_rank": cpu / ranks,
                              "peak_rss_mib": rss, "ok": ok, "detail": detail}
-        out(f"  {label:<28}{wall:>12.2f} s{min(times):>7.2f} s{cpu:>7.2f} s"
+        out(f"  {label:<28}{'on' if acct else 'off':>5}{wall:>12.2f} s{min(times):>7.2f} s"
+            f"{cpu:>7.2f} s"
             f"{wall / ranks * 1e3:>8.2f} ms{cpu / ranks * 1e3:>7.2f} ms{rss:>6.0f} MiB  "
             f"{'yes' if ok else 'NO'}: {detail}")
-    out("\n  CPU = process CPU time of the cluster.run call (all threads): less sensitive "
+    out("\n  acct = cluster.run(accounting=...): simulated time and memory charged per aten op."
+        "\n  CPU = process CPU time of the cluster.run call (all threads): less sensitive "
         "than wall\n  time to other load on the machine.")
+    if accounting and not ddp_accounting and (phases is None or "ddp_rank" in phases):
+        out(f"  DDP ran with accounting off: above {DDP_ACCOUNTING_MAX_RANKS} ranks DDP's "
+            "constructor costs O(ranks^2) aten ops\n  (its parameter-shape all_gather), each "
+            "through the accounting dispatch mode; --ddp-accounting forces it on.")
     return {"ranks": ranks, "serial_reference_s": serial, "phases": rows,
             "peak_rss_mib": peak_rss_mib()}
 
@@ -200,6 +226,9 @@ def _parse(argv):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-accounting", action="store_true",
                    help="cluster.run(accounting=False): no simulated time or memory")
+    p.add_argument("--ddp-accounting", action="store_true",
+                   help=f"accounting on for the DDP phase even above "
+                        f"{DDP_ACCOUNTING_MAX_RANKS} ranks (slow: O(ranks^2) ops)")
     p.add_argument("--quick", action="store_true", help="16 ranks, one repetition")
     return p.parse_args(argv)
 
@@ -207,5 +236,6 @@ def _parse(argv):
 if __name__ == "__main__":
     args = _parse(sys.argv[1:])
     result = main(ranks=args.ranks, repeats=args.repeats, quick=args.quick,
-                  accounting=not args.no_accounting)
+                  accounting=not args.no_accounting,
+                  ddp_accounting=True if args.ddp_accounting else None)
     sys.exit(0 if all(p["ok"] for p in result["phases"].values()) else 1)

@@ -8,8 +8,12 @@ Three parts:
 1. **Ablation** (wall time of the training loop, interleaved repetitions, median): the
    serial floor, then the same serial compute inside a 1-rank ``cluster.run`` (with and
    without accounting: the cost of the dispatch mode alone, no threads switching), then
+   DDP on 4 separate 1-rank runs (DDP's own Python and bucket-copy cost, no switching),
    the 4-rank DDP run with accounting off and RNG save/restore stubbed out, with accounting
    off, and the default. Each row adds one mechanism; the differences are its cost.
+   Two what-if rows prototype fixes by monkeypatching: accounting scanning op arguments
+   with a flat loop instead of ``torch.utils._pytree.tree_flatten``, and (a lower bound
+   for any Python dispatch mode) a mode that only runs the op.
 2. **Counts and unit costs**: baton hand-overs and dispatched aten ops per step; the cost
    of one ``_ProcessState`` save + restore and of one thread hand-over (Event ping-pong).
 3. **cProfile of the default run**, every rank thread profiled with ``time.thread_time``
@@ -92,6 +96,55 @@ def counting():
         yield counts
 
 
+# ------------------------------------------------ what-ifs: prototypes of fixes
+def _leaves(x, out):
+    if isinstance(x, (tuple, list)):
+        for y in x:
+            _leaves(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _leaves(y, out)
+    else:
+        out.append(x)
+
+
+def flat_tree_flatten(tree):
+    """What accounting needs from ``tree_flatten``: the leaves of aten-op arguments,
+    which are flat (tensors, lists of tensors, scalars) — no TreeSpec, no namedtuple
+    checks."""
+    out = []
+    _leaves(tree, out)
+    return out, None
+
+
+@contextlib.contextmanager
+def flat_arg_scan():
+    """Prototype fix: accounting scans op arguments without torch's pytree."""
+    from simcluster import accounting
+    with patched(accounting, "tree_flatten", flat_tree_flatten):
+        yield
+
+
+@contextlib.contextmanager
+def bare_dispatch_mode():
+    """Lower bound: the accounting dispatch mode runs each op and does nothing else."""
+    from simcluster import accounting
+
+    def bare(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+    with patched(accounting.RankAccounting, "__torch_dispatch__", bare):
+        yield
+
+
+def _has_accounting_mode():
+    try:
+        from simcluster import accounting
+    except ImportError:
+        return False
+    return hasattr(accounting, "RankAccounting") and hasattr(accounting, "tree_flatten")
+
+
 # ------------------------------------------------------------------------ variants
 def serial_in_sim(cfg, data, accounting):
     """The serial floor's loop, run inside a 1-rank cluster.run (no DDP, no switching)."""
@@ -99,25 +152,52 @@ def serial_in_sim(cfg, data, accounting):
     options = bd.sim_run_options(accounting) or {}
     run = sc.Cluster.preset("dgx-a100").run(bd.run_serial, world_size=1, args=(cfg, data),
                                             **options)
-    return run.results[0][0]
+    loop, _, cpu = run.results[0]
+    return loop, cpu
+
+
+def serial(cfg, data):
+    loop, _, cpu = bd.run_serial(cfg, data)
+    return loop, cpu
+
+
+def sim(cfg, data, accounting=True, patch=contextlib.nullcontext):
+    """(loop wall seconds, loop CPU seconds) of one 4-rank DDP cluster.run."""
+    with patch():
+        loop, _, results = bd.run_sim(cfg, data, accounting=accounting)
+    return loop, bd.loop_cpu(results, one_process=True)
+
+
+def ddp_one_rank_runs(cfg, data):
+    """DDP's own cost without switching: ``world_size`` separate 1-rank runs, summed."""
+    one = replace(cfg, world_size=1)
+    wall = cpu = 0.0
+    for _ in range(cfg.world_size):
+        w, c = sim(one, data, accounting=False)
+        wall, cpu = wall + w, cpu + c
+    return wall, cpu
 
 
 def variants(cfg, data):
     can_turn_off = bd.sim_run_options(False) is not None
-    rows = [("serial floor", lambda: bd.run_serial(cfg, data)[0])]
+    rows = [("serial floor", lambda: serial(cfg, data))]
     if can_turn_off:
         rows.append(("serial compute in 1-rank cluster.run, accounting off",
                      lambda: serial_in_sim(cfg, data, False)))
     rows.append(("serial compute in 1-rank cluster.run, accounting on",
                  lambda: serial_in_sim(cfg, data, True)))
     if can_turn_off:
-        def no_rng():
-            with no_rng_switching():
-                return bd.run_sim(cfg, data, accounting=False)[0]
-        rows += [("4-rank DDP sim, accounting off, no RNG save/restore", no_rng),
-                 ("4-rank DDP sim, accounting off",
-                  lambda: bd.run_sim(cfg, data, accounting=False)[0])]
-    rows.append(("4-rank DDP sim (default cluster.run)", lambda: bd.run_sim(cfg, data)[0]))
+        rows += [("DDP in 4 separate 1-rank runs, accounting off (summed)",
+                  lambda: ddp_one_rank_runs(cfg, data)),
+                 ("4-rank DDP sim, accounting off, no RNG save/restore",
+                  lambda: sim(cfg, data, False, no_rng_switching)),
+                 ("4-rank DDP sim, accounting off", lambda: sim(cfg, data, False))]
+    rows.append(("4-rank DDP sim (default cluster.run)", lambda: sim(cfg, data)))
+    if _has_accounting_mode():
+        rows += [("  what-if: default, flat arg scan instead of tree_flatten",
+                  lambda: sim(cfg, data, True, flat_arg_scan)),
+                 ("  what-if: default, dispatch mode that only runs the op",
+                  lambda: sim(cfg, data, True, bare_dispatch_mode))]
     return rows
 
 
@@ -125,20 +205,27 @@ def ablation(cfg, data, repeats, out):
     rows = variants(cfg, data)
     for _, fn in rows:
         fn()                                   # warm-up
-    times = {label: [] for label, _ in rows}
+    wall = {label: [] for label, _ in rows}
+    cpu = {label: [] for label, _ in rows}
     for _ in range(repeats):
         for label, fn in rows:
-            times[label].append(fn())
-    floor = times["serial floor"]
-    out(f"\n1. ablation: training-loop wall time, median of {repeats} interleaved repetitions")
-    out(f"  {'variant':<56}{'loop':>10}{'per step':>11}{'/ floor':>9}")
+            w, c = fn()
+            wall[label].append(w)
+            cpu[label].append(c)
+    out(f"\n1. ablation: training loop, median of {repeats} interleaved repetitions; "
+        "CPU = process CPU time\n   (robust to other load on the machine; wall time "
+        "also pays for the OS waking\n   the next rank's thread)")
+    out(f"  {'variant':<60}{'wall':>9}{'/ floor':>9}{'CPU':>9}{'/ floor':>9}"
+        f"{'CPU/step':>10}")
     result = {}
     for label, _ in rows:
-        med = statistics.median(times[label])
-        ratio = statistics.median(t / f for t, f in zip(times[label], floor))
-        result[label] = {"median": med, "over_floor": ratio}
-        out(f"  {label:<56}{med * 1e3:>7.0f} ms{med / cfg.steps * 1e3:>8.2f} ms"
-            f"{ratio:>9.2f}")
+        w, c = statistics.median(wall[label]), statistics.median(cpu[label])
+        w_ratio = statistics.median(a / b for a, b in zip(wall[label], wall["serial floor"]))
+        c_ratio = statistics.median(a / b for a, b in zip(cpu[label], cpu["serial floor"]))
+        result[label] = {"wall": w, "cpu": c, "wall_over_floor": w_ratio,
+                         "cpu_over_floor": c_ratio}
+        out(f"  {label:<60}{w * 1e3:>6.0f} ms{w_ratio:>9.2f}{c * 1e3:>6.0f} ms{c_ratio:>9.2f}"
+            f"{c / cfg.steps * 1e3:>7.2f} ms")
     return result
 
 
@@ -160,7 +247,8 @@ def unit_costs(cfg, data, out):
     handoff = _event_ping_pong()
     out("\n2. counts (4-rank DDP, default run) and unit costs")
     out(f"  hand-overs of the baton per step: {per_step['hand_over']:.1f}; blocking waits per "
-        f"step: {per_step['blocked_waits']:.1f}")
+        f"step: {per_step['blocked_waits']:.1f}  (whole run / steps: includes DDP "
+        "construction and barriers)")
     out(f"  aten ops through the accounting dispatch mode per step (4 ranks): "
         f"{per_step['dispatched_ops']:.0f}")
     out(f"  one _ProcessState save + restore: {best * 1e6:.0f} us; one thread hand-over "
@@ -210,22 +298,24 @@ AREAS = (("simcluster/accounting.py", "simcluster accounting (dispatch mode)"),
          ("torch/distributed", "torch.distributed (python)"),
          ("benchmarks/", "benchmark code"),
          ("threading.py", "threading"),
-         ("random.py", "random / numpy state"),
-         ("numpy/", "random / numpy state"),
-         ("{method 'get_state' of 'numpy", "random / numpy state"),
-         ("{method 'set_state' of 'numpy", "random / numpy state"),
-         ("{built-in method torch", "torch ops & C calls"),
-         ("{method '", "builtin methods (incl. torch C methods)"),
-         ("{built-in method", "builtins"),
+         ("random.py", "RNG state save/restore (random, numpy)"),
+         ("numpy/", "RNG state save/restore (random, numpy)"),
          ("", "other"))
+
+BUILTIN_AREAS = (("get_state", "RNG state save/restore (random, numpy)"),
+                 ("set_state", "RNG state save/restore (random, numpy)"),
+                 ("getstate", "RNG state save/restore (random, numpy)"),
+                 ("setstate", "RNG state save/restore (random, numpy)"),
+                 ("rng_state", "RNG state save/restore (random, numpy)"),
+                 ("run_backward", "torch C++: autograd engine (backward kernels)"),
+                 ("torch", "torch C++ calls (kernels, dispatcher)"),
+                 ("", "Python builtins"))
 
 
 def _area(filename, funcname):
-    key = f"{filename}" if filename != "~" else funcname
-    for needle, area in AREAS:
-        if needle in key:
-            return area
-    return "other"
+    if filename == "~":                    # a C function: its name says what it is
+        return next(area for needle, area in BUILTIN_AREAS if needle in funcname)
+    return next(area for needle, area in AREAS if needle in filename)
 
 
 def profile(cfg, data, out, top=20):
@@ -256,7 +346,7 @@ def profile(cfg, data, out, top=20):
     out("  exclusive time by area:")
     for area, seconds in sorted(areas.items(), key=lambda kv: -kv[1]):
         if seconds / total >= 0.005:
-            out(f"    {area:<44}{seconds:>8.3f} s {seconds / total:>6.1%}")
+            out(f"    {area:<48}{seconds:>8.3f} s {seconds / total:>6.1%}")
     out(f"  top {top} functions by exclusive time:")
     rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
     for (filename, line, funcname), (cc, nc, tottime, cumtime, _) in rows:

@@ -255,14 +255,15 @@ ALLREDUCES = {
 FP16_MAX = 65504.0
 
 
-def fp16_allreduce(tensor):
+def fp16_allreduce(tensor, allreduce=ring_allreduce):
     """All-reduce in half precision; leaves the MEAN (not the sum) in ``tensor``.
 
     Like PyTorch's ``fp16_compress_hook``: divide by ``p`` first, so the fp16 sum cannot
-    overflow past 65,504, send half the bytes, cast back on arrival.
+    overflow past 65,504, send half the bytes, cast back on arrival. ``allreduce`` is
+    the (SUM) algorithm that moves the half-precision copy.
     """
     half = (tensor / dist.get_world_size()).to(torch.float16)
-    ring_allreduce(half)
+    allreduce(half)
     tensor.copy_(half)
 
 
@@ -272,7 +273,7 @@ def int8_quantize(tensor):
     Symmetric, one scale per tensor; rounding to nearest keeps the error within
     ``scale/2``. An all-zero tensor gets scale 1 (no division by zero).
     """
-    amax = tensor.detach().abs().max().float()
+    amax = tensor.detach().abs().max().float() if tensor.numel() else torch.zeros(())
     scale = amax / 127 if amax > 0 else torch.ones((), dtype=torch.float32)
     q = torch.round(tensor.detach().float() / scale).clamp_(-127, 127).to(torch.int8)
     return q, scale.reshape(())
@@ -283,11 +284,21 @@ def int8_dequantize(q, scale):
     return q.to(torch.float32) * scale
 
 
+def _pack_int8(q, scale):
+    """One uint8 message: the int8 values, then the 4 bytes of the float32 scale."""
+    return torch.cat([q.reshape(-1).view(torch.uint8),
+                      scale.reshape(1).to(torch.float32).view(torch.uint8)])
+
+
+def _unpack_int8(payload):
+    return payload[:-4].view(torch.int8), payload[-4:].clone().view(torch.float32).reshape(())
+
+
 def int8_allreduce(tensor, quantize=int8_quantize, dequantize=int8_dequantize):
     """All-reduce (SUM) that sends int8: each rank quantizes, sends chunk ``j`` to rank
     ``j`` (all-to-all), rank ``j`` sums its chunk in float32 and quantizes it again, then
     everybody sends its chunk to everybody (all-gather). ``2(p-1)/p·n`` bytes per rank —
-    a quarter of a float32 ring — plus one 4-byte scale per message.
+    a quarter of a float32 ring — plus the 4-byte scale in every message.
     """
     rank, p = dist.get_rank(), dist.get_world_size()
     flat = _flat_view(tensor)
@@ -295,29 +306,27 @@ def int8_allreduce(tensor, quantize=int8_quantize, dequantize=int8_dequantize):
         flat.copy_(dequantize(*quantize(flat)))
         return
     bounds = chunk_bounds(flat.numel(), p)
+    size = lambda r: bounds[r][1] - bounds[r][0]  # noqa: E731
     q, scale = quantize(flat)
     mine = slice(*bounds[rank])
     # all-to-all: my chunk j goes to rank j; I receive everybody's copy of my chunk
     parts = {rank: dequantize(q[mine], scale)}
     for shift in range(1, p):
         dst, src = (rank + shift) % p, (rank - shift) % p
-        q_in = torch.empty(bounds[rank][1] - bounds[rank][0], dtype=torch.int8)
-        s_in = torch.empty((), dtype=torch.float32)
-        exchange(q[slice(*bounds[dst])].contiguous(), dst, q_in, src)
-        exchange(scale.reshape(()).clone(), dst, s_in, src)
-        parts[src] = dequantize(q_in, s_in)
+        incoming = torch.empty(size(rank) + 4, dtype=torch.uint8)
+        exchange(_pack_int8(q[slice(*bounds[dst])], scale), dst, incoming, src)
+        parts[src] = dequantize(*_unpack_int8(incoming))
     total = parts[0].clone()
     for src in range(1, p):                      # rank order: bit-identical every run
         total += parts[src]
     q_sum, s_sum = quantize(total)
     flat[mine] = dequantize(q_sum, s_sum)
+    mine_packed = _pack_int8(q_sum, s_sum)
     for shift in range(1, p):                    # all-gather the summed chunks
         dst, src = (rank + shift) % p, (rank - shift) % p
-        q_in = torch.empty(bounds[src][1] - bounds[src][0], dtype=torch.int8)
-        s_in = torch.empty((), dtype=torch.float32)
-        exchange(q_sum, dst, q_in, src)
-        exchange(s_sum.reshape(()).clone(), dst, s_in, src)
-        flat[slice(*bounds[src])] = dequantize(q_in, s_in)
+        incoming = torch.empty(size(src) + 4, dtype=torch.uint8)
+        exchange(mine_packed, dst, incoming, src)
+        flat[slice(*bounds[src])] = dequantize(*_unpack_int8(incoming))
 
 
 def topk_compress(grad, residual, k):
@@ -340,24 +349,25 @@ def topk_compress(grad, residual, k):
 def topk_allreduce(tensor, residual, k, compress=topk_compress):
     """All-reduce (SUM) of top-k sparsified tensors with error feedback.
 
-    Every rank sends its ``k`` values (float32) and indices (int32) to every other rank:
-    ``(p-1)·8k`` bytes per rank. Returns this rank's new residual.
+    Every rank sends its ``k`` values (float32) and indices (int32) to every other rank,
+    packed into one message of ``8k`` bytes: ``(p-1)·8k`` bytes per rank. Returns this
+    rank's new residual.
     """
     rank, p = dist.get_rank(), dist.get_world_size()
     flat = _flat_view(tensor)
     values, indices, new_residual = compress(flat, residual.view(-1), k)
-    values = values.to(torch.float32).contiguous()
-    indices = indices.to(torch.int32).contiguous()
-    received = {rank: (values, indices)}
+    packed = torch.cat([values.to(torch.float32).reshape(-1),
+                        indices.to(torch.int32).reshape(-1).view(torch.float32)])
+    received = {rank: packed}
     for shift in range(1, p):
         dst, src = (rank + shift) % p, (rank - shift) % p
-        v_in, i_in = torch.empty_like(values), torch.empty_like(indices)
-        exchange(values, dst, v_in, src)
-        exchange(indices, dst, i_in, src)
-        received[src] = (v_in, i_in)
+        incoming = torch.empty_like(packed)
+        exchange(packed, dst, incoming, src)
+        received[src] = incoming
     flat.zero_()
+    half = packed.numel() // 2
     for src in range(p):                         # rank order: bit-identical every run
-        v, i = received[src]
+        v, i = received[src][:half], received[src][half:].view(torch.int32)
         flat.index_add_(0, i.long(), v.to(flat.dtype))
     return new_residual.view_as(tensor)
 
@@ -540,9 +550,9 @@ class TinyMLP:
 
     def __init__(self, features=32, hidden=64, classes=8, samples=4096, seed=0):
         g = torch.Generator().manual_seed(seed)
-        centers = 1.5 * torch.randn(classes, features, generator=g)
+        centers = 0.5 * torch.randn(classes, features, generator=g)
         self.y = torch.randint(0, classes, (samples,), generator=g)
-        self.x = centers[self.y] + 2.0 * torch.randn(samples, features, generator=g)
+        self.x = centers[self.y] + torch.randn(samples, features, generator=g)
         self.shapes = [(hidden, features), (hidden,), (classes, hidden), (classes,)]
         self.num_params = sum(math.prod(s) for s in self.shapes)
         self.samples, self.seed = samples, seed
@@ -606,12 +616,13 @@ def topk_aggregator(k, compress=topk_compress):
     return make_aggregate
 
 
-def train(problem, make_aggregate, steps, lr, batch, sync_every=1):
+def train(problem, make_aggregate, steps, lr, batch, sync_every=1, mean=False):
     """Data-parallel SGD on ``problem``; call on every rank (``cluster.run``).
 
     ``make_aggregate()`` is called once on every rank and returns ``aggregate(tensor)``,
     which must leave the SUM over ranks in ``tensor`` (any all-reduce above; a factory so
-    that a compressor can keep per-rank state, like top-k's residual). With
+    that a compressor can keep per-rank state, like top-k's residual) — or the MEAN, with
+    ``mean=True`` (like :func:`fp16_allreduce`). With
     ``sync_every == 1`` the gradients are summed every step; with ``sync_every = H > 1``
     it is local SGD: the parameters are averaged every ``H`` steps.
 
@@ -626,12 +637,192 @@ def train(problem, make_aggregate, steps, lr, batch, sync_every=1):
         _, grad = problem.loss_and_grad(w, x, y)
         if sync_every == 1:
             aggregate(grad)
-            w -= lr * grad / p
+            w -= lr * (grad if mean else grad / p)
         else:
             w -= lr * grad
             if (step + 1) % sync_every == 0:
                 aggregate(w)
-                w /= p
+                if not mean:
+                    w /= p
         if rank == 0:
             snapshots.append(w.clone())
     return snapshots
+
+
+# ------------------------------------------------------------- measuring helpers
+
+
+def simulate(cluster, fn, world_size, args=(), kwargs=None, timed=False, **options):
+    """``cluster.run(fn, ...)``, with the simulated clock on only when ``timed``.
+
+    Untimed runs skip the simulator's accounting (several times faster in wall-clock
+    time); a simulator without accounting ignores the flag.
+    """
+    import inspect
+
+    if "accounting" in inspect.signature(cluster.run).parameters:
+        options["accounting"] = timed
+    return cluster.run(fn, world_size=world_size, args=args, kwargs=kwargs, **options)
+
+
+def traffic(run):
+    """``{(src, dst): bytes}`` a run sent, or None if the simulator does not record it."""
+    found = getattr(run, "traffic", None)
+    if found is None:
+        found = getattr(getattr(run, "recorder", None), "traffic", None)
+    return dict(found) if found is not None else None
+
+
+def _allreduce_once(fn, size, extra_args):
+    rank = dist.get_rank()
+    tensor = torch.full((size,), float(rank + 1))
+    fn(tensor, *extra_args)
+    return tensor[0].item()
+
+
+def measure_allreduce(cluster, fn, world_size, size, extra_args=(), timed=True):
+    """Run one all-reduce of ``size`` float32 elements; what it cost.
+
+    Returns a dict: ``bytes`` and ``messages`` (the busiest rank's), ``total_bytes``,
+    ``cross_node_bytes`` (None without a traffic record), ``seconds`` (simulated; None
+    without a clock) and ``correct`` (every rank got the sum).
+    """
+    run = simulate(cluster, _allreduce_once, world_size, args=(fn, size, extra_args),
+                   timed=timed)
+    sent = traffic(run)
+    node = cluster.spec.placement
+    cross = None if sent is None else sum(
+        b for (s, d), b in sent.items() if node(s)[0] != node(d)[0])
+    expected = world_size * (world_size + 1) / 2
+    return {"bytes": max(run.bytes_sent), "messages": max(run.messages_sent),
+            "total_bytes": sum(run.bytes_sent), "cross_node_bytes": cross,
+            "seconds": sim_elapsed(run) if timed else None,
+            "correct": all(r == expected for r in run.results)}
+
+
+def _ring_phases(size):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = torch.full((size,), float(10 ** rank))
+    bounds = chunk_bounds(size, p)
+    ring_reduce_scatter(flat, list(range(p)), bounds)
+    after_reduce_scatter = flat.clone()
+    ring_all_gather(flat, list(range(p)), bounds)
+    return after_reduce_scatter, flat.clone()
+
+
+def ring_trace(cluster, world_size):
+    """What every rank holds after the ring's reduce-scatter and after its all-gather,
+    when rank ``r`` starts with ``10**r`` everywhere: the digits of each number say whose
+    contributions it contains (1111 = all four ranks). Prints a table."""
+    run = simulate(cluster, _ring_phases, world_size, args=(world_size,))
+    width = world_size + 2
+    header = "rank | " + " ".join(f"chunk {c}".rjust(width) for c in range(world_size))
+    for title, phase in (("after reduce-scatter", 0), ("after all-gather", 1)):
+        print(title)
+        print(header)
+        for rank, result in enumerate(run.results):
+            cells = " ".join(f"{int(v)}".rjust(width) for v in result[phase].tolist())
+            print(f"{rank:>4} | {cells}")
+        print()
+
+
+def show_source(obj):
+    """Print the source code of ``obj`` (a function or class of this module)."""
+    import inspect
+
+    print(inspect.getsource(obj).rstrip())
+
+
+# --------------------------------------------------------------- the comparison
+
+
+def _time_per_step(run, steps):
+    elapsed = sim_elapsed(run)
+    return None if elapsed is None else elapsed / steps
+
+
+def compare(cluster, problem, methods, steps=30, lr=0.5, batch=32, timed_steps=2,
+            world_size=8, curves=True):
+    """Train ``problem`` with every method; loss curves and simulated time per step.
+
+    ``methods`` maps a name to one of
+    ``{"aggregate": make_aggregate}`` (data parallel, :func:`train`; add ``"mean": True``
+    when the aggregate leaves the mean),
+    ``{"aggregate": make_aggregate, "sync_every": H}`` (local SGD), or
+    ``{"server": cls, "mode": mode, "speeds": [...]}`` (parameter server, rank 0 serves).
+
+    Every method sees the same data and does the same work: ``steps`` rounds of one
+    mini-batch of ``batch`` samples per worker. Loss curves come from an untimed run of
+    ``steps`` steps (one point per round); time per step from a timed run of
+    ``timed_steps`` steps (rounded up to a multiple of ``sync_every``); ``curves=False``
+    skips the loss curves (the results then have only the time and bytes). Returns
+    ``{name: {"samples": [...], "loss": [...], "seconds_per_step": s or None,
+    "bytes_per_step": busiest rank's bytes per step}}``.
+    """
+    results = {}
+    for name, spec in methods.items():
+        out = {}
+        every = spec.get("sync_every", 1)
+        short = -(-timed_steps // every) * every
+        for timed, n_steps in ((False, steps), (True, short))[0 if curves else 1:]:
+            if "server" in spec:
+                workers = world_size - 1
+                run = simulate(cluster, ps_train, world_size, timed=timed, args=(
+                    problem, spec["server"], spec["mode"], n_steps,
+                    lr if spec["mode"] == "sync" else lr / workers, batch, spec["speeds"]))
+                if not timed:
+                    updates = [u for u in run.results[0]["updates"] if u[1] % workers == 0]
+                    out["samples"] = [g * batch for _, g, _ in updates]
+                    out["loss"] = [problem.loss(w) for _, _, w in updates]
+                    out["staleness"] = run.results[0]["staleness"]
+            else:
+                run = simulate(cluster, train, world_size, timed=timed, args=(
+                    problem, spec["aggregate"], n_steps, lr, batch,
+                    spec.get("sync_every", 1), spec.get("mean", False)))
+                if not timed:
+                    snaps = run.results[0]
+                    out["samples"] = [s * world_size * batch for s in range(len(snaps))]
+                    out["loss"] = [problem.loss(w) for w in snaps]
+            if timed:
+                out["seconds_per_step"] = _time_per_step(run, n_steps)
+                out["bytes_per_step"] = max(run.bytes_sent) / n_steps
+        results[name] = out
+    return results
+
+
+def print_comparison(results):
+    """One line per method: final loss, simulated time per step, bytes per step."""
+    print(f"{'method':<22} {'final loss':>10} {'time/step':>12} {'bytes/step (busiest)':>21}")
+    for name, r in results.items():
+        t = r["seconds_per_step"]
+        t = "n/a" if t is None else f"{t * 1e6:.1f} µs"
+        print(f"{name:<22} {r['loss'][-1]:>10.4f} {t:>12} {r['bytes_per_step']:>21,.0f}")
+
+
+def plot_comparison(results, title=""):
+    """Loss against samples processed, and simulated time per step, side by side."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for name, r in results.items():
+        left.plot(r["samples"], r["loss"], label=name)
+    left.set_xlabel("samples processed")
+    left.set_ylabel("training loss")
+    left.set_title("convergence")
+    left.legend(fontsize=8)
+    timed = [(n, r["seconds_per_step"]) for n, r in results.items()
+             if r["seconds_per_step"] is not None]
+    if timed:
+        names, secs = zip(*timed)
+        right.barh(range(len(names)), [s * 1e6 for s in secs])
+        right.set_yticks(range(len(names)), names, fontsize=8)
+        right.invert_yaxis()
+        right.set_xlabel("simulated time per step (µs)")
+        right.set_title("time per step")
+    else:
+        right.text(0.5, 0.5, "simulated time not available", ha="center", va="center")
+        right.set_axis_off()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -16,7 +16,6 @@ Efficiency (bytes and messages per rank; simulated time against the reference, o
 simulator has a clock) is judged only after everything is correct.
 """
 
-import inspect
 import math
 import re
 import threading
@@ -87,15 +86,6 @@ def _seconds(s):
 # ------------------------------------------------------------------ running
 
 
-def _run_options(cluster, accounting):
-    """``accounting=`` for cluster.run when this simulator version knows it."""
-    try:
-        params = inspect.signature(cluster.run).parameters
-    except (TypeError, ValueError):
-        return {}
-    return {"accounting": accounting} if "accounting" in params else {}
-
-
 def _collectives_so_far():
     """``(count, names)`` of the collectives the calling rank has called in this run.
 
@@ -137,13 +127,10 @@ def _simulate(cluster, body, world_size, where, hints, accounting=False):
     """
     timeout = max(TIMEOUT, ACCOUNTING_TIMEOUT) if accounting else TIMEOUT
     try:
-        return cluster.run(body, world_size=world_size, timeout=timeout,
-                           **_run_options(cluster, accounting))
+        return ref.simulate(cluster, body, world_size, timed=accounting, timeout=timeout)
     except sc.RankError as error:
-        original = error.original
-        raise _Failure(f"{where(error.rank)}: rank {error.rank} raised "
-                       f"{type(original).__name__}: {_short(original)}",
-                       hints.get("exception", _HINTS["exception"])) from None
+        raise _raised(f"{where(error.rank)}: rank {error.rank}", error.original,
+                      hints.get("exception", _HINTS["exception"])) from None
     except sc.DeadlockError as error:
         raise _Failure(f"{where(None)}: {_deadlock_text(error)}",
                        hints.get("deadlock", _HINTS["deadlock"])) from None
@@ -162,7 +149,17 @@ def _simulate(cluster, body, world_size, where, hints, accounting=False):
                        hints.get("exception", _HINTS["exception"])) from None
 
 
+def _raised(who, error, hint=None):
+    """The _Failure for ``who`` raising ``error`` (an unwritten exercise says so)."""
+    if isinstance(error, NotImplementedError):
+        hint = _HINTS["not_started"]
+    return _Failure(f"{who} raised {type(error).__name__}: {_short(error)}",
+                    hint or _HINTS["exception"])
+
+
 _HINTS = {
+    "not_started": "this exercise is not written yet: replace the `raise "
+                   "NotImplementedError(...)` line with your code (its message is a hint).",
     "exception": "read the message above; run your function with cluster.run(...) yourself "
                  "to see the whole traceback.",
     "deadlock": "a blocking send() waits until the matching recv() is posted: if two ranks "
@@ -189,9 +186,9 @@ _HINTS = {
 # ---------------------------------------------------------------- inputs
 
 
-def _integer_input(world_size, size, rank, dtype=torch.float32, salt=0):
+def _integer_input(world_size, size, rank, dtype=torch.float32):
     """Non-zero integers in [-9, 9]: every order of summation gives the exact same sum."""
-    g = torch.Generator().manual_seed(100_003 * world_size + 1_009 * size + 31 * rank + salt)
+    g = torch.Generator().manual_seed(100_003 * world_size + 1_009 * size + 31 * rank)
     magnitude = torch.randint(1, 10, (size,), generator=g)
     sign = torch.randint(0, 2, (size,), generator=g) * 2 - 1
     return (magnitude * sign).to(dtype)
@@ -225,7 +222,7 @@ class _Case:
     def __str__(self):
         text = f"world size {self.world_size}"
         if self.ranks_per_node is not None:
-            text += f" ({self.ranks_per_node} ranks per node)"
+            text += f" ({self.ranks_per_node} rank{'s' if self.ranks_per_node > 1 else ''} per node)"
         text += f", size {self.size}"
         if self.dtype != torch.float32:
             text += f" ({str(self.dtype).replace('torch.', '')})"
@@ -522,7 +519,7 @@ def check_hierarchical_allreduce(fn):
         m = p // k
         make_input = lambda c, rank: _integer_input(c.world_size, c.size, rank, c.dtype)  # noqa: E731
         run = _run_allreduce(fn, case, make_input, (k,), accounting=True)
-        traffic = _traffic(run)
+        traffic = ref.traffic(run)
         if traffic is not None:
             cluster = _cluster_for(case)
             node = cluster.spec.placement
@@ -546,15 +543,6 @@ def check_hierarchical_allreduce(fn):
                 f"sizes {sizes}")
 
     return _report("hierarchical all-reduce", body)
-
-
-def _traffic(run):
-    """``{(src, dst): bytes}`` of a run, or None if this simulator does not record it."""
-    traffic = getattr(run, "traffic", None)
-    if traffic is None:
-        recorder = getattr(run, "recorder", None)
-        traffic = getattr(recorder, "traffic", None)
-    return dict(traffic) if traffic is not None else None
 
 
 # ---------------------------------------------------------------- compression
@@ -644,8 +632,7 @@ def check_int8_quantization(quantize, dequantize):
         try:
             return f(*args)
         except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
-            raise _Failure(f"{what} raised {type(error).__name__}: {_short(error)}",
-                           _HINTS["exception"]) from None
+            raise _raised(what, error) from None
 
     def body():
         for name, x in _int8_inputs():
@@ -732,8 +719,7 @@ def check_topk_error_feedback(fn):
                 try:
                     out = fn(grad, residual, k)
                 except Exception as error:  # noqa: BLE001
-                    raise _Failure(f"{where}: raised {type(error).__name__}: {_short(error)}",
-                                   _HINTS["exception"]) from None
+                    raise _raised(f"{where}: your function", error) from None
                 if not isinstance(out, (tuple, list)) or len(out) != 3:
                     raise _Failure(f"{where}: returned {type(out).__name__}, expected "
                                    "(values, indices, new_residual)",
@@ -807,23 +793,34 @@ def check_topk_error_feedback(fn):
 # -------------------------------------------------------------- parameter server
 
 
+class _LockedTwice(Exception):
+    """The learner took ``self.lock`` while already holding it: a real Lock deadlocks."""
+
+
 class _RecordingLock:
-    """Stands in for ``ps.lock``: counts acquisitions, knows if it is held."""
+    """Stands in for ``ps.lock``: counts acquisitions, knows if it is held, and refuses a
+    second acquisition by the thread that holds it (a ``threading.Lock`` would hang)."""
 
     def __init__(self):
         self._lock = threading.RLock()
         self.acquired = 0
         self.depth = 0
+        self._owner = None
 
     def acquire(self, *args, **kwargs):
+        if self.depth and self._owner == threading.get_ident():
+            raise _LockedTwice()
         ok = self._lock.acquire(*args, **kwargs)
         if ok:
             self.acquired += 1
             self.depth += 1
+            self._owner = threading.get_ident()
         return ok
 
     def release(self):
         self.depth -= 1
+        if not self.depth:
+            self._owner = None
         self._lock.release()
 
     def locked(self):
@@ -843,9 +840,7 @@ class _Server:
         try:
             self.ps = cls(params, lr=lr, num_workers=workers, mode=mode, bound=bound)
         except Exception as error:  # noqa: BLE001
-            raise _Failure(f"{self.mode}: ParameterServer(...) raised "
-                           f"{type(error).__name__}: {_short(error)}",
-                           _HINTS["exception"]) from None
+            raise _raised(f"{self.mode}: ParameterServer(...)", error) from None
         if not hasattr(self.ps, "lock"):
             raise _Failure(f"{self.mode}: the server has no `lock` attribute",
                            "create self.lock = threading.Lock() in __init__.")
@@ -859,9 +854,12 @@ class _Server:
         before = self.lock.acquired
         try:
             out = getattr(self.ps, method)(*args)
+        except _LockedTwice:
+            self.fail(f"{text} took self.lock while already holding it",
+                      "a threading.Lock is not re-entrant: that call would hang forever. Don't "
+                      "call one locked method from inside another's `with self.lock:`.")
         except Exception as error:  # noqa: BLE001
-            self.fail(f"{text} raised {type(error).__name__}: {_short(error)}",
-                      _HINTS["exception"])
+            raise _raised(f"{self.mode}: {text}", error) from None
         if self.lock.depth:
             self.fail(f"{text} returned while still holding self.lock",
                       "use `with self.lock:` so that every return releases it.")
