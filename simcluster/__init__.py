@@ -16,9 +16,22 @@ from .errors import (CollectiveMismatchError, DeadlockError, OutOfMemoryError, R
 from .report import Run, Summary
 from .spec import PRESETS, ClusterSpec, DeviceSpec, LinkSpec, NetworkSpec, NodeSpec
 
+def fake_tensors():
+    """Inside a rank: tensors made in this ``with`` block have shapes but no data.
+
+    Memory and time are still accounted from their sizes, so a model far larger than this
+    machine can be measured — DDP, FSDP2 and optimizers run on them unchanged. Make a
+    ``DeviceMesh`` before entering (building one reads real values), and pass
+    ``init_sync=False`` to ``DistributedDataParallel`` (there are no values to broadcast).
+    """
+    from ._torch_internals import fake_tensor_mode
+
+    return fake_tensor_mode()
+
+
 __all__ = [
     "Cluster", "Run", "Summary", "ClusterSpec", "NodeSpec", "DeviceSpec", "LinkSpec",
     "NetworkSpec", "PRESETS",
     "SimulationError", "RankError", "DeadlockError", "CollectiveMismatchError",
-    "SimulationTimeout", "OutOfMemoryError",
+    "SimulationTimeout", "OutOfMemoryError", "fake_tensors",
 ]

@@ -8,6 +8,10 @@ Tested with torch 2.13 (pinned in pyproject.toml). What we rely on, and why:
   active. PyTorch's own threaded test backend does the same.
 * ``torch._C._distributed_c10d._set_thread_isolation_mode`` gives each thread its own C++
   group-name registry, which functional collectives (DTensor, FSDP2) resolve groups in.
+* ``torch.distributed.fsdp._fully_shard._fsdp_param.unsafe_setattr_param`` is how FSDP2
+  swaps a module's parameters for sharded ones without ``register_parameter``; it is
+  wrapped so memory accounting knows the shards are parameters.
+* ``torch._subclasses.FakeTensorMode`` backs :func:`fake_tensor_mode`.
 * ``dist.init_process_group`` is wrapped so that a learner's own call inside a rank
   function (as in a ``torchrun`` script) is accepted: the simulator has already
   initialised the default group, and torch would otherwise refuse a second one.
@@ -76,19 +80,35 @@ class _ThreadLocalWorld:
 
 _installed = 0
 _install_lock = threading.Lock()
+_original_setattr_param = None
 _original_storage_resize = torch.UntypedStorage.resize_
 
 
-def install(on_storage_resize):
-    """Make process-group state per-thread; report storage resizes to ``on_storage_resize``.
+def _fsdp_param_module():
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    return _fsdp_param
+
+
+def install(on_storage_resize, on_parameter):
+    """Make process-group state per-thread, and report what accounting cannot see.
 
     FSDP2 frees and refills unsharded parameters with ``UntypedStorage.resize_``, which
-    bypasses the dispatcher, so memory accounting hears of it through this wrapper.
-    Nested calls are counted.
+    bypasses the dispatcher, and installs sharded parameters without
+    ``register_parameter``: ``on_storage_resize(storage, nbytes)`` and
+    ``on_parameter(module, name, param)`` hear of both. Nested calls are counted.
     """
-    global _installed
+    global _installed, _original_setattr_param
     with _install_lock:
         if _installed == 0:
+            fsdp_param = _fsdp_param_module()
+            _original_setattr_param = fsdp_param.unsafe_setattr_param
+
+            def unsafe_setattr_param(module, name, param):
+                _original_setattr_param(module, name, param)
+                on_parameter(module, name, param)
+
+            fsdp_param.unsafe_setattr_param = unsafe_setattr_param
             c10d._world = _ThreadLocalWorld()
             torch._C._distributed_c10d._set_thread_isolation_mode(True)
 
@@ -110,6 +130,14 @@ def uninstall():
             c10d._world = _original_world
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
             torch.UntypedStorage.resize_ = _original_storage_resize
+            _fsdp_param_module().unsafe_setattr_param = _original_setattr_param
+
+
+def fake_tensor_mode():
+    """A context in which new tensors have shapes and dtypes but no data (FakeTensorMode)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def enter_rank_thread():

@@ -266,6 +266,11 @@ def on_forward_pre(module, args):
     acc = current()
     if acc is not None:
         acc.modules._fw_pre_hook(module, args)
+        # Parameters can get new storage without register_parameter (to_empty, FSDP2's
+        # resharding): whatever a module holds as a parameter when it runs is one.
+        for param in module._parameters.values():
+            if param is not None:
+                acc.memory.retag(storage_key(local_tensor(param)), "parameters")
 
 
 def on_forward_post(module, args, output):

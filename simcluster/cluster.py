@@ -111,7 +111,7 @@ class Cluster:
                 _torch_internals.leave_rank_thread()
                 backend.bind_thread(None)
 
-        _torch_internals.install(_accounting.on_storage_resize)
+        _torch_internals.install(_accounting.on_storage_resize, _accounting.on_parameter)
         _accounting.install_hooks()
         try:
             scheduler.run(rank_main)

@@ -303,10 +303,6 @@ def test_fsdp2_frees_the_full_parameters_and_keeps_one_shard(sharded):
         assert used["total"] >= local
 
 
-@pytest.mark.xfail(strict=True, reason="accounting.on_parameter only sees "
-                   "register_parameter; FSDP2 installs its sharded DTensor parameters with "
-                   "module._parameters[name] = ... (unsafe_setattr_param), so the shards are "
-                   "counted as 'other' and 'parameters' drops to 0")
 def test_fsdp2_parameter_memory_is_one_shard_of_ddps(sharded):
     world, ddp, fsdp = sharded
     for used, local in fsdp:
