@@ -17,7 +17,7 @@ import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+import torch.utils.flop_counter as flop_counter
 from torch.utils.module_tracker import ModuleTracker
 
 from .errors import OutOfMemoryError
@@ -99,8 +99,8 @@ class MemoryAccount:
         if self.total + nbytes > self.capacity:
             raise OutOfMemoryError(self.rank, self.device, nbytes, self.total,
                                    dict(self.in_use), category)
-        self.live[key] = [nbytes, category]
-        weakref.finalize(storage, self.free, key)
+        # A weak reference whose callback runs when torch frees the storage.
+        self.live[key] = [nbytes, category, weakref.ref(storage, lambda _, k=key: self.free(k))]
         self._change(category, nbytes)
 
     def free(self, key):
@@ -204,12 +204,16 @@ class RankAccounting(TorchDispatchMode):
         return "other"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # This runs for every op of every rank: keep it lean (no pytree, cached op info).
         kwargs = kwargs or {}
         if self.paused:
             return func(*args, **kwargs)
-        if any(t is not torch.Tensor and not _is_fake(t) for t in types):
-            return NotImplemented  # let tensor subclasses (DTensor) unwrap to plain ops
-        inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        for t in types:
+            if t is not torch.Tensor and not _is_fake(t):
+                return NotImplemented  # let tensor subclasses (DTensor) unwrap to plain ops
+        inputs = _tensors(args, [])
+        if kwargs:
+            _tensors(kwargs.values(), inputs)
         clock = self.clock
         if clock.ready_at:
             for t in inputs:
@@ -217,14 +221,29 @@ class RankAccounting(TorchDispatchMode):
                 if ready is not None:
                     clock.wait_until(ready, "wait for communication")
         out = func(*args, **kwargs)
-        outputs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
-        self._count_memory(outputs)
-        name = func.overloadpacket.__name__
-        if func.is_view or name in _FREE_OPS:
+        is_view, timeless, counter = _op_info(func)
+        if is_view:
             return out
-        nbytes = sum(t.numel() * t.element_size() for t in inputs + outputs)
-        seconds, flops = self.recorder.cost.compute_time(self.rank, func, args, kwargs, out,
-                                                         nbytes)
+        if isinstance(out, torch.Tensor):
+            outputs = [out]
+        else:
+            outputs = _tensors(out, []) if isinstance(out, (list, tuple)) else []
+        self._count_memory(outputs)
+        if timeless:
+            return out
+        nbytes = 0
+        for t in inputs:
+            nbytes += t.numel() * t.element_size()
+        for t in outputs:
+            nbytes += t.numel() * t.element_size()
+        flops = 0
+        if counter is not None:
+            try:
+                flops = counter(*args, **kwargs, out_val=out)
+            except (TypeError, ValueError, RuntimeError):
+                flops = 0
+        dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
+        seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes)
         label = self.modules.innermost()
         clock.flops += flops
         clock.run_compute(seconds, label)
@@ -244,8 +263,36 @@ class RankAccounting(TorchDispatchMode):
                 self.memory.allocate(key, storage.nbytes(), category, storage)
 
 
+_FAKE_TYPES = ("FakeTensor", "FunctionalTensor")
+
+
 def _is_fake(t):
-    return getattr(t, "__name__", "") in ("FakeTensor", "FunctionalTensor")
+    return t.__name__ in _FAKE_TYPES
+
+
+def _tensors(values, into):
+    """Append the tensors among ``values`` (and inside lists/tuples in them) to ``into``."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            into.append(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, torch.Tensor):
+                    into.append(x)
+    return into
+
+
+_OP_INFO = {}
+
+
+def _op_info(func):
+    """``(is_view, timeless, flop_counter)`` of an aten op, computed once per op."""
+    info = _OP_INFO.get(func)
+    if info is None:
+        packet = func.overloadpacket
+        info = _OP_INFO[func] = (func.is_view, packet.__name__ in _FREE_OPS,
+                                 flop_counter.flop_registry.get(packet))
+    return info
 
 
 # ------------------------------------------------ process-wide hooks, per rank

@@ -60,8 +60,8 @@ def reduce_tensors(tensors, op):
     return out
 
 
-@torch.no_grad()
 def _write(dst, src):
+    # detach(): the copy is invisible to autograd, as a real backend's write is.
     dst.detach().copy_(src)
 
 

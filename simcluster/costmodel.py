@@ -18,8 +18,6 @@ and ring across nodes on 1/g of the data, ``g`` ranks per node, each on its own 
 
 import math
 
-import torch.utils.flop_counter as flop_counter
-
 ALGORITHMS = {
     "all_reduce": ("ring", "tree", "halving_doubling", "hierarchical"),
     "reduce_scatter": ("ring", "halving_doubling"),
@@ -95,6 +93,7 @@ class CostModel:
         self.spec = spec
         self.speed_factor = {}
         self.link_factor = {}
+        self._peak = {}  # (rank, dtype) -> (FLOP/s, HBM bytes/s, slowdown), filled lazily
         self.algorithms = dict(algorithms or {})
         for family, algorithm in self.algorithms.items():
             if family not in ALGORITHMS:
@@ -105,20 +104,16 @@ class CostModel:
                                  f"{', '.join(ALGORITHMS[family])}")
 
     # ------------------------------------------------------------------ compute
-    def compute_time(self, rank, func, args, kwargs, out, nbytes):
-        """Roofline seconds for aten op ``func`` on ``rank``; returns (seconds, flops)."""
-        device = self.spec.device_of(rank)
-        flops = 0
-        counter = flop_counter.flop_registry.get(func.overloadpacket)
-        if counter is not None:
-            try:
-                flops = counter(*args, **kwargs, out_val=out)
-            except (TypeError, ValueError, RuntimeError):
-                flops = 0
-        dtype = _dtype_of(args) or _dtype_of((out,))
-        peak = device.flops_for(dtype) if dtype is not None else device.flops_for(None)
-        seconds = max(flops / peak if flops else 0.0, nbytes / device.hbm_bandwidth)
-        return seconds * self.speed_factor.get(rank, 1.0), flops
+    def roofline(self, rank, flops, dtype, nbytes):
+        """Seconds for an op of ``flops`` FLOPs moving ``nbytes`` bytes on ``rank``."""
+        key = (rank, dtype)
+        peak = self._peak.get(key)
+        if peak is None:
+            device = self.spec.device_of(rank)
+            peak = self._peak[key] = (device.flops_for(dtype), device.hbm_bandwidth,
+                                      self.speed_factor.get(rank, 1.0))
+        flops_per_s, bytes_per_s, slowdown = peak
+        return max(flops / flops_per_s if flops else 0.0, nbytes / bytes_per_s) * slowdown
 
     # ------------------------------------------------------------ communication
     def _link_cost(self, ranks, inter):
@@ -230,11 +225,3 @@ def pattern(family, algorithm, ranks, n):
     if family == "gather":
         return [(r, ranks[0], n / p) for r in ranks[1:]]
     return [(ranks[0], r, n / p) for r in ranks[1:]]  # scatter
-
-
-def _dtype_of(values):
-    for v in values:
-        dtype = getattr(v, "dtype", None)
-        if dtype is not None:
-            return dtype
-    return None

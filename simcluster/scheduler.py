@@ -40,7 +40,7 @@ class _ProcessState:
 
     def __init__(self):
         saved = _ProcessState.capture()
-        torch.manual_seed(TORCH_DEFAULT_SEED)
+        torch.default_generator.manual_seed(TORCH_DEFAULT_SEED)
         random.seed(PY_DEFAULT_SEED)
         np.random.seed(PY_DEFAULT_SEED)
         torch.set_default_dtype(torch.float32)
