@@ -29,7 +29,6 @@ import contextlib
 import cProfile
 import pstats
 import statistics
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -368,7 +367,7 @@ def main(repeats=5, quick=False, verbose=True):
         out(f"profile_sim: {cfg.describe()}; torch.set_num_threads(1)")
         result = {"ablation": ablation(cfg, data, repeats, out),
                   "unit_costs": unit_costs(cfg, data, out),
-                  "profile": profile(replace(cfg), data, out)}
+                  "profile": profile(cfg, data, out)}
         return result
     finally:
         torch.set_num_threads(threads)
