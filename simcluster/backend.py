@@ -573,7 +573,7 @@ class SimProcessGroup(dist.ProcessGroup):
             self._world.scheduler.fail(CollectiveMismatchError(
                 "shape/dtype", {send.src: f"sends {_shape(send.tensor)} {send.tensor.dtype}",
                                 recv.dst: f"receives {_shape(recv.tensor)} {recv.tensor.dtype}"},
-                0, self._group.label, "send/recv",
+                None, self._group.label, "send/recv",
                 "the receiving tensor must have the same shape and dtype as the sent one."))
         with torch.no_grad(), _paused_accounting():
             recv.tensor.detach().copy_(send.tensor)

@@ -8,6 +8,8 @@ Inside ``train`` the default process group is already initialised on the ``sim``
 backend, so ordinary ``torch.distributed`` code runs unchanged.
 """
 
+import sys
+
 import torch.distributed as dist
 
 from . import _torch_internals, backend, spec
@@ -111,6 +113,9 @@ class Cluster:
                 _torch_internals.leave_rank_thread()
                 backend.bind_thread(None)
 
+        # init_process_group prefixes sys.excepthook with "[rankN]" in every rank: keep
+        # the notebook's own hook.
+        excepthook = sys.excepthook
         _torch_internals.install(_accounting.on_storage_resize, _accounting.on_parameter)
         _accounting.install_hooks()
         try:
@@ -118,6 +123,7 @@ class Cluster:
         finally:
             _accounting.remove_hooks()
             _torch_internals.uninstall()
+            sys.excepthook = excepthook
         return Run(self, world_size, results, world)
 
     def _check_run_arguments(self, fn, world_size, args, kwargs, timeout):

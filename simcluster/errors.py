@@ -65,7 +65,7 @@ class CollectiveMismatchError(SimulationError):
         field: what differs (``"op"``, ``"shape"``, ``"dtype"``, ``"root"``,
             ``"reduce_op"``, ``"group"``, ...).
         values: ``{rank: value}`` of that field on the ranks involved.
-        seq: the collective's sequence number in its group.
+        seq: the collective's sequence number in its group (None for send/recv).
     """
 
     def __init__(self, field: str, values: dict, seq: int, group: str, op: str, hint: str = ""):
@@ -74,7 +74,8 @@ class CollectiveMismatchError(SimulationError):
         self.seq = seq
         shown = ", ".join(f"rank {r}: {v}" for r, v in sorted(values.items()))
         message = (
-            f"collective mismatch in {op} #{seq} on group {group}: the {field} differs "
+            f"collective mismatch in {op if seq is None else f'{op} #{seq}'} on group "
+            f"{group}: the {field} differs "
             f"({shown})."
         )
         super().__init__(message + (f"\nHint: {hint}" if hint else ""))

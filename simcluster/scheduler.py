@@ -15,6 +15,7 @@ Why threads that take turns, instead of threads that run freely?
 
 import ctypes
 import random
+import time
 import threading
 
 import numpy as np
@@ -93,6 +94,7 @@ class RankScheduler:
         self.current = None
         self.failure = None
         self.aborting = False
+        self._abandoned = False  # a rank stuck in C code was left behind
 
     # ----------------------------------------------------------------- for the ranks
     @property
@@ -164,20 +166,29 @@ class RankScheduler:
         except KeyboardInterrupt:
             self.failure = self.failure or SimulationError("interrupted by the user")
             self._stop_current()
+            raise
+        if not self._abandoned:
             for thread in self._threads:
                 thread.join()
-            raise
-        for thread in self._threads:
-            thread.join()
 
-    def _stop_current(self):
+    def _stop_current(self, patience=5.0):
         """Interrupt the running rank until the run unwinds.
 
         An asynchronous exception that lands inside a finalizer is dropped by Python, so
-        keep delivering it until every rank has finished.
+        keep delivering it until every rank has finished. A rank blocked inside C code
+        (an ordinary ``threading.Lock``, a socket) never sees it: after ``patience``
+        seconds its thread is abandoned, so that at least the notebook goes on.
         """
         self._interrupt_current()
+        deadline = time.monotonic() + patience
         while not self._finished.wait(0.01):
+            if time.monotonic() > deadline:
+                self._abandoned = True
+                self.failure = SimulationTimeout(
+                    f"rank {self.current} is blocked outside the simulator (a "
+                    "threading.Lock, a queue, a socket?) and cannot be stopped; its thread "
+                    "was abandoned. Wait with torch.distributed operations instead.")
+                return
             self._interrupt_current()
 
     def _interrupt_current(self):

@@ -1,0 +1,32 @@
+"""A rank stuck where the simulator cannot reach it must not take the notebook with it."""
+
+import sys
+import threading
+import time
+
+import pytest
+
+import simcluster as sc
+
+
+def _deadlock_on_a_python_lock():
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()  # blocks in C: no Python exception can be delivered here
+
+
+def test_rank_blocked_on_a_python_lock_is_abandoned_not_hung():
+    cluster = sc.Cluster.preset("dgx-a100")
+    start = time.monotonic()
+    with pytest.raises(sc.SimulationTimeout, match=r"rank 0 is blocked outside the simulator"):
+        cluster.run(_deadlock_on_a_python_lock, world_size=2, timeout=0.5)
+    assert time.monotonic() - start < 15
+    assert cluster.run(lambda: 7, world_size=2).results == [7, 7]  # still usable
+
+
+def test_runs_leave_the_notebooks_excepthook_alone():
+    hook = sys.excepthook
+    cluster = sc.Cluster.preset("dgx-a100")
+    cluster.run(lambda: None, world_size=2)
+    cluster.run(lambda: None, world_size=2)
+    assert sys.excepthook is hook
