@@ -327,7 +327,8 @@ def test_tree_mistakes(capsys):
            + checks._HINTS["unchanged"])
     expect(capsys, tree, (A.naive_allreduce,),
            "❌ tree all-reduce: world size 8, size 64 (float64): in a tree all-reduce the "
-           "busiest rank sends ⌈log2 p⌉ = 3 messages: rank 0 sent 7, 2.33× that — Hint: in a "
+           "busiest rank sends ⌈log2 p⌉ = 3 messages: rank 0 sent 7, 2.33× that — Hint: in "
+           "a "
            "tree every rank talks to its parent and at most ⌈log2 p⌉ children; rank 0 must "
            "not receive from everybody itself.")
     expect(capsys, tree, (uses_all_reduce,),

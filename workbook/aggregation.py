@@ -14,7 +14,11 @@ sees — and charges — every byte:
   serves, the other ranks work);
 * :func:`local_sgd`;
 * :class:`TinyMLP`, the small model and data set every method is compared on, and
-  :func:`train`, the data-parallel loop that compares them.
+  :func:`train`, the data-parallel loop that compares them;
+* measuring, outside the ranks: :func:`simulate` (a run, timed or not),
+  :func:`sim_elapsed` (the one place that reads the simulated clock),
+  :func:`measure_allreduce`, :func:`ring_trace`, :func:`compare`,
+  :func:`print_comparison`, :func:`plot_comparison`.
 
 The lab (``solutions/02_gradient_aggregation.ipynb``) asks you to write most of these
 yourself; ``workbook.checks`` compares your versions with the ones here.
@@ -251,9 +255,6 @@ ALLREDUCES = {
 }
 
 # ------------------------------------------------------------------- compression
-
-FP16_MAX = 65504.0
-
 
 def fp16_allreduce(tensor, allreduce=ring_allreduce):
     """All-reduce in half precision; leaves the MEAN (not the sum) in ``tensor``.

@@ -93,9 +93,12 @@ def _collectives_so_far():
     (``dist.all_reduce``, an alias, functional collectives, a subgroup) escapes it.
     """
     world = _sim_backend.current_world()
-    rank = world.scheduler.rank
-    names = [str(entry).split(" #")[0] for entry in world.recent[rank]]
-    return world.call_count[rank], names
+    try:
+        rank = world.scheduler.rank
+        names = [str(entry).split(" #")[0] for entry in world.recent[rank]]
+        return world.call_count[rank], names
+    except AttributeError:   # a simulator without these counters: detect nothing
+        return 0, []
 
 
 def _wait_text(text):
@@ -194,6 +197,10 @@ def _integer_input(world_size, size, rank, dtype=torch.float32):
     return (magnitude * sign).to(dtype)
 
 
+def _default_input(case, rank):
+    return _integer_input(case.world_size, case.size, rank, case.dtype)
+
+
 def _first_difference(expected, got, close=None):
     """``(index, expected, got)`` of the first element that differs, or None."""
     e, g = expected.reshape(-1), got.reshape(-1)
@@ -222,7 +229,8 @@ class _Case:
     def __str__(self):
         text = f"world size {self.world_size}"
         if self.ranks_per_node is not None:
-            text += f" ({self.ranks_per_node} rank{'s' if self.ranks_per_node > 1 else ''} per node)"
+            plural = "s" if self.ranks_per_node > 1 else ""
+            text += f" ({self.ranks_per_node} rank{plural} per node)"
         text += f", size {self.size}"
         if self.dtype != torch.float32:
             text += f" ({str(self.dtype).replace('torch.', '')})"
@@ -317,8 +325,7 @@ def _sum_expected(run):
 def _correctness(fn, cases, hints, extra_args=lambda case: (), make_input=None,
                  expected=_sum_expected, close=None, p2p_only=True):
     """Run every case; return ``{case: run}``. Raises _Failure at the first problem."""
-    make_input = make_input or (lambda case, rank: _integer_input(
-        case.world_size, case.size, rank, case.dtype))
+    make_input = make_input or _default_input
     runs = {}
     for case in cases:
         run = _run_allreduce(fn, case, make_input, extra_args(case), hints=hints)
@@ -360,12 +367,11 @@ def _bytes_budget(case, run, what, formula, target_elements, hint):
 
 def _time_budget(fn, reference, case, hint, extra_args=(), reference_name="reference"):
     """Once the simulator has a clock: fail if ``fn`` takes longer than the reference."""
-    make_input = lambda c, rank: _integer_input(c.world_size, c.size, rank, c.dtype)  # noqa: E731
-    ref_run = _run_allreduce(reference, case, make_input, extra_args, accounting=True)
+    ref_run = _run_allreduce(reference, case, _default_input, extra_args, accounting=True)
     ref_time = ref.sim_elapsed(ref_run)
     if ref_time is None:
         return
-    run = _run_allreduce(fn, case, make_input, extra_args, accounting=True)
+    run = _run_allreduce(fn, case, _default_input, extra_args, accounting=True)
     elapsed = ref.sim_elapsed(run)
     if elapsed > ref_time * TIME_TOLERANCE:
         raise _Failure(f"{case}: took {_seconds(elapsed)} of simulated time, "
@@ -517,8 +523,7 @@ def check_hierarchical_allreduce(fn):
         case = max(runs, key=lambda c: (c.world_size, c.size))
         p, n, k = case.world_size, case.size, case.ranks_per_node
         m = p // k
-        make_input = lambda c, rank: _integer_input(c.world_size, c.size, rank, c.dtype)  # noqa: E731
-        run = _run_allreduce(fn, case, make_input, (k,), accounting=True)
+        run = _run_allreduce(fn, case, _default_input, (k,), accounting=True)
         traffic = ref.traffic(run)
         if traffic is not None:
             cluster = _cluster_for(case)
@@ -735,9 +740,10 @@ def check_topk_error_feedback(fn):
                 indices = torch.as_tensor(indices)
                 if indices.dtype.is_floating_point or indices.numel() != min(k, n) \
                         or torch.as_tensor(values).numel() != min(k, n):
+                    dtype = str(indices.dtype).replace("torch.", "")
                     raise _Failure(f"{where}: expected {min(k, n)} values and {min(k, n)} "
                                    f"integer indices, got {torch.as_tensor(values).numel()} "
-                                   f"and {indices.numel()} ({str(indices.dtype).replace('torch.', '')})",
+                                   f"and {indices.numel()} ({dtype})",
                                    "torch.topk(acc.abs(), k).indices, and acc[indices].")
                 idx = indices.long().reshape(-1)
                 if len(set(idx.tolist())) != idx.numel() or idx.min() < 0 or idx.max() >= n:
