@@ -16,6 +16,21 @@ from .errors import (CollectiveMismatchError, DeadlockError, OutOfMemoryError, R
 from .report import Run, Summary
 from .spec import PRESETS, ClusterSpec, DeviceSpec, LinkSpec, NetworkSpec, NodeSpec
 
+def collectives_called():
+    """Inside a rank: the collectives this rank has called so far, oldest first.
+
+    Names as in ``"all_reduce"``, ``"broadcast"``, ... — however they were called
+    (``dist.*``, DDP, DTensor, a sub-group). Exercise checks use it to tell point-to-point
+    solutions from ones that call a collective.
+    """
+    from .backend import current_world
+
+    world = current_world()
+    if world is None:
+        raise RuntimeError("collectives_called() only works inside cluster.run")
+    return list(world.calls[world.scheduler.rank])
+
+
 def fake_tensors():
     """Inside a rank: tensors made in this ``with`` block have shapes but no data.
 
@@ -33,5 +48,5 @@ __all__ = [
     "Cluster", "Run", "Summary", "ClusterSpec", "NodeSpec", "DeviceSpec", "LinkSpec",
     "NetworkSpec", "PRESETS",
     "SimulationError", "RankError", "DeadlockError", "CollectiveMismatchError",
-    "SimulationTimeout", "OutOfMemoryError", "fake_tensors",
+    "SimulationTimeout", "OutOfMemoryError", "fake_tensors", "collectives_called",
 ]

@@ -170,6 +170,7 @@ class SimWorld:
         self.any_recvs = defaultdict(deque)  # (dst, tag) -> receives from any source
         self.recent = [deque(maxlen=FLIGHT_RECORDER_LENGTH) for _ in range(world_size)]
         self.call_count = [0] * world_size
+        self.calls = [[] for _ in range(world_size)]  # every collective each rank called
         self.bytes_sent = [0] * world_size     # point-to-point payload bytes, per sender
         self.messages_sent = [0] * world_size  # point-to-point messages, per sender
 
@@ -291,6 +292,7 @@ class SimProcessGroup(dist.ProcessGroup):
         world.recent[self._global_rank].append(f"{coll.name} #{seq} ({group.label})")
         call_index = world.call_count[self._global_rank]
         world.call_count[self._global_rank] += 1
+        world.calls[self._global_rank].append(name)
         if len(coll.args) == len(group.ranks):
             self._charge(coll, nbytes)
             with _paused_accounting():

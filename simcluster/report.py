@@ -88,6 +88,11 @@ class Run:
         """Simulated seconds until the last rank finished its last compute or communication."""
         return max(c.end for c in self._need_accounting().clocks)
 
+    @property
+    def traffic(self):
+        """``{(src, dst): bytes}`` every rank sent to every other, by algorithm and p2p."""
+        return dict(self._need_accounting().traffic)
+
     def clock(self, rank):
         """Rank ``rank``'s simulated clock (compute, comm, idle totals and events)."""
         return self._need_accounting().clocks[rank]

@@ -199,7 +199,7 @@ def test_ring_mistakes(capsys, short_timeout):
            "❌ ring all-reduce: world size 2, size 1: rank 0 raised IndexError: tuple index "
            "out of range — Hint: " + checks._HINTS["exception"])
     expect(capsys, ring, (float32_buffer_ring,),
-           "❌ ring all-reduce: world size 2, size 64 (float64): mismatch in send/recv #0 on "
+           "❌ ring all-reduce: world size 2, size 64 (float64): mismatch in send/recv on "
            "group WORLD: the shape/dtype differs (rank 0: receives (32,) torch.float32, rank 1: "
            "sends (32,) torch.float64) — Hint: " + checks._HINTS["mismatch"])
     expect(capsys, ring, (forever_ring,),

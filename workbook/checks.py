@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 
 import simcluster as sc
-from simcluster import backend as _sim_backend
 
 from . import aggregation as ref
 
@@ -89,16 +88,11 @@ def _seconds(s):
 def _collectives_so_far():
     """``(count, names)`` of the collectives the calling rank has called in this run.
 
-    Read from the simulator's own per-rank counters, so no way of calling a collective
+    Read from the simulator's own per-rank record, so no way of calling a collective
     (``dist.all_reduce``, an alias, functional collectives, a subgroup) escapes it.
     """
-    world = _sim_backend.current_world()
-    try:
-        rank = world.scheduler.rank
-        names = [str(entry).split(" #")[0] for entry in world.recent[rank]]
-        return world.call_count[rank], names
-    except AttributeError:   # a simulator without these counters: detect nothing
-        return 0, []
+    names = sc.collectives_called()
+    return len(names), names
 
 
 def _wait_text(text):
