@@ -23,7 +23,8 @@ import torch
 
 from .errors import RankError, SimulationError, SimulationTimeout
 
-# A fresh Python process starts torch's generator from this seed; our ranks do too.
+# Unseeded ranks start from fixed seeds (torch's historical default, and 0), so that even
+# a program that never calls manual_seed gives the same results every run.
 TORCH_DEFAULT_SEED = 67280421310721
 PY_DEFAULT_SEED = 0
 
@@ -95,6 +96,8 @@ class RankScheduler:
         self.failure = None
         self.aborting = False
         self._abandoned = False  # a rank stuck in C code was left behind
+        self._in_learner_code = [False] * world_size  # may a stop be raised in it now?
+        self._stop_lock = threading.Lock()
 
     # ----------------------------------------------------------------- for the ranks
     @property
@@ -162,41 +165,57 @@ class RankScheduler:
                     f"rank {stuck} was still running after {self.timeout} s of wall-clock "
                     f"time, so the run was stopped. Is there an infinite loop, or a "
                     f"loop that waits for something no other rank will do?")
-                self._stop_current()
+                self._stop(stuck)
         except KeyboardInterrupt:
             self.failure = self.failure or SimulationError("interrupted by the user")
-            self._stop_current()
+            self._stop(self.current)
             raise
         if not self._abandoned:
             for thread in self._threads:
                 thread.join()
 
-    def _stop_current(self, patience=5.0):
-        """Interrupt the running rank until the run unwinds.
+    def _stop(self, rank, patience=5.0):
+        """Raise Abort inside ``rank``'s function until the run unwinds.
 
-        An asynchronous exception that lands inside a finalizer is dropped by Python, so
-        keep delivering it until every rank has finished. A rank blocked inside C code
-        (an ordinary ``threading.Lock``, a socket) never sees it: after ``patience``
-        seconds its thread is abandoned, so that at least the notebook goes on.
+        Only the learner's code is interrupted (never the scheduler's own hand-over), and
+        the stop is re-delivered every 10 ms, because Python drops an asynchronous
+        exception that lands inside a finalizer. A rank blocked inside C code (an
+        ordinary ``threading.Lock``, a socket) never sees it: after ``patience`` seconds
+        its thread is abandoned, so that at least the notebook goes on.
         """
-        self._interrupt_current()
+        self.aborting = True
         deadline = time.monotonic() + patience
-        while not self._finished.wait(0.01):
+        while True:
+            self._interrupt(rank)
+            if self._finished.wait(0.01):
+                return
             if time.monotonic() > deadline:
                 self._abandoned = True
                 self.failure = SimulationTimeout(
-                    f"rank {self.current} is blocked outside the simulator (a "
-                    "threading.Lock, a queue, a socket?) and cannot be stopped; its thread "
-                    "was abandoned. Wait with torch.distributed operations instead.")
+                    f"rank {rank} is blocked outside the simulator (a threading.Lock, a "
+                    "queue, a socket?) and cannot be stopped; its thread was abandoned. "
+                    "Wait with torch.distributed operations instead.")
                 return
-            self._interrupt_current()
 
-    def _interrupt_current(self):
-        """Stop whichever rank holds the baton by raising Abort inside its thread."""
-        self.aborting = True
-        thread = self._threads[self.current]
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(thread.ident), ctypes.py_object(Abort))
+    def _interrupt(self, rank):
+        """Raise Abort in ``rank``'s thread if it is still inside the learner's function."""
+        with self._stop_lock:
+            if self._in_learner_code[rank]:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self._threads[rank].ident), ctypes.py_object(Abort))
+
+    def _leave_learner_code(self, rank):
+        """From here on ``rank`` runs only simulator code: no stop may land in it."""
+        while True:
+            try:
+                with self._stop_lock:
+                    self._in_learner_code[rank] = False
+                # cancel a stop that was sent but has not been raised yet
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(threading.get_ident()), None)
+                return
+            except Abort:  # it was raised just now: the flag is down, so no more come
+                continue
 
     # -------------------------------------------------------------------- internals
     def _rank_main(self, rank, target):
@@ -205,8 +224,12 @@ class RankScheduler:
         self._go[rank].clear()
         self._take_over(rank)
         try:
-            if not self.aborting:
-                target(rank)
+            try:
+                self._in_learner_code[rank] = True
+                if not self.aborting:
+                    target(rank)
+            finally:
+                self._leave_learner_code(rank)
         except Abort:
             pass
         except BaseException as exc:  # noqa: BLE001 — any failure is reported, not raised here

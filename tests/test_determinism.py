@@ -1,6 +1,7 @@
 """Determinism: the same program gives bit-identical results every time, and every rank
 keeps its own random-number state and default dtype, as if it were its own process."""
 
+import faulthandler
 import random
 
 import numpy as np
@@ -236,8 +237,8 @@ def _reseed_then_loop():
     _seed_all(7)
     _draw(5)
     if dist.get_rank() == 1:
-        while True:  # pure Python: a loop of torch ops can hang the kernel, see test_errors
-            random.random()
+        while True:
+            _draw(1)
     dist.barrier()
 
 
@@ -253,8 +254,12 @@ def test_notebook_rng_state_is_unchanged_by_a_run(cluster, fn, error):
     if error is None:
         cluster.run(fn, world_size=4)
     else:
-        with pytest.raises(error):
-            cluster.run(fn, world_size=4, timeout=0.5)
+        faulthandler.dump_traceback_later(30, exit=True)  # a hang becomes a loud crash
+        try:
+            with pytest.raises(error):
+                cluster.run(fn, world_size=4, timeout=0.5)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
     _assert_same_rng_state(before, _notebook_rng_state())
     # the notebook goes on drawing exactly what it would have drawn without the run
     after_run = _draw(3)
