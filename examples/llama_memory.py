@@ -60,8 +60,17 @@ class Llama(nn.Module):
         return self.head(self.norm(x))
 
 
+def parameter_count(layers=32):
+    """How many parameters the model has (counted on the meta device: nothing allocated)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in Llama(layers).parameters())
+
+
 def train_step(parallelism, layers=32, batch=1, seq=128):
-    """One Adam step of LLaMA on fake tensors; ``parallelism`` is "ddp" or "fsdp"."""
+    """One Adam step of LLaMA on fake tensors; ``parallelism`` is "ddp" or "fsdp".
+
+    Returns the rank's memory in use by category after the step.
+    """
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))  # before fake mode
     with torch.device("meta"):
         model = Llama(layers)
@@ -78,12 +87,13 @@ def train_step(parallelism, layers=32, batch=1, seq=128):
         tokens = torch.zeros(batch, seq, dtype=torch.long)
         model(tokens).float().logsumexp(-1).mean().backward()
         optimizer.step()
+        return sc.memory_in_use()
 
 
 def main(layers=32, cluster=None):
     """Print each parallelism's fate and per-category peak memory on rank 0."""
     cluster = cluster or sc.Cluster.preset("dgx-a100")
-    params = sum(p.numel() for p in Llama(layers).to("meta").parameters())
+    params = parameter_count(layers)
     print(f"LLaMA with {layers} layers: {params / 1e9:.2f} B parameters, "
           f"on {cluster.world_size} x {cluster.spec.nodes[0].device.name}")
     outcomes = {}
@@ -95,9 +105,9 @@ def main(layers=32, cluster=None):
             print(f"{parallelism}: out of memory\n  {error}")
             continue
         outcomes[parallelism] = run
-        peak = run.peak_memory(0)
-        shown = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in peak.items() if v)
-        print(f"{parallelism}: fits; peak on rank 0: {shown}")
+        for what, memory in (("peak", run.peak_memory(0)), ("after the step", run.results[0])):
+            shown = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in memory.items() if v)
+            print(f"{parallelism}: {what} on rank 0: {shown}")
     return outcomes
 
 

@@ -31,6 +31,16 @@ def collectives_called():
     return list(world.calls[world.scheduler.rank])
 
 
+def memory_in_use():
+    """Inside a rank: ``{category: bytes}`` this rank's simulated device holds right now."""
+    from .accounting import current
+
+    acc = current()
+    if acc is None:
+        raise RuntimeError("memory_in_use() only works inside cluster.run with accounting on")
+    return dict(acc.memory.in_use)
+
+
 def fake_tensors():
     """Inside a rank: tensors made in this ``with`` block have shapes but no data.
 
@@ -49,4 +59,5 @@ __all__ = [
     "NetworkSpec", "PRESETS",
     "SimulationError", "RankError", "DeadlockError", "CollectiveMismatchError",
     "SimulationTimeout", "OutOfMemoryError", "fake_tensors", "collectives_called",
+    "memory_in_use",
 ]
