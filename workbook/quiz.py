@@ -63,7 +63,24 @@ class Feedback:
         return self.message
 
 
-class Question:
+class _Displayed:
+    """How a question or quiz shows itself: the live widget, plus markdown and plain-text
+    versions that depend only on the question (so stored notebook outputs stay stable)."""
+
+    def _repr_markdown_(self):
+        return self.markdown()
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = {}
+        widget = self.widget()
+        if widget is not None:
+            bundle.update(widget._repr_mimebundle_())
+        bundle["text/plain"] = self.text()
+        bundle["text/markdown"] = self.markdown()
+        return bundle
+
+
+class Question(_Displayed):
     """What :func:`choice` and :func:`number` return; displays itself as a widget."""
 
     def __init__(self, question, explain="", hint=""):
@@ -130,18 +147,6 @@ class Question:
 
     def _question_markdown(self):
         raise NotImplementedError
-
-    def _repr_markdown_(self):
-        return self.markdown()
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = {}
-        widget = self.widget()
-        if widget is not None:
-            bundle.update(widget._repr_mimebundle_())
-        bundle["text/plain"] = self.text()
-        bundle["text/markdown"] = self.markdown()
-        return bundle
 
     def __repr__(self):
         return f"<{type(self).__name__} {self.question[:60]!r}>"
@@ -321,7 +326,7 @@ class Number(Question):
         return widgets.HBox([box, widgets.Label(self.unit)]), lambda: box.value
 
 
-class Quiz:
+class Quiz(_Displayed):
     """Several questions shown together, numbered, with a running score."""
 
     def __init__(self, questions, title=""):
@@ -350,18 +355,6 @@ class Quiz:
         parts = [self.title] if self.title else []
         parts += [question.text() for question in self.questions]
         return "\n\n".join(parts)
-
-    def _repr_markdown_(self):
-        return self.markdown()
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = {}
-        widget = self.widget()
-        if widget is not None:
-            bundle.update(widget._repr_mimebundle_())
-        bundle["text/plain"] = self.text()
-        bundle["text/markdown"] = self.markdown()
-        return bundle
 
     def widget(self):
         """All the questions' widgets and the score, in one box (None without ipywidgets)."""
