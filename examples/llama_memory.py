@@ -84,6 +84,8 @@ def train_step(parallelism, layers=32, batch=1, seq=128):
             model.to_empty(device="cpu")
             model = DDP(model, init_sync=False)
         optimizer = torch.optim.Adam(model.parameters())
+        # The meta-device model counted until it was sharded; measure the step alone.
+        sc.reset_peak_memory()
         tokens = torch.zeros(batch, seq, dtype=torch.long)
         model(tokens).float().logsumexp(-1).mean().backward()
         optimizer.step()
@@ -105,7 +107,7 @@ def main(layers=32, cluster=None):
             print(f"{parallelism}: out of memory\n  {error}")
             continue
         outcomes[parallelism] = run
-        for what, memory in (("peak", run.peak_memory(0)), ("after the step", run.results[0])):
+        for what, memory in (("peak during the step", run.peak_memory(0)), ("after the step", run.results[0])):
             shown = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in memory.items() if v)
             print(f"{parallelism}: {what} on rank 0: {shown}")
     return outcomes

@@ -41,6 +41,18 @@ def memory_in_use():
     return dict(acc.memory.in_use)
 
 
+def reset_peak_memory():
+    """Inside a rank: start measuring the peak afresh, like
+    ``torch.cuda.reset_peak_memory_stats()`` (e.g. after building and sharding a model)."""
+    from .accounting import current
+
+    acc = current()
+    if acc is None:
+        raise RuntimeError("reset_peak_memory() only works inside cluster.run with "
+                           "accounting on")
+    acc.memory.reset_peak()
+
+
 def fake_tensors():
     """Inside a rank: tensors made in this ``with`` block have shapes but no data.
 
@@ -59,5 +71,5 @@ __all__ = [
     "NetworkSpec", "PRESETS",
     "SimulationError", "RankError", "DeadlockError", "CollectiveMismatchError",
     "SimulationTimeout", "OutOfMemoryError", "fake_tensors", "collectives_called",
-    "memory_in_use",
+    "memory_in_use", "reset_peak_memory",
 ]

@@ -88,6 +88,11 @@ class MemoryAccount:
         self.live = {}                   # storage key -> [nbytes, category]
         self.closed = False              # the rank has finished: the record is final
 
+    def reset_peak(self):
+        """Make the current total the peak, as torch.cuda.reset_peak_memory_stats does."""
+        self.peak = self.total
+        self.peak_by_category = dict(self.in_use)
+
     def close(self):
         """Freeze the record: storages freed after the rank returned change nothing."""
         self.closed = True
