@@ -210,11 +210,14 @@ class RankScheduler:
             try:
                 with self._stop_lock:
                     self._in_learner_code[rank] = False
-                # cancel a stop that was sent but has not been raised yet
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(threading.get_ident()), None)
+                # A stop sent just before the flag went down is raised at the next check
+                # of the interpreter (a loop or a call): let it surface here. (Clearing it
+                # with PyThreadState_SetAsyncExc(id, NULL) would leave CPython checking
+                # for one on every instruction of every thread from then on.)
+                for _ in range(3):
+                    time.sleep(0)
                 return
-            except Abort:  # it was raised just now: the flag is down, so no more come
+            except Abort:  # the flag is down: no more will come
                 continue
 
     # -------------------------------------------------------------------- internals
