@@ -191,6 +191,7 @@ class RankScheduler:
                 return
             if time.monotonic() > deadline:
                 self._abandoned = True
+                _withdraw_stop(self._threads[rank])
                 self.failure = SimulationTimeout(
                     f"rank {rank} is blocked outside the simulator (a threading.Lock, a "
                     "queue, a socket?) and cannot be stopped; its thread was abandoned. "
@@ -281,3 +282,31 @@ class RankScheduler:
             if state == READY or self.aborting or self._ready_when[rank]():
                 return rank
         return None
+
+
+class _Consumed(BaseException):
+    """Raised in a throwaway thread to reset CPython's pending-stop flag."""
+
+
+def _withdraw_stop(thread):
+    """Take back a stop that ``thread`` (stuck in C code) will never raise.
+
+    CPython 3.11 checks, on every instruction of every thread, for a pending asynchronous
+    exception until some thread raises one. A stop that the stuck thread never raises
+    would slow the whole kernel down for good, so withdraw it and let a throwaway thread
+    raise one in its place, which resets the flag.
+    """
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    set_async_exc(ctypes.c_ulong(thread.ident), None)
+
+    def wait_for_it():
+        try:
+            while True:
+                time.sleep(0.001)
+        except _Consumed:
+            pass
+
+    helper = threading.Thread(target=wait_for_it, daemon=True)
+    helper.start()
+    set_async_exc(ctypes.c_ulong(helper.ident), ctypes.py_object(_Consumed))
+    helper.join(5)

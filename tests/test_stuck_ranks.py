@@ -1,5 +1,6 @@
 """A rank stuck where the simulator cannot reach it must not take the notebook with it."""
 
+import cProfile
 import sys
 import threading
 import time
@@ -15,6 +16,15 @@ def _deadlock_on_a_python_lock():
     lock.acquire()  # blocks in C: no Python exception can be delivered here
 
 
+def _profiled_rank():
+    profiler = cProfile.Profile(time.thread_time)
+    profiler.enable()
+    try:
+        return sum(i for i in range(10_000))
+    finally:
+        profiler.disable()
+
+
 def test_rank_blocked_on_a_python_lock_is_abandoned_not_hung():
     cluster = sc.Cluster.preset("dgx-a100")
     start = time.monotonic()
@@ -22,6 +32,9 @@ def test_rank_blocked_on_a_python_lock_is_abandoned_not_hung():
         cluster.run(_deadlock_on_a_python_lock, world_size=2, timeout=0.5)
     assert time.monotonic() - start < 15
     assert cluster.run(lambda: 7, world_size=2).results == [7, 7]  # still usable
+    # A stop left pending on the stuck thread kept CPython's eval breaker set, and a
+    # profiled rank (as benchmarks/profile_sim.py runs) then never finished.
+    assert cluster.run(_profiled_rank, world_size=2, timeout=10).results == [49995000] * 2
 
 
 def test_runs_leave_the_notebooks_excepthook_alone():
