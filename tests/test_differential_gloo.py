@@ -15,8 +15,8 @@ whole file costs one simulated run per world size plus one spawn of 4 gloo proce
 
 Where gloo cannot run a case as written (uneven all_to_all lists, stacked shapes for
 all_gather_into_tensor / reduce_scatter_tensor), the gloo side runs an equivalent composed
-from what gloo has; see the comments in ``_differential_cases.py``. Cases that fail
-because of a simcluster bug are in ``XFAIL`` below, with the bug.
+from what gloo has; see the comments in ``_differential_cases.py``. Cases where the two
+disagree because one side is wrong are in ``XFAIL`` below, with who is wrong and why.
 """
 
 import os
