@@ -212,7 +212,7 @@ def test_recv_with_no_matching_send_hint_names_the_returned_partner(cluster):
 
 
 def _both_recv_first():
-    me, peer = dist.get_rank(), 1 - dist.get_rank()
+    peer = 1 - dist.get_rank()
     t = torch.zeros(3)
     dist.all_reduce(t)
     dist.recv(t, src=peer)
@@ -554,7 +554,7 @@ def _train_directly():
 
 
 def test_init_process_group_sim_outside_a_run_says_use_cluster_run(cluster):
-    with pytest.raises(Exception, match=r"cluster\.run") as info:
+    with pytest.raises(Exception, match=r"cluster\.run"):
         _train_directly()  # the learner forgot cluster.run
     assert not dist.is_initialized()
     assert_kernel_usable(cluster)
