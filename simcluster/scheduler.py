@@ -15,8 +15,8 @@ Why threads that take turns, instead of threads that run freely?
 
 import ctypes
 import random
-import time
 import threading
+import time
 
 import numpy as np
 import torch
