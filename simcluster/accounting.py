@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torch.utils.flop_counter as flop_counter
 from torch.utils.module_tracker import ModuleTracker
 
+from ._torch_internals import fake_dispatch, fake_mode_active
 from .errors import OutOfMemoryError
 
 CATEGORIES = ("parameters", "gradients", "optimizer state", "activations",
@@ -213,9 +214,12 @@ class RankAccounting(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.paused:
             return func(*args, **kwargs)
+        fake = False
         for t in types:
-            if t is not torch.Tensor and not _is_fake(t):
-                return NotImplemented  # let tensor subclasses (DTensor) unwrap to plain ops
+            if t is not torch.Tensor:
+                if not _is_fake(t):
+                    return NotImplemented  # let tensor subclasses (DTensor) unwrap to plain ops
+                fake = True
         inputs = _tensors(args, [])
         if kwargs:
             _tensors(kwargs.values(), inputs)
@@ -225,7 +229,10 @@ class RankAccounting(TorchDispatchMode):
                 ready = clock.ready_at.pop(storage_key(t), None)
                 if ready is not None:
                     clock.wait_until(ready, "wait for communication")
-        out = func(*args, **kwargs)
+        if fake or fake_mode_active():
+            out = fake_dispatch(func, args, kwargs)
+        else:
+            out = func(*args, **kwargs)
         is_view, timeless, counter = _op_info(func)
         if is_view:
             return out
@@ -295,8 +302,9 @@ def _op_info(func):
     info = _OP_INFO.get(func)
     if info is None:
         packet = func.overloadpacket
-        info = _OP_INFO[func] = (func.is_view, packet.__name__ in _FREE_OPS,
-                                 flop_counter.flop_registry.get(packet))
+        # prim ops (prim.device, ...) only answer questions about a tensor: no time.
+        timeless = packet.__name__ in _FREE_OPS or func.namespace == "prim"
+        info = _OP_INFO[func] = (func.is_view, timeless, flop_counter.flop_registry.get(packet))
     return info
 
 

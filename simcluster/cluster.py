@@ -20,9 +20,12 @@ from .scheduler import RankScheduler
 
 
 class Cluster:
-    """A simulated cluster. Build one with :meth:`preset`."""
+    """A simulated cluster: ``Cluster("dgx-a100")``, or see :meth:`preset`."""
 
     def __init__(self, cluster_spec):
+        # A preset's name is accepted too: Cluster("dgx-a100") is what people type first.
+        if isinstance(cluster_spec, str):
+            cluster_spec = spec.preset(cluster_spec)
         self.spec = cluster_spec
 
     @classmethod

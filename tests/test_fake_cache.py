@@ -1,0 +1,92 @@
+"""The fast road for ops on fake tensors gives exactly what FakeTensorMode gives.
+
+``_torch_internals.fake_dispatch`` answers repeated ops from FakeTensorMode's own cache
+with a cheaper key. A wrong key would hand back a tensor of the wrong shape, or a view
+that no longer shares its base's storage: these tests compare every result with what
+FakeTensorMode itself returns, and a whole run with and without the cache.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import simcluster as sc
+from simcluster import _torch_internals
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import llama_memory  # noqa: E402
+
+aten = torch.ops.aten
+
+
+def metadata(t):
+    return (tuple(t.shape), t.stride(), t.dtype, t.storage_offset(), t.device,
+            t.untyped_storage().nbytes())
+
+
+CALLS = [  # (name, op, args built from a, b (4x6 fp32), c (6x5 fp32))
+    ("view", aten.view.default, lambda a, b, c: (a, [24])),
+    ("t", aten.t.default, lambda a, b, c: (a,)),
+    ("slice", aten.slice.Tensor, lambda a, b, c: (a, 1, 2, 5)),
+    ("select", aten.select.int, lambda a, b, c: (a, 0, 3)),
+    ("add", aten.add.Tensor, lambda a, b, c: (a, b)),
+    ("mm", aten.mm.default, lambda a, b, c: (a, c)),
+    ("sum", aten.sum.dim_IntList, lambda a, b, c: (a, [1])),
+    ("to bf16", aten._to_copy.default, lambda a, b, c: (a,)),
+    ("empty", aten.empty.memory_format, lambda a, b, c: ([3, 7],)),
+    ("split", aten.split.Tensor, lambda a, b, c: (a, 3, 1)),
+]
+
+
+@pytest.mark.parametrize("name,op,make_args", CALLS, ids=[c[0] for c in CALLS])
+def test_cached_result_equals_fake_tensor_mode(name, op, make_args):
+    kwargs = {"dtype": torch.bfloat16} if name == "to bf16" else {}
+    with _torch_internals.fake_tensor_mode():
+        a, b, c = torch.empty(4, 6), torch.empty(4, 6), torch.empty(6, 5)
+        expected = op(*make_args(a, b, c), **kwargs)
+        first = _torch_internals.fake_dispatch(op, make_args(a, b, c), kwargs)
+        second = _torch_internals.fake_dispatch(op, make_args(a, b, c), kwargs)  # cached
+    for got in (first, second):
+        outs = got if isinstance(got, (list, tuple)) else [got]
+        wanted = expected if isinstance(expected, (list, tuple)) else [expected]
+        assert [metadata(t) for t in outs] == [metadata(t) for t in wanted]
+        for t in outs:
+            assert type(t).__name__ == "FakeTensor"
+            shares = t.untyped_storage()._cdata == a.untyped_storage()._cdata
+            assert shares == op.is_view, f"{name}: aliasing differs from FakeTensorMode"
+
+
+def test_in_place_op_returns_its_argument_and_checks_shapes():
+    with _torch_internals.fake_tensor_mode():
+        a, b = torch.empty(4, 6), torch.empty(4, 6)
+        for _ in range(2):
+            assert _torch_internals.fake_dispatch(aten.add_.Tensor, (a, b), {}) is a
+        with pytest.raises(RuntimeError):  # a shape torch refuses is never cached as fine
+            _torch_internals.fake_dispatch(aten.add_.Tensor, (a, torch.empty(5, 6)), {})
+
+
+def test_a_different_shape_is_not_answered_from_another_shapes_entry():
+    with _torch_internals.fake_tensor_mode():
+        small, large = torch.empty(2, 3), torch.empty(8, 3)
+        assert _torch_internals.fake_dispatch(aten.t.default, (small,), {}).shape == (3, 2)
+        assert _torch_internals.fake_dispatch(aten.t.default, (large,), {}).shape == (3, 8)
+        as_bf16 = torch.empty(2, 3, dtype=torch.bfloat16)
+        out = _torch_internals.fake_dispatch(aten.add.Tensor, (as_bf16, as_bf16), {})
+        assert out.dtype == torch.bfloat16
+
+
+def test_a_whole_run_is_identical_with_and_without_the_cache(monkeypatch):
+    cluster = sc.Cluster.from_dict({"nodes": [{"devices": 2, "device": {
+        "name": "A100-6GB", "memory_gb": 6, "peak_tflops": {"float32": 19.5},
+        "hbm_gbps": 2039}}]})
+
+    def measure():
+        run = cluster.run(llama_memory.train_step, args=("fsdp", 1), world_size=2)
+        return run.elapsed, run.peak_memory(0), run.results[0], run.summary().rows
+
+    cached = measure()
+    monkeypatch.setattr(sc.accounting, "fake_dispatch",
+                        lambda func, args, kwargs: func(*args, **kwargs))
+    assert measure() == cached
