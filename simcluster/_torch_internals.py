@@ -239,6 +239,13 @@ class _FakeCache:
 _fake_cache = None
 
 
+def is_fake(tensor):
+    """True for a FakeTensor: shapes and dtypes, no data."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, FakeTensor)
+
+
 def fake_mode_active():
     """True inside :func:`fake_tensor_mode` (new tensors are fake)."""
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None

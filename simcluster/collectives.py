@@ -6,11 +6,15 @@ results into the ranks' output tensors. Reductions always run in rank order
 
 Writes go through ``.detach()`` under ``no_grad`` because collectives mutate tensors
 behind autograd's back, exactly as a real backend does.
+
+Meta and fake tensors hold no data: for them only the sizes are checked, and nothing is
+computed or written (a 7B model's FSDP all-gathers would otherwise run thousands of
+fake copies, each costing as much Python as a real one).
 """
 
 import torch
 
-from ._torch_internals import reduce_op_name
+from ._torch_internals import is_fake, reduce_op_name
 
 _FLOAT_ONLY = {"AVG"}
 _INT_ONLY = {"BAND", "BOR", "BXOR"}
@@ -60,7 +64,25 @@ def reduce_tensors(tensors, op):
     return out
 
 
+def _no_data(tensor):
+    return tensor.is_meta or is_fake(tensor)
+
+
+def _check_fits(dst, src):
+    if torch.broadcast_shapes(dst.shape, src.shape) != dst.shape:
+        raise RuntimeError(f"cannot write a tensor of shape {tuple(src.shape)} into one of "
+                           f"shape {tuple(dst.shape)}")
+
+
+def _check_numel(output, expected):
+    if output.numel() != expected:
+        raise RuntimeError(f"the output has {output.numel()} elements, expected {expected}")
+
+
 def _write(dst, src):
+    if _no_data(dst):
+        _check_fits(dst, src)
+        return
     # detach(): the copy is invisible to autograd, as a real backend's write is.
     dst.detach().copy_(src)
 
@@ -68,6 +90,8 @@ def _write(dst, src):
 def all_reduce(args, op):
     """``args[r]`` is rank r's list of tensors; every rank gets the reduction of each."""
     for i in range(len(args[0])):
+        if _no_data(args[0][i]):
+            continue   # every rank's tensor has the same shape (checked on arrival)
         result = reduce_tensors([a[i] for a in args], op)
         for a in args:
             _write(a[i], result)
@@ -97,6 +121,9 @@ def all_gather(args):
 def all_gather_single(args):
     """``args[r] = (output, input)``: the output is every rank's input, stacked on dim 0."""
     for output, _ in args:
+        if _no_data(output):
+            _check_numel(output, len(args) * args[0][1].numel())
+            continue
         chunks = output.view(len(args), *args[0][1].shape) if output.dim() else None
         for j, (_, inp) in enumerate(args):
             _write(chunks[j], inp)
@@ -111,6 +138,10 @@ def reduce_scatter(args, op):
 def reduce_scatter_single(args, op):
     """``args[r] = (output, input)``: the input is split on dim 0 into one chunk per rank."""
     n = len(args)
+    if _no_data(args[0][1]):
+        for output, inp in args:
+            _check_numel(inp, n * output.numel())
+        return
     split = [inp.detach().reshape(n, -1) for _, inp in args]
     for i, (output, _) in enumerate(args):
         _write(output, reduce_tensors([s[i] for s in split], op).view(output.shape))

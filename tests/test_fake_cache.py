@@ -90,3 +90,24 @@ def test_a_whole_run_is_identical_with_and_without_the_cache(monkeypatch):
     monkeypatch.setattr(sc.accounting, "fake_dispatch",
                         lambda func, args, kwargs: func(*args, **kwargs))
     assert measure() == cached
+
+
+def test_collectives_on_fake_tensors_are_charged_and_size_checked():
+    import torch.distributed as dist
+
+    def gather(out_rows):
+        with sc.fake_tensors():
+            out, inp = torch.empty(out_rows, 3), torch.empty(2, 3)
+            dist.all_gather_single(out, inp)
+            grad = torch.empty(4, 3)
+            dist.all_reduce(grad)
+            shard = torch.empty(2, 3)
+            dist.reduce_scatter_single(shard, grad)
+            return tuple(out.shape), sc.collectives_called()
+
+    cluster = sc.Cluster.preset("dgx-a100")
+    run = cluster.run(gather, args=(4,), world_size=2)
+    assert run.results[0][0] == (4, 3)
+    assert run.elapsed > 0   # the collectives are still charged
+    with pytest.raises(sc.SimulationError, match="12 elements, got 6"):
+        cluster.run(gather, args=(2,), world_size=2)
