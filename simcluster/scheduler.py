@@ -37,8 +37,30 @@ class Abort(BaseException):
     """
 
 
+class _NumpyWords:
+    """A cheap look at numpy's global RNG: the raw Mersenne Twister words (2.5 kB).
+
+    ``np.random.get_state()`` and ``set_state()`` cost about 50 µs each, and ranks hand
+    over the baton thousands of times per run. Reading the generator's words through its
+    ctypes view costs about 1 µs: while they are unchanged, no number was drawn and a
+    saved state still holds. (A cached second Gaussian from the legacy ``randn`` is handed
+    out without moving the words, so a state holding one is always read in full.)
+    """
+
+    _address = np.random.mtrand._rand._bit_generator.ctypes.state_address
+    _SIZE = 624 * 4 + 4   # mt19937_state: uint32 key[624], int pos
+
+    @classmethod
+    def read(cls):
+        return ctypes.string_at(cls._address, cls._SIZE)
+
+
 class _ProcessState:
     """What a real process would keep to itself but our threads share: RNGs, dtype."""
+
+    # numpy's state as it is live right now, as (full state, words); None if unknown
+    # (someone outside the ranks may have changed it). Lets restore() skip set_state.
+    _live_numpy = None
 
     def __init__(self):
         saved = _ProcessState.capture()
@@ -47,6 +69,7 @@ class _ProcessState:
         np.random.seed(PY_DEFAULT_SEED)
         torch.set_default_dtype(torch.float32)
         self.state = _ProcessState.capture()
+        self.numpy_words = _NumpyWords.read()
         _ProcessState.apply(saved)
 
     @staticmethod
@@ -61,12 +84,28 @@ class _ProcessState:
         random.setstate(py_rng)
         np.random.set_state(np_rng)
         torch.set_default_dtype(dtype)
+        _ProcessState._live_numpy = None
 
     def save(self):
-        self.state = _ProcessState.capture()
+        """Remember the rank's state as it hands over the baton."""
+        torch_rng, py_rng, np_rng, dtype = self.state
+        words = _NumpyWords.read()
+        if words != self.numpy_words or np_rng[3]:   # [3]: a cached Gaussian
+            np_rng, self.numpy_words = np.random.get_state(), words
+        self.state = (torch.get_rng_state(), random.getstate(), np_rng,
+                      torch.get_default_dtype())
+        _ProcessState._live_numpy = (np_rng, words)
 
     def restore(self):
-        _ProcessState.apply(self.state)
+        """Make the rank's state the live one as it takes the baton back."""
+        torch_rng, py_rng, np_rng, dtype = self.state
+        torch.set_rng_state(torch_rng)
+        random.setstate(py_rng)
+        live = _ProcessState._live_numpy
+        if live is None or live[1] != self.numpy_words or live[0][3] or np_rng[3]:
+            np.random.set_state(np_rng)
+        _ProcessState._live_numpy = (np_rng, self.numpy_words)
+        torch.set_default_dtype(dtype)
 
 
 READY, BLOCKED, DONE = "ready", "blocked", "done"
@@ -256,6 +295,8 @@ class RankScheduler:
         """Pass the baton from ``rank`` to the next rank that can run."""
         if self._state[rank] != DONE:
             self._process[rank].save()
+        else:   # a finished rank's last draws were not saved: numpy's live state is unknown
+            _ProcessState._live_numpy = None
         nxt = self._next_runnable(rank)
         if nxt is None and not self.aborting and any(s != DONE for s in self._state):
             # Nobody can move: a deadlock. Ask the backend to explain it, then unwind.

@@ -217,6 +217,30 @@ def test_rng_streams_do_not_depend_on_the_interleaving(cluster, pattern):
         np.random.set_state(saved[2])
 
 
+def _gaussians_across_waits():
+    """numpy's legacy randn caches every second Gaussian: a cache must stay per rank."""
+    np.random.seed(7)   # the same seed on every rank: their raw states coincide
+    out = [np.random.randn(1)]
+    dist.barrier()
+    out.append(np.random.randn(1))   # served from the cache: the raw state does not move
+    dist.barrier()
+    out.append(np.random.randn(3))
+    return out
+
+
+def test_numpy_cached_gaussian_stays_with_its_rank(cluster):
+    saved = _notebook_rng_state()
+    try:
+        results = cluster.run(_gaussians_across_waits, world_size=3).results
+        np.random.seed(7)
+        reference = [np.random.randn(1), np.random.randn(1), np.random.randn(3)]
+    finally:
+        np.random.set_state(saved[2])
+    for r in range(3):
+        for got, want in zip(results[r], reference):
+            assert np.array_equal(got, want), f"rank {r}"
+
+
 # ====================================== the notebook's own RNG state is untouched
 def _reseed_and_draw():
     _seed_all(42 + dist.get_rank())
