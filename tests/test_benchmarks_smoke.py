@@ -17,13 +17,15 @@ def test_bench_ddp_quick():
     from benchmarks import bench_ddp
 
     r = bench_ddp.main(quick=True, verbose=False)
-    for variant in ("serial", "sim", "gloo"):
+    for variant in ("serial", "serial_watched", "sim", "gloo"):
         assert r[variant]["loop"]["median"] > 0
     assert r["gloo"]["e2e"]["median"] > 0
     # The sim and gloo trained the same model on the same data.
     assert r["loss_diff_sim_vs_gloo"] < 1e-4
     assert r["sim_deterministic"]
-    assert isinstance(r["sim_goal_met"], bool) and isinstance(r["gloo_goal_met"], bool)
+    for goal in ("sim_goal_met", "accounting_goal_met", "gloo_goal_met"):
+        assert isinstance(r[goal], bool)
+    assert r["watched_over_serial"] > 0
 
 
 def test_bench_scale_quick():
