@@ -1,6 +1,6 @@
 """Models bigger than this machine, measured on fake tensors (examples/llama_memory.py).
 
-The full LLaMA-7B run takes minutes on two cores, so the test uses the same code with
+The full LLaMA-7B run takes ~45 s on two cores, so the test uses the same code with
 fewer layers on a device scaled down to match: DDP (every rank holds the whole model,
 its gradients, its buckets and Adam's state) runs out of memory; FSDP2 fits.
 """

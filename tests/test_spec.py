@@ -72,6 +72,12 @@ def test_cluster_preset_wraps_the_spec():
     assert set(sc.PRESETS) >= {"dgx-a100", "dgx-h100", "hetero-11"}
 
 
+def test_cluster_accepts_a_preset_name():
+    assert sc.Cluster("dgx-h100").spec == spec.preset("dgx-h100")
+    with pytest.raises(ValueError, match="unknown cluster preset 'dgx-a10'"):
+        sc.Cluster("dgx-a10")
+
+
 @pytest.mark.parametrize("name, nodes, match", [
     ("dgx-b200", None, r"unknown cluster preset 'dgx-b200'; choose one of dgx-a100, "
                        r"dgx-h100, hetero-11"),
