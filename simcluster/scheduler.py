@@ -56,13 +56,15 @@ class _NumpyWords:
 
 
 class _ProcessState:
-    """What a real process would keep to itself but our threads share: RNGs, dtype."""
+    """What a real process would keep to itself but our threads share: RNGs, dtype.
 
-    # numpy's state as it is live right now, as (full state, words); None if unknown
-    # (someone outside the ranks may have changed it). Lets restore() skip set_state.
-    _live_numpy = None
+    ``live`` is shared by the ranks of one run: ``live[0]`` is numpy's state as it is live
+    right now, as (full state, words), or None if unknown. It lets restore() skip
+    ``set_state``.
+    """
 
-    def __init__(self):
+    def __init__(self, live):
+        self.live = live
         saved = _ProcessState.capture()
         torch.default_generator.manual_seed(TORCH_DEFAULT_SEED)
         random.seed(PY_DEFAULT_SEED)
@@ -84,7 +86,6 @@ class _ProcessState:
         random.setstate(py_rng)
         np.random.set_state(np_rng)
         torch.set_default_dtype(dtype)
-        _ProcessState._live_numpy = None
 
     def save(self):
         """Remember the rank's state as it hands over the baton."""
@@ -94,17 +95,17 @@ class _ProcessState:
             np_rng, self.numpy_words = np.random.get_state(), words
         self.state = (torch.get_rng_state(), random.getstate(), np_rng,
                       torch.get_default_dtype())
-        _ProcessState._live_numpy = (np_rng, words)
+        self.live[0] = (np_rng, words)
 
     def restore(self):
         """Make the rank's state the live one as it takes the baton back."""
         torch_rng, py_rng, np_rng, dtype = self.state
         torch.set_rng_state(torch_rng)
         random.setstate(py_rng)
-        live = _ProcessState._live_numpy
+        live = self.live[0]
         if live is None or live[1] != self.numpy_words or live[0][3] or np_rng[3]:
             np.random.set_state(np_rng)
-        _ProcessState._live_numpy = (np_rng, self.numpy_words)
+        self.live[0] = (np_rng, self.numpy_words)
         torch.set_default_dtype(dtype)
 
 
@@ -164,6 +165,8 @@ class RankScheduler:
         self._hand_over(rank)
         self._go[rank].wait()
         self._go[rank].clear()
+        if self._abandoned:   # the run ended without us: unwind, touching nothing shared
+            raise Abort()
         self._take_over(rank)
         if self.aborting:
             raise Abort()
@@ -178,7 +181,8 @@ class RankScheduler:
     # ------------------------------------------------------------------ for the run
     def run(self, target):
         """Run ``target(rank)`` on every rank; raise the run's failure, if any."""
-        self._process = [_ProcessState() for _ in range(self.world_size)]
+        live_numpy = [None]
+        self._process = [_ProcessState(live_numpy) for _ in range(self.world_size)]
         notebook_state = _ProcessState.capture()
         self._threads = [
             threading.Thread(target=self._rank_main, args=(rank, target),
@@ -231,6 +235,11 @@ class RankScheduler:
             if time.monotonic() > deadline:
                 self._abandoned = True
                 _withdraw_stop(self._threads[rank])
+                # Let the other ranks' threads unwind (they wait for a baton that will
+                # never come), so that they do not keep their models alive.
+                for other, go in enumerate(self._go):
+                    if other != rank:
+                        go.set()
                 self.failure = SimulationTimeout(
                     f"rank {rank} is blocked outside the simulator (a threading.Lock, a "
                     "queue, a socket?) and cannot be stopped; its thread was abandoned. "
@@ -265,6 +274,8 @@ class RankScheduler:
         self._local.rank = rank
         self._go[rank].wait()
         self._go[rank].clear()
+        if self._abandoned:   # the run ended before this rank started
+            return
         self._take_over(rank)
         try:
             try:
@@ -293,10 +304,12 @@ class RankScheduler:
 
     def _hand_over(self, rank):
         """Pass the baton from ``rank`` to the next rank that can run."""
+        if self._abandoned:   # the run is over: the notebook has moved on
+            return
         if self._state[rank] != DONE:
             self._process[rank].save()
         else:   # a finished rank's last draws were not saved: numpy's live state is unknown
-            _ProcessState._live_numpy = None
+            self._process[rank].live[0] = None
         nxt = self._next_runnable(rank)
         if nxt is None and not self.aborting and any(s != DONE for s in self._state):
             # Nobody can move: a deadlock. Ask the backend to explain it, then unwind.

@@ -6,14 +6,23 @@ import threading
 import time
 
 import pytest
+import torch.distributed
 
 import simcluster as sc
 
 
+_HELD = threading.Lock()   # held by the test: a rank that takes it blocks in C
+
+
 def _deadlock_on_a_python_lock():
-    lock = threading.Lock()
-    lock.acquire()
-    lock.acquire()  # blocks in C: no Python exception can be delivered here
+    if torch.distributed.get_rank() == 0:
+        _HELD.acquire()  # blocks in C: no Python exception can be delivered here
+        _HELD.release()
+    torch.distributed.barrier()
+
+
+def _rank_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("sim-rank-")]
 
 
 def _profiled_rank():
@@ -28,9 +37,22 @@ def _profiled_rank():
 def test_rank_blocked_on_a_python_lock_is_abandoned_not_hung():
     cluster = sc.Cluster.preset("dgx-a100")
     start = time.monotonic()
-    with pytest.raises(sc.SimulationTimeout, match=r"rank 0 is blocked outside the simulator"):
-        cluster.run(_deadlock_on_a_python_lock, world_size=2, timeout=0.5)
-    assert time.monotonic() - start < 15
+    _HELD.acquire()
+    try:
+        with pytest.raises(sc.SimulationTimeout,
+                           match=r"rank 0 is blocked outside the simulator"):
+            cluster.run(_deadlock_on_a_python_lock, world_size=4, timeout=0.5)
+        assert time.monotonic() - start < 15
+        # The other ranks, waiting for a baton that never comes, were let go.
+        for thread in _rank_threads():
+            if thread.name != "sim-rank-0":
+                thread.join(timeout=5)
+        assert [t.name for t in _rank_threads()] == ["sim-rank-0"]
+    finally:
+        _HELD.release()   # the stuck rank goes on, finds its run over, and ends
+    for thread in _rank_threads():
+        thread.join(timeout=5)
+    assert _rank_threads() == []
     assert cluster.run(lambda: 7, world_size=2).results == [7, 7]  # still usable
     # A stop left pending on the stuck thread kept CPython's eval breaker set, and a
     # profiled rank (as benchmarks/profile_sim.py runs) then never finished.
