@@ -234,7 +234,7 @@ def unit_costs(cfg, data, out):
     with counting() as counts:
         bd.run_sim(cfg, data)
     per_step = {k: v / cfg.steps for k, v in counts.items()}
-    state = scheduler._ProcessState()
+    state = scheduler._ProcessState([None])   # its own record of the live numpy state
     n = 300
     best = float("inf")
     for _ in range(5):

@@ -76,7 +76,8 @@ class Cluster:
                 (an infinite loop) is stopped with :class:`~simcluster.SimulationTimeout`.
             accounting: charge simulated time and memory (turn off for raw speed).
             algorithms: force collective algorithms, e.g. ``{"all_reduce": "ring"}``
-                (see :data:`simcluster.costmodel.ALGORITHMS`); default: the fastest.
+                (see :data:`simcluster.costmodel.ALGORITHMS`); default: the fastest of
+                NCCL's algorithms (:data:`simcluster.costmodel.DEFAULT_ALGORITHMS`).
             speed_factor: ``{rank: factor}``, a rank's compute takes ``factor`` times as
                 long (a straggler).
             link_factor: ``{node_index or "network": factor}`` multiplies a link's

@@ -14,6 +14,10 @@ For ``p`` ranks and a buffer of ``n`` bytes, e.g. ring all-reduce costs
 Links: ranks inside one node talk over its NVLink fabric; a group that spans nodes is
 limited by the network (one NIC per ring). ``hierarchical`` runs ring inside each node
 and ring across nodes on 1/g of the data, ``g`` ranks per node, each on its own NIC.
+
+``ALGORITHMS`` lists what ``algorithms=`` can force. Unless one is forced, a collective is
+charged the fastest of ``DEFAULT_ALGORITHMS``, as NCCL's tuner picks the fastest of NCCL's own
+algorithms; NCCL has no halving-doubling, so that one runs only when forced.
 """
 
 import math
@@ -22,6 +26,19 @@ ALGORITHMS = {
     "all_reduce": ("ring", "tree", "halving_doubling", "hierarchical"),
     "reduce_scatter": ("ring", "halving_doubling"),
     "all_gather": ("ring", "halving_doubling"),
+    "broadcast": ("tree", "ring"),
+    "reduce": ("tree", "ring"),
+    "all_to_all": ("direct",),
+    "gather": ("direct",),
+    "scatter": ("direct",),
+    "barrier": ("tree",),
+}
+
+# what the default chooses from: NCCL's algorithms
+DEFAULT_ALGORITHMS = {
+    "all_reduce": ("ring", "tree", "hierarchical"),
+    "reduce_scatter": ("ring",),
+    "all_gather": ("ring",),
     "broadcast": ("tree", "ring"),
     "reduce": ("tree", "ring"),
     "all_to_all": ("direct",),
@@ -60,14 +77,23 @@ def flat_time(family, algorithm, p, n, c):
         return 0.0
     f = (p - 1) / p
     lg = _lg(p)
+    # Halving-doubling runs on the largest power of two q <= p (Thakur, Rabenseifner & Gropp
+    # 2005). If p > q, the p - q extra ranks first hand their buffer to a partner (all of it
+    # for a reduction, their 1/p shard for all-gather) and get their result back at the end
+    # (all of it, or their 1/p shard for reduce-scatter): one more step each way.
+    q = 1 << (p.bit_length() - 1)
+    lq, fq, extra = q.bit_length() - 1, (q - 1) / q, int(p > q)
     table = {
         ("all_reduce", "ring"): lambda: 2 * (p - 1) * a + 2 * f * n * b + f * n * g,
         ("all_reduce", "tree"): lambda: 2 * lg * (a + n * b) + lg * n * g,
-        ("all_reduce", "halving_doubling"): lambda: 2 * lg * a + 2 * f * n * b + f * n * g,
+        ("all_reduce", "halving_doubling"): lambda: (extra * (2 * a + 2 * n * b + n * g)
+                                                     + 2 * lq * a + 2 * fq * n * b + fq * n * g),
         ("reduce_scatter", "ring"): lambda: (p - 1) * a + f * n * (b + g),
-        ("reduce_scatter", "halving_doubling"): lambda: lg * a + f * n * (b + g),
+        ("reduce_scatter", "halving_doubling"): lambda: (
+            extra * (2 * a + n * b + n * g + n / p * b) + lq * a + fq * n * (b + g)),
         ("all_gather", "ring"): lambda: (p - 1) * a + f * n * b,
-        ("all_gather", "halving_doubling"): lambda: lg * a + f * n * b,
+        ("all_gather", "halving_doubling"): lambda: (extra * (2 * a + n / p * b + n * b)
+                                                     + lq * a + fq * n * b),
         ("broadcast", "tree"): lambda: lg * (a + n * b),
         ("broadcast", "ring"): lambda: (p - 1) * a + n * b,
         ("reduce", "tree"): lambda: lg * (a + n * (b + g)),
@@ -144,7 +170,7 @@ class CostModel:
         family = OP_FAMILY[op]
         p = len(ranks)
         spans_nodes = len({self.spec.node_of(r) for r in ranks}) > 1
-        candidates = ALGORITHMS[family]
+        candidates = DEFAULT_ALGORITHMS[family]
         if family in self.algorithms:
             candidates = (self.algorithms[family],)
         best = None
@@ -213,13 +239,16 @@ def pattern(family, algorithm, ranks, n):
         up = [(b, a, n) for a, b in edges]
         return {"broadcast": down, "reduce": up, "all_reduce": up + down, "barrier": []}[family]
     if algorithm == "halving_doubling":
+        q = 1 << (p.bit_length() - 1)  # on ranks[:q]; rank q + i pairs with rank i
         out, size, step = [], n / 2, 1
-        while step < p:
-            for i in range(p):
-                if i ^ step < p:
-                    out.append((ranks[i], ranks[i ^ step], size))
+        while step < q:
+            out += [(ranks[i], ranks[i ^ step], size) for i in range(q)]
             size, step = size / 2, step * 2
-        return out * (2 if family == "all_reduce" else 1)
+        out *= 2 if family == "all_reduce" else 1
+        pairs = list(zip(ranks[q:], ranks))
+        before = [(x, y, n if family != "all_gather" else n / p) for x, y in pairs]
+        after = [(y, x, n if family != "reduce_scatter" else n / p) for x, y in pairs]
+        return before + out + after
     if family == "all_to_all":  # direct
         return [(a, b, n / p) for a in ranks for b in ranks if a != b]
     if family == "gather":
