@@ -14,6 +14,10 @@ Tested with torch 2.13 (pinned in pyproject.toml). What we rely on, and why:
 * ``torch._subclasses.FakeTensorMode`` backs :func:`fake_tensor_mode`, and its dispatch
   cache (``_cache_key``, ``FakeTensorMode.cache``, ``_output_from_cache_entry``) backs
   :func:`fake_dispatch`, a faster road to the same cached results.
+* ``torch.cpu._current_stream`` is the CPU "stream" that ``torch.cpu.stream(s)`` selects,
+  one for the whole process: each rank keeps its own (:func:`cpu_stream`,
+  :func:`set_cpu_stream`), and a collective waited on while a side stream is selected
+  does not stall the compute stream (:func:`on_side_stream`), as with NCCL.
 * ``dist.init_process_group`` is wrapped so that a learner's own call inside a rank
   function (as in a ``torchrun`` script) is accepted: the simulator has already
   initialised the default group, and torch would otherwise refuse a second one.
@@ -237,6 +241,31 @@ class _FakeCache:
 
 
 _fake_cache = None
+
+
+def cpu_stream():
+    """The CPU stream selected now (``torch.cpu.stream(s)`` selects one, process-wide)."""
+    return torch.cpu._current_stream
+
+
+def set_cpu_stream(stream):
+    """Select ``stream`` as the current CPU stream (a rank's own, restored at a switch)."""
+    torch.cpu._current_stream = stream
+
+
+def default_cpu_stream():
+    """The CPU stream selected when nothing else is: the rank's compute stream."""
+    return torch.cpu._default_cpu_stream
+
+
+def on_side_stream():
+    """True while code runs under ``torch.cpu.stream(s)`` with a stream of its own.
+
+    FSDP2 issues its all-gathers and reduce-scatters that way. On GPUs a collective waited
+    on there makes only that stream wait; the compute stream waits later, on an event,
+    when it needs the result.
+    """
+    return torch.cpu._current_stream is not torch.cpu._default_cpu_stream
 
 
 def is_fake(tensor):

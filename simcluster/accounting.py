@@ -226,6 +226,10 @@ class RankAccounting(TorchDispatchMode):
                 if not _is_fake(t):
                     return NotImplemented  # let tensor subclasses (DTensor) unwrap to plain ops
                 fake = True
+        is_view, timeless, counter = _OP_INFO.get(func) or _op_info(func)
+        run = fake_dispatch if fake or fake_mode_active() else _call
+        if is_view:   # a view reads no data: it neither waits nor takes time
+            return run(func, args, kwargs)
         inputs = _tensors(args, [])
         if kwargs:
             _tensors(kwargs.values(), inputs)
@@ -235,13 +239,7 @@ class RankAccounting(TorchDispatchMode):
                 ready = clock.ready_at.pop(storage_key(t), None)
                 if ready is not None:
                     clock.wait_until(ready, "wait for communication")
-        if fake or fake_mode_active():
-            out = fake_dispatch(func, args, kwargs)
-        else:
-            out = func(*args, **kwargs)
-        is_view, timeless, counter = _OP_INFO.get(func) or _op_info(func)
-        if is_view:
-            return out
+        out = run(func, args, kwargs)
         if type(out) is torch.Tensor or isinstance(out, torch.Tensor):
             outputs = [out]
         else:
@@ -285,6 +283,10 @@ class RankAccounting(TorchDispatchMode):
 _FAKE_TYPES = ("FakeTensor", "FunctionalTensor")
 
 
+def _call(func, args, kwargs):
+    return func(*args, **kwargs)
+
+
 def _is_fake(t):
     return t.__name__ in _FAKE_TYPES
 
@@ -299,6 +301,11 @@ def _tensors(values, into):
                 if isinstance(x, torch.Tensor):
                     into.append(x)
     return into
+
+
+def tensors_in(values):
+    """The tensors among ``values``, looking one level into lists and tuples."""
+    return _tensors(values, [])
 
 
 def _shapes(value):

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from . import accounting, collectives
-from ._torch_internals import WorkBase, backend_options_fields, reduce_op_name, register_backend
+from ._torch_internals import (WorkBase, backend_options_fields, on_side_stream, reduce_op_name,
+                               register_backend)
 from .errors import CollectiveMismatchError, DeadlockError
 
 FLIGHT_RECORDER_LENGTH = 5
@@ -120,11 +121,25 @@ class SimWork(WorkBase):
         self._source = None  # for receives: returns the sender's group rank
 
     def wait(self, timeout=None):
-        """Block this rank (letting the others run) until the operation has completed."""
+        """Block this rank (letting the others run) until the operation has completed.
+
+        In simulated time the compute stream waits for the communication to end, unless
+        a side stream is selected (``torch.cpu.stream(s)``, as FSDP2 does for its
+        all-gathers and reduce-scatters): then, as with NCCL, only that stream waits, and
+        the compute stream waits when an op reads the result.
+        """
         self._world.scheduler.wait_until(lambda: self._pending.done, self._what)
         if self._clock is not None:
-            self._clock.wait_until(self._pending.end, "wait for communication")
+            if on_side_stream():
+                self._ready_when_read()
+            else:
+                self._clock.wait_until(self._pending.end, "wait for communication")
         return True
+
+    def _ready_when_read(self):
+        """The compute stream waits for this work only when an op reads its result."""
+        for t in accounting.tensors_in(self._result):
+            self._clock.ready_at[accounting.storage_key(t)] = self._pending.end
 
     def is_completed(self):
         return self._pending.done
@@ -144,9 +159,7 @@ class SimWork(WorkBase):
         # so hand out a future only once the work has completed.
         self._world.scheduler.wait_until(lambda: self._pending.done, self._what)
         if self._clock is not None:
-            # The rank's compute stream waits only when it reads the result.
-            for t in self._result:
-                self._clock.ready_at[accounting.storage_key(t)] = self._pending.end
+            self._ready_when_read()
         future = torch.futures.Future()
         future.set_result(self._result)
         return future

@@ -21,6 +21,7 @@ import time
 import numpy as np
 import torch
 
+from ._torch_internals import cpu_stream, default_cpu_stream, set_cpu_stream
 from .errors import RankError, SimulationError, SimulationTimeout
 
 # Unseeded ranks start from fixed seeds (torch's historical default, and 0), so that even
@@ -56,7 +57,8 @@ class _NumpyWords:
 
 
 class _ProcessState:
-    """What a real process would keep to itself but our threads share: RNGs, dtype.
+    """What a real process would keep to itself but our threads share: RNGs, dtype, and
+    the selected CPU stream.
 
     ``live`` is shared by the ranks of one run: ``live[0]`` is numpy's state as it is live
     right now, as (full state, words), or None if unknown. It lets restore() skip
@@ -70,6 +72,7 @@ class _ProcessState:
         random.seed(PY_DEFAULT_SEED)
         np.random.seed(PY_DEFAULT_SEED)
         torch.set_default_dtype(torch.float32)
+        set_cpu_stream(default_cpu_stream())
         self.state = _ProcessState.capture()
         self.numpy_words = _NumpyWords.read()
         _ProcessState.apply(saved)
@@ -77,31 +80,33 @@ class _ProcessState:
     @staticmethod
     def capture():
         return (torch.get_rng_state(), random.getstate(), np.random.get_state(),
-                torch.get_default_dtype())
+                torch.get_default_dtype(), cpu_stream())
 
     @staticmethod
     def apply(state):
-        torch_rng, py_rng, np_rng, dtype = state
+        torch_rng, py_rng, np_rng, dtype, stream = state
         torch.set_rng_state(torch_rng)
         random.setstate(py_rng)
         np.random.set_state(np_rng)
         torch.set_default_dtype(dtype)
+        set_cpu_stream(stream)
 
     def save(self):
         """Remember the rank's state as it hands over the baton."""
-        torch_rng, py_rng, np_rng, dtype = self.state
+        np_rng = self.state[2]
         words = _NumpyWords.read()
         if words != self.numpy_words or np_rng[3]:   # [3]: a cached Gaussian
             np_rng, self.numpy_words = np.random.get_state(), words
         self.state = (torch.get_rng_state(), random.getstate(), np_rng,
-                      torch.get_default_dtype())
+                      torch.get_default_dtype(), cpu_stream())
         self.live[0] = (np_rng, words)
 
     def restore(self):
         """Make the rank's state the live one as it takes the baton back."""
-        torch_rng, py_rng, np_rng, dtype = self.state
+        torch_rng, py_rng, np_rng, dtype, stream = self.state
         torch.set_rng_state(torch_rng)
         random.setstate(py_rng)
+        set_cpu_stream(stream)
         live = self.live[0]
         if live is None or live[1] != self.numpy_words or live[0][3] or np_rng[3]:
             np.random.set_state(np_rng)
