@@ -89,3 +89,31 @@ def test_fsdp2_backward_prefetch_and_reduce_scatter_overlap_compute():
     # backward, communication hides behind compute.
     assert row["overlap_s"] > 0.4 * row["comm_s"]
     assert row["idle_s"] < 0.5 * row["comm_s"]
+
+
+def _fsdp_forward(prefetch):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(4)])
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if prefetch:   # each layer starts gathering the next one before it computes
+        for layer, after in zip(model[:-1], model[1:]):
+            layer.set_modules_to_forward_prefetch([after])
+    with torch.no_grad():
+        model(torch.randn(8192, 512))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_fsdp2_explicit_forward_prefetch_hides_all_but_the_first_all_gather():
+    cluster = sc.Cluster.preset("dgx-a100", nodes=2)
+    plain, prefetched = (cluster.run(_fsdp_forward, args=(p,), world_size=16).summary().rows[0]
+                         for p in (False, True))
+    assert plain["overlap_s"] == 0 and plain["idle_s"] == pytest.approx(plain["comm_s"])
+    # only the first layer's all-gather (a quarter of the communication) is still waited on
+    assert prefetched["idle_s"] == pytest.approx(plain["comm_s"] / 4, rel=0.01)
+    assert prefetched["overlap_s"] == pytest.approx(plain["comm_s"] * 3 / 4, rel=0.01)
