@@ -342,7 +342,10 @@ class SimProcessGroup(dist.ProcessGroup):
             recorder.clocks[r].run_comm(start, coll.end, label)
         recorder.collectives.append((coll.name, algorithm, tuple(ranks), nbytes, start,
                                      coll.end))
-        for src, dst, b in recorder.cost.traffic(coll.name, algorithm, ranks, nbytes):
+        # Rooted collectives (broadcast, reduce, gather, scatter) flow to or from the root.
+        root = coll.spec.get("root", 0)
+        rooted = list(ranks[root:]) + list(ranks[:root])
+        for src, dst, b in recorder.cost.traffic(coll.name, algorithm, rooted, nbytes):
             recorder.add_traffic(src, dst, b)
 
     def _check_match(self, coll, name, spec):

@@ -440,3 +440,27 @@ def test_plots_need_accounting():
             method()
     with pytest.raises(RuntimeError, match="accounting"):
         run.save_trace("unused.json")
+
+
+def _rooted_collectives(op, root):
+    t = torch.ones(8)
+    if op == "gather":
+        dist.gather(t, [torch.empty(8) for _ in range(4)] if dist.get_rank() == root else None,
+                    dst=root)
+    elif op == "scatter":
+        dist.scatter(t, [torch.ones(8) for _ in range(4)] if dist.get_rank() == root else None,
+                     src=root)
+    else:
+        dist.broadcast(t, src=root)
+
+
+@pytest.mark.parametrize("op", ["gather", "scatter", "broadcast"])
+def test_rooted_collectives_flow_to_or_from_their_root(op):
+    run = sc.Cluster.preset("dgx-a100").run(_rooted_collectives, args=(op, 2), world_size=4)
+    flows = [(src, dst) for (src, dst), nbytes in run.recorder.traffic.items() if nbytes]
+    assert flows
+    if op == "gather":
+        assert all(dst == 2 for _, dst in flows)
+    else:   # scatter, and a broadcast tree rooted at rank 2: nothing flows back to it
+        assert all(dst != 2 for _, dst in flows)
+        assert any(src == 2 for src, _ in flows)
