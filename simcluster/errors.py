@@ -23,16 +23,27 @@ class RankError(SimulationError):
         traceback_text: the formatted traceback of ``original``, from inside the rank.
     """
 
+    # Some libraries put whole tensor descriptions in a message (DTensor's can run to
+    # 100 kB): the error shows the start, ``original`` keeps all of it.
+    MESSAGE_LIMIT = 2000
+
     def __init__(self, rank: int, original: BaseException):
         self.rank = rank
         self.original = original
         self.traceback_text = "".join(
             traceback.format_exception(type(original), original, original.__traceback__)
         )
+        message = str(original)
+        if len(message) > self.MESSAGE_LIMIT:
+            message = (f"{message[:self.MESSAGE_LIMIT]}… ({len(message):,} characters in "
+                       "all: the whole message is in .original, the whole traceback in "
+                       ".traceback_text)")
+        shown = self.traceback_text
+        if len(shown) > 3 * self.MESSAGE_LIMIT:   # the frames only, without the long text
+            shown = "".join(traceback.format_tb(original.__traceback__))
         super().__init__(
-            f"rank {rank} raised {type(original).__name__}: {original}\n"
-            f"The other ranks were stopped. Traceback from rank {rank}:\n"
-            f"{self.traceback_text}"
+            f"rank {rank} raised {type(original).__name__}: {message}\n"
+            f"The other ranks were stopped. Traceback from rank {rank}:\n{shown}"
         )
 
 

@@ -293,8 +293,10 @@ class RankScheduler:
             pass
         except BaseException as exc:  # noqa: BLE001 — any failure is reported, not raised here
             if not self.aborting:
-                # The simulator's own errors (out of memory) are raised as they are.
-                self.failure = exc if isinstance(exc, SimulationError) else RankError(rank, exc)
+                # The simulator's own errors (out of memory) are raised as they are, also
+                # when a library re-raised them inside its own (DTensor does).
+                cause = _simulation_error_in(exc)
+                self.failure = cause if cause is not None else RankError(rank, exc)
                 self.aborting = True
         finally:
             self._state[rank] = DONE
@@ -341,6 +343,17 @@ class RankScheduler:
             if state == READY or self.aborting or self._ready_when[rank]():
                 return rank
         return None
+
+
+def _simulation_error_in(exc):
+    """The first SimulationError in ``exc``'s chain of causes (``raise ... from``), or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, SimulationError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__
+    return None
 
 
 class _Consumed(BaseException):

@@ -780,3 +780,30 @@ def test_finally_blocks_run_but_the_rank_stops(cluster):
     expect_error(cluster, sc.RankError, _loop_swallowing_everything_but_abort, 2, args=(log,))
     # rank 0 was unwound out of its first all_reduce: its finally ran once, nothing else
     assert log == ["finally"]
+
+
+def _raise_a_huge_message():
+    raise RuntimeError("the start " + "x" * 100_000)
+
+
+def test_a_huge_message_is_shortened_and_kept_whole_in_original(cluster):
+    with pytest.raises(sc.RankError) as info:
+        cluster.run(_raise_a_huge_message, world_size=2)
+    err = info.value
+    assert len(str(err)) < 10_000
+    assert "RuntimeError: the start xxx" in str(err)
+    assert "100,010 characters in all" in str(err)
+    assert "_raise_a_huge_message" in str(err)          # the frames are still shown
+    assert len(str(err.original)) == 100_010
+
+
+def _oom_wrapped_by_a_library():
+    try:
+        torch.empty(2**40, dtype=torch.uint8, device="meta")   # 1 TiB: more than the GPU
+    except sc.OutOfMemoryError as oom:
+        raise RuntimeError(f"{oom}\n\nsome library's context") from oom
+
+
+def test_an_out_of_memory_error_rewrapped_by_a_library_is_reported_as_itself(cluster):
+    with pytest.raises(sc.OutOfMemoryError, match="Tried to allocate 1024.00 GiB"):
+        cluster.run(_oom_wrapped_by_a_library, world_size=2)
