@@ -222,6 +222,8 @@ class _FakeCache:
         hit = self.entries.get(key, self)
         if hit is None:          # seen before: torch does not cache this op
             return func(*args, **kwargs)
+        if hit is _RETURNS_NOTHING:
+            return None
         if hit is not self:
             torch_key, entry, state = hit
             return mode._output_from_cache_entry(state, entry, torch_key, func, args)
@@ -233,13 +235,28 @@ class _FakeCache:
             torch_key = None
         out = func(*args, **kwargs)
         entry = self.fake_tensor.FakeTensorMode.cache.get(torch_key)
-        if entry is None or isinstance(entry, self.fake_tensor._DispatchCacheBypassEntry):
-            self.entries[key] = None
-        else:
+        if entry is not None and not isinstance(entry, self.fake_tensor._DispatchCacheBypassEntry):
             self.entries[key] = (torch_key, entry, state)
+        elif out is None and self._unchanged(key, func, args, kwargs):
+            # torch will not cache ops outside aten (FSDP2's split_with_sizes_copy,
+            # chunk_cat, ~2 ms each), but one that returns nothing and left every tensor's
+            # metadata as it was does only that again, given the same metadata.
+            self.entries[key] = _RETURNS_NOTHING
+        else:
+            self.entries[key] = None
         return out
 
+    def _unchanged(self, key, func, args, kwargs):
+        """Whether the arguments' key is still ``key`` (no shape, stride, size changed)."""
+        after = [func, torch.get_default_dtype(), torch._C._get_default_device(),
+                 torch.is_inference_mode_enabled()]
+        self._key_of(args, after, set())
+        if kwargs:
+            self._key_of(kwargs.items(), after, set())
+        return tuple(after) == key
 
+
+_RETURNS_NOTHING = object()   # a cache entry: the op returns None and changes no metadata
 _fake_cache = None
 
 

@@ -111,3 +111,18 @@ def test_collectives_on_fake_tensors_are_charged_and_size_checked():
     assert run.elapsed > 0   # the collectives are still charged
     with pytest.raises(sc.SimulationError, match="12 elements, got 6"):
         cluster.run(gather, args=(2,), world_size=2)
+
+
+def test_an_op_outside_aten_that_returns_nothing_is_remembered_and_still_checked():
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives  # noqa: F401 (registers fsdp ops)
+
+    op = torch.ops.fsdp.split_with_sizes_copy.default
+    with _torch_internals.fake_tensor_mode():
+        gathered = torch.empty(2, 10)            # two ranks' shards of sizes 6 and 4
+        outs = [torch.empty(2, 6), torch.empty(2, 4)]
+        for _ in range(2):   # the second call is answered from the cache
+            assert _torch_internals.fake_dispatch(op, (gathered, [6, 4]), {"dim": 1,
+                                                                       "out": outs}) is None
+        assert _torch_internals._RETURNS_NOTHING in _torch_internals._fake_cache.entries.values()
+        with pytest.raises(RuntimeError, match="split_sizes to sum exactly to 10"):
+            _torch_internals.fake_dispatch(op, (gathered, [5, 4]), {"dim": 1, "out": outs})
