@@ -114,8 +114,10 @@ def test_collectives_on_fake_tensors_are_charged_and_size_checked():
 
 
 def test_an_op_outside_aten_that_returns_nothing_is_remembered_and_still_checked():
-    from torch.distributed.fsdp._fully_shard import _fsdp_collectives  # noqa: F401 (registers fsdp ops)
+    import importlib
 
+    # importing FSDP2's collectives registers its ops under torch.ops.fsdp
+    importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_collectives")
     op = torch.ops.fsdp.split_with_sizes_copy.default
     with _torch_internals.fake_tensor_mode():
         gathered = torch.empty(2, 10)            # two ranks' shards of sizes 6 and 4
