@@ -448,3 +448,23 @@ def test_ddp_overlaps_gradient_all_reduce_with_backward(node):
     backward_end = max(e for lane, s, e, label in run.clock(0).events
                        if lane == "compute" and s < last_step[-1][5])
     assert starts[0] < backward_end
+
+
+def test_remembered_flop_counts_equal_torchs_for_each_shape():
+    """FLOPs are remembered per argument shapes; a new shape is counted anew."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from simcluster.accounting import flop_formula
+
+    aten = torch.ops.aten
+    calls = [(aten.mm.default, (torch.empty(8, 16), torch.empty(16, 4))),
+             (aten.mm.default, (torch.empty(2, 16), torch.empty(16, 32))),
+             (aten.addmm.default, (torch.empty(4), torch.empty(8, 16), torch.empty(16, 4))),
+             (aten.bmm.default, (torch.empty(3, 8, 16), torch.empty(3, 16, 4))),
+             (aten.mm.default, (torch.empty(8, 64), torch.empty(64, 4))),   # same output shape
+             (aten.mm.default, (torch.empty(8, 16), torch.empty(16, 4)))]   # again: remembered
+    formulas = {op: flop_formula(op.overloadpacket) for op, _ in calls}   # one memory per op
+    for op, args in calls:
+        with FlopCounterMode(display=False) as counter:
+            out = op(*args)
+        assert formulas[op](args, {}, out) == counter.get_total_flops() > 0
