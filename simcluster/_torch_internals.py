@@ -225,8 +225,7 @@ class _FakeCache:
         if hit is _RETURNS_NOTHING:
             return None
         if hit is not self:
-            torch_key, entry, state = hit
-            return mode._output_from_cache_entry(state, entry, torch_key, func, args)
+            return self._output(mode, hit, func, args)
         # First time: let FakeTensorMode run it (and cache it), then remember its entry.
         state = self.fake_tensor._CacheKeyState(mode.shape_env)
         try:
@@ -245,6 +244,27 @@ class _FakeCache:
         else:
             self.entries[key] = None
         return out
+
+    def _output(self, mode, hit, func, args):
+        """The op's result, built from torch's cache entry.
+
+        The common case, one plain strided tensor, is built here as torch builds it
+        (``_get_output_tensor_from_cache_entry``) without its generality: about 25 µs
+        instead of 50. Everything else goes to torch's own builder.
+        """
+        torch_key, entry, state = hit
+        info = entry.output_infos[0] if len(entry.output_infos) == 1 else None
+        m = info.metadata if info is not None else None
+        if entry.is_output_tuple or m is None or info.inplace_idx is not None \
+                or m.layout is not torch.strided or m.is_conj or m.is_neg:
+            return mode._output_from_cache_entry(state, entry, torch_key, func, args)
+        with self.fake_tensor.in_kernel_invocation_manager(mode):
+            out = torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device="meta",
+                                      requires_grad=m.requires_grad)
+            if func.is_view:   # a view shares its input's storage
+                out.set_(args[info.view_idx].untyped_storage(), m.storage_offset, m.shape,
+                         m.stride)
+        return self.fake_tensor.FakeTensor(mode, out, m.device)
 
     def _unchanged(self, key, func, args, kwargs):
         """Whether the arguments' key is still ``key`` (no shape, stride, size changed)."""
