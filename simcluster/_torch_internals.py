@@ -172,6 +172,17 @@ class _FakeCache:
         self.device_op = torch.ops.prim.device.default
         self.proxy = torch._C._TorchDispatchModeKey.PROXY   # tracing keys differently
         self.fake_key = torch._C._TorchDispatchModeKey.FAKE
+        self.empty_like = torch.ops.aten.empty_like.default
+
+    @staticmethod
+    def _from_meta(args, kwargs):
+        """True for ``empty_like(dense meta tensor or parameter, device=...)``."""
+        t = args[0]
+        return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_meta and len(args) == 1
+                and kwargs.get("device") is not None and t.is_contiguous()
+                and kwargs.get("memory_format") in (None, torch.preserve_format)
+                and set(kwargs) <= {"dtype", "layout", "device", "pin_memory",
+                                    "memory_format"})
 
     def _key_of(self, values, into, modes):
         """Append the key of each of ``values`` to ``into``; False if one cannot be keyed."""
@@ -200,6 +211,15 @@ class _FakeCache:
         """Run ``func`` on fake tensors, from the cache when this exact call was seen."""
         if func is self.device_op and type(args[0]) is self.fake_tensor.FakeTensor:
             return args[0].fake_device   # what FakeTensorMode answers, without the trip
+        if func is self.empty_like and self._from_meta(args, kwargs):
+            # to_empty() on a meta model: torch would first convert each meta tensor into
+            # a fake one (~0.7 ms each); a dense tensor's empty_like is just empty_strided.
+            t = args[0]   # arguments as the dispatcher boxes them, so torch's key matches
+            return self.dispatch(torch.ops.aten.empty_strided.default,
+                                 (list(t.shape), list(t.stride())), {
+                "dtype": kwargs.get("dtype") or t.dtype, "layout": torch.strided,
+                "device": torch.device(kwargs["device"]),
+                "pin_memory": bool(kwargs.get("pin_memory"))})
         if func.namespace == "profiler":
             # record_function's markers (FSDP2 sets many) hold no tensors: no fake needed.
             with torch._C._DisableTorchDispatch():

@@ -128,3 +128,20 @@ def test_an_op_outside_aten_that_returns_nothing_is_remembered_and_still_checked
         assert _torch_internals._RETURNS_NOTHING in _torch_internals._fake_cache.entries.values()
         with pytest.raises(RuntimeError, match="split_sizes to sum exactly to 10"):
             _torch_internals.fake_dispatch(op, (gathered, [5, 4]), {"dim": 1, "out": outs})
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.nn.Parameter(torch.empty(6, 4, device="meta")),   # to_empty's case
+    lambda: torch.empty(6, 4, device="meta").t(),                   # not contiguous
+    lambda: torch.empty(6, 4, dtype=torch.bfloat16, device="meta"),
+], ids=["parameter", "transposed", "bf16"])
+def test_empty_like_of_a_meta_tensor_equals_fake_tensor_modes(make):
+    op = aten.empty_like.default
+    meta = make()
+    with _torch_internals.fake_tensor_mode():
+        expected = op(meta, device=torch.device("cpu"), pin_memory=False)
+        for _ in range(2):
+            got = _torch_internals.fake_dispatch(op, (meta,), {"device": torch.device("cpu"),
+                                                               "pin_memory": False})
+            assert type(got).__name__ == "FakeTensor"
+            assert metadata(got) == metadata(expected)
