@@ -24,6 +24,7 @@ Tested with torch 2.13 (pinned in pyproject.toml). What we rely on, and why:
 """
 
 import threading
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -173,6 +174,7 @@ class _FakeCache:
         self.proxy = torch._C._TorchDispatchModeKey.PROXY   # tracing keys differently
         self.fake_key = torch._C._TorchDispatchModeKey.FAKE
         self.empty_like = torch.ops.aten.empty_like.default
+        self.unsafe_view = torch.ops.aten._unsafe_view.default
 
     @staticmethod
     def _from_meta(args, kwargs):
@@ -244,6 +246,8 @@ class _FakeCache:
             return func(*args, **kwargs)
         if hit is _RETURNS_NOTHING:
             return None
+        if type(hit) is _Alias:
+            return self._fake(mode, hit, args[0])
         if hit is not self:
             return self._output(mode, hit, func, args)
         # First time: let FakeTensorMode run it (and cache it), then remember its entry.
@@ -256,6 +260,13 @@ class _FakeCache:
         entry = self.fake_tensor.FakeTensorMode.cache.get(torch_key)
         if entry is not None and not isinstance(entry, self.fake_tensor._DispatchCacheBypassEntry):
             self.entries[key] = (torch_key, entry, state)
+        elif func is self.unsafe_view and type(out) is self.fake_tensor.FakeTensor \
+                and out.untyped_storage()._cdata == args[0].untyped_storage()._cdata:
+            # torch will not cache _unsafe_view (~1 ms; matmul on 3-D inputs calls it),
+            # because it shares its input's storage without being a view for autograd.
+            self.entries[key] = _Alias(tuple(out.shape), out.stride(), out.dtype,
+                                       out.storage_offset(), out.requires_grad,
+                                       out.fake_device)
         elif out is None and self._unchanged(key, func, args, kwargs):
             # torch will not cache ops outside aten (FSDP2's split_with_sizes_copy,
             # chunk_cat, ~2 ms each), but one that returns nothing and left every tensor's
@@ -278,12 +289,16 @@ class _FakeCache:
         if entry.is_output_tuple or m is None or info.inplace_idx is not None \
                 or m.layout is not torch.strided or m.is_conj or m.is_neg:
             return mode._output_from_cache_entry(state, entry, torch_key, func, args)
+        base = args[info.view_idx] if func.is_view else None   # a view shares its storage
+        return self._fake(mode, m, base)
+
+    def _fake(self, mode, m, base=None):
+        """A FakeTensor with the metadata ``m``, on ``base``'s storage if given."""
         with self.fake_tensor.in_kernel_invocation_manager(mode):
             out = torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device="meta",
                                       requires_grad=m.requires_grad)
-            if func.is_view:   # a view shares its input's storage
-                out.set_(args[info.view_idx].untyped_storage(), m.storage_offset, m.shape,
-                         m.stride)
+            if base is not None:
+                out.set_(base.untyped_storage(), m.storage_offset, m.shape, m.stride)
         return self.fake_tensor.FakeTensor(mode, out, m.device)
 
     def _unchanged(self, key, func, args, kwargs):
@@ -297,6 +312,17 @@ class _FakeCache:
 
 
 _RETURNS_NOTHING = object()   # a cache entry: the op returns None and changes no metadata
+
+
+class _Alias(NamedTuple):
+    """A cache entry: a result on its first argument's storage, with this metadata."""
+
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    storage_offset: int
+    requires_grad: bool
+    device: torch.device
 _fake_cache = None
 
 

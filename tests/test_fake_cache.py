@@ -145,3 +145,18 @@ def test_empty_like_of_a_meta_tensor_equals_fake_tensor_modes(make):
                                                                "pin_memory": False})
             assert type(got).__name__ == "FakeTensor"
             assert metadata(got) == metadata(expected)
+
+
+def test_unsafe_view_is_remembered_and_still_shares_its_input_storage():
+    op = aten._unsafe_view.default
+    with _torch_internals.fake_tensor_mode():
+        a = torch.empty(6, 4)
+        expected = op(a, [2, 12])
+        for size in ([2, 12], [2, 12], [24]):
+            got = _torch_internals.fake_dispatch(op, (a, size), {})
+            assert got.untyped_storage()._cdata == a.untyped_storage()._cdata
+            assert got.shape == tuple(size)
+        assert metadata(_torch_internals.fake_dispatch(op, (a, [2, 12]), {})) == metadata(expected)
+        other = torch.empty(6, 4)   # same metadata, another storage: the result follows it
+        got = _torch_internals.fake_dispatch(op, (other, [2, 12]), {})
+        assert got.untyped_storage()._cdata == other.untyped_storage()._cdata
