@@ -15,8 +15,9 @@ whole file costs one simulated run per world size plus one spawn of 4 gloo proce
 
 Where gloo cannot run a case as written (uneven all_to_all lists, stacked shapes for
 all_gather_into_tensor / reduce_scatter_tensor), the gloo side runs an equivalent composed
-from what gloo has; see the comments in ``_differential_cases.py``. Cases where the two
-disagree because one side is wrong are in ``XFAIL`` below, with who is wrong and why.
+from what gloo has; see the comments in ``_differential_cases.py``. Cases where gloo's own
+answer cannot be trusted are skipped (``GLOO_UNRELIABLE`` below, with why) and checked
+by hand elsewhere.
 """
 
 import os
@@ -45,14 +46,15 @@ pytestmark = [
 
 WORLD_SIZES = cases.WORLD_SIZES
 
-# Cases expected to fail, with the reason: {(world_size or None for all, case): reason}.
-# Strict, so a fix on either side turns them into failures to remove from here.
-XFAIL = {
+# Cases where gloo's own answer cannot be trusted, so there is nothing to compare with:
+# {(world_size or None for all, case): reason}. Each is checked by hand elsewhere.
+GLOO_UNRELIABLE = {
     (None, "all_to_all_single-in-place"): (
-        "gloo bug, not sim: gloo's all_to_all_single gives wrong results when the output "
-        "is the input (n=2, x = arange(6) + 100*rank: gloo leaves rank 1 at [100..105] "
-        "instead of [3, 4, 5, 103, 104, 105]). The sim's in-place result is checked "
-        "against the hand-computed answer in tests/test_inplace_collectives.py."),
+        "gloo bug, not sim: gloo's all_to_all_single usually gives wrong results when the "
+        "output is the input (n=2, x = arange(6) + 100*rank: gloo leaves rank 1 at "
+        "[100..105] instead of [3, 4, 5, 103, 104, 105]), but not always: it races. The "
+        "sim's in-place result is checked against the hand-computed answer in "
+        "tests/test_inplace_collectives.py."),
 }
 
 
@@ -188,8 +190,8 @@ def _params():
     params = []
     for n in WORLD_SIZES:
         for name in cases.case_names(n):
-            reason = XFAIL.get((n, name)) or XFAIL.get((None, name))
-            marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+            reason = GLOO_UNRELIABLE.get((n, name)) or GLOO_UNRELIABLE.get((None, name))
+            marks = [pytest.mark.skip(reason=reason)] if reason else []
             params.append(pytest.param(n, name, id=f"n{n}-{name}", marks=marks))
     return params
 

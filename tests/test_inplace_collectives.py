@@ -1,7 +1,7 @@
 """In-place all-to-all (output is the input) against answers worked out by hand.
 
-gloo gets ``all_to_all_single(x, x)`` wrong, so the differential test cannot vouch for
-the sim here; these expectations are computed from the definition instead.
+gloo gets ``all_to_all_single(x, x)`` wrong (usually: it races), so the differential test
+cannot vouch for the sim here; these expectations are computed from the definition instead.
 """
 
 import torch
