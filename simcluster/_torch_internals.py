@@ -157,9 +157,10 @@ class _FakeCache:
     key, built from the same facts torch's key is built from (op, global dtype/device/
     inference state, each fake tensor's shape, stride, dtype, offset, device, storage size,
     requires_grad, and every other argument's type and value), maps straight to torch's
-    entry, and torch's own ``_output_from_cache_entry`` builds the result: in-place ops
-    return their argument, views share its storage, new tensors get fresh storage. Ops
-    torch will not cache, and arguments we cannot key, take torch's normal road.
+    entry, and the result is built from it as torch builds it (:meth:`_output`): in-place
+    ops return their argument, views share its storage, new tensors get fresh storage. A
+    few ops torch will not cache are remembered here when that is safe; other ops, and
+    arguments we cannot key, take torch's normal road.
     """
 
     _SIMPLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
@@ -185,6 +186,12 @@ class _FakeCache:
                 and kwargs.get("memory_format") in (None, torch.preserve_format)
                 and set(kwargs) <= {"dtype", "layout", "device", "pin_memory",
                                     "memory_format"})
+
+    @staticmethod
+    def _global_key(func):
+        """The start of a key: the op, and the global state its result depends on."""
+        return [func, torch.get_default_dtype(), torch._C._get_default_device(),
+                torch.is_inference_mode_enabled()]
 
     def _key_of(self, values, into, modes):
         """Append the key of each of ``values`` to ``into``; False if one cannot be keyed."""
@@ -226,8 +233,7 @@ class _FakeCache:
             # record_function's markers (FSDP2 sets many) hold no tensors: no fake needed.
             with torch._C._DisableTorchDispatch():
                 return func(*args, **kwargs)
-        key = [func, torch.get_default_dtype(), torch._C._get_default_device(),
-               torch.is_inference_mode_enabled()]
+        key = self._global_key(func)
         modes = set()
         keyable = self._key_of(args, key, modes) and (
             not kwargs or self._key_of(kwargs.items(), key, modes))
@@ -303,8 +309,7 @@ class _FakeCache:
 
     def _unchanged(self, key, func, args, kwargs):
         """Whether the arguments' key is still ``key`` (no shape, stride, size changed)."""
-        after = [func, torch.get_default_dtype(), torch._C._get_default_device(),
-                 torch.is_inference_mode_enabled()]
+        after = self._global_key(func)
         self._key_of(args, after, set())
         if kwargs:
             self._key_of(kwargs.items(), after, set())

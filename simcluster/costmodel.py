@@ -34,18 +34,9 @@ ALGORITHMS = {
     "barrier": ("tree",),
 }
 
-# what the default chooses from: NCCL's algorithms
-DEFAULT_ALGORITHMS = {
-    "all_reduce": ("ring", "tree", "hierarchical"),
-    "reduce_scatter": ("ring",),
-    "all_gather": ("ring",),
-    "broadcast": ("tree", "ring"),
-    "reduce": ("tree", "ring"),
-    "all_to_all": ("direct",),
-    "gather": ("direct",),
-    "scatter": ("direct",),
-    "barrier": ("tree",),
-}
+# what the default chooses from: NCCL's algorithms, i.e. all of them but halving-doubling
+DEFAULT_ALGORITHMS = {family: tuple(a for a in algorithms if a != "halving_doubling")
+                      for family, algorithms in ALGORITHMS.items()}
 
 # torch op names -> the cost family above
 OP_FAMILY = {

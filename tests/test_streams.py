@@ -63,7 +63,8 @@ def test_each_rank_keeps_its_own_selected_stream(node):
     assert torch.cpu.current_stream() is before   # the notebook's own is untouched
 
 
-def _fsdp_step(batch):
+def _sharded_layers():
+    """Four 512x512 linear layers, each sharded with FSDP2 over every rank."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -73,7 +74,11 @@ def _fsdp_step(batch):
     for layer in model:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    model(torch.randn(batch, 512)).sum().backward()
+    return model
+
+
+def _fsdp_step(batch):
+    _sharded_layers()(torch.randn(batch, 512)).sum().backward()
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -92,15 +97,7 @@ def test_fsdp2_backward_prefetch_and_reduce_scatter_overlap_compute():
 
 
 def _fsdp_forward(prefetch):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(4)])
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = _sharded_layers()
     if prefetch:   # each layer starts gathering the next one before it computes
         for layer, after in zip(model[:-1], model[1:]):
             layer.set_modules_to_forward_prefetch([after])
