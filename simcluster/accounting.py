@@ -12,6 +12,7 @@ Each rank runs under a :class:`RankAccounting` dispatch mode, which sees every a
   model far larger than this laptop can be measured without allocating it.
 """
 
+import bisect
 import threading
 import weakref
 
@@ -32,9 +33,14 @@ _FREE_OPS = {"detach", "alias", "lift_fresh", "_local_scalar_dense", "empty", "e
 
 
 class RankClock:
-    """One rank's simulated time: a compute stream and a communication stream."""
+    """One rank's simulated time: a compute stream and a communication stream.
 
-    def __init__(self):
+    Compute that runs while the communication stream is busy takes ``overlap_slowdown``
+    times as long: NCCL's kernels occupy SMs and HBM bandwidth of the same GPU
+    (:data:`simcluster.costmodel.OVERLAP_SLOWDOWN`).
+    """
+
+    def __init__(self, overlap_slowdown=1.0):
         self.now = 0.0          # when the compute stream is next free
         self.comm_free = 0.0    # when the communication stream is next free
         self.compute = 0.0
@@ -43,24 +49,73 @@ class RankClock:
         self.flops = 0
         self.events = []        # (lane, start, end, label), lane: compute | comm | idle
         self.ready_at = {}      # storage key -> time an async collective finishes writing it
+        self.overlap_slowdown = overlap_slowdown
+        self._busy_starts, self._busy_ends = [], []  # communication, sorted and disjoint
 
     def run_compute(self, seconds, label):
-        """Advance the compute stream by ``seconds`` spent in ``label``."""
+        """Run ``seconds`` of compute (at full speed) in ``label`` on the compute stream;
+        return how long it took, slowed where the communication stream is busy."""
         if seconds <= 0:
-            return
-        start, self.now = self.now, self.now + seconds
-        self.compute += seconds
+            return 0.0
+        start, self.now = self.now, self._compute_end(self.now, seconds)
+        self.compute += self.now - start
         last = self.events[-1] if self.events else None
         if last and last[0] == "compute" and last[3] == label and last[2] == start:
             self.events[-1] = ("compute", last[1], self.now, label)
         else:
             self.events.append(("compute", start, self.now, label))
+        return self.now - start
+
+    def _compute_end(self, t, work):
+        """When ``work`` seconds of full-speed compute started at ``t`` end."""
+        i = bisect.bisect_right(self._busy_ends, t)   # the first busy span ending after t
+        for begin, end in zip(self._busy_starts[i:], self._busy_ends[i:]):
+            if begin > t:
+                if work <= begin - t:
+                    return t + work
+                work -= begin - t
+                t = begin
+            if work * self.overlap_slowdown <= end - t:
+                return t + work * self.overlap_slowdown
+            work -= (end - t) / self.overlap_slowdown
+            t = end
+        return t + work
 
     def run_comm(self, start, end, label):
-        """Record that the communication stream was busy from ``start`` to ``end``."""
+        """Record that the communication stream was busy from ``start`` to ``end``.
+
+        Compute charged before this was known ran at full speed where it overlaps: the work
+        it could not have done in that time is charged now, after it.
+        """
         self.comm_free = max(self.comm_free, end)
         self.comm += end - start
         self.events.append(("comm", start, end, label))
+        if self.overlap_slowdown == 1.0:
+            return
+        fresh = self._mark_busy(start, end)
+        overlap = 0.0
+        for lane, s, e, _ in reversed(self.events):
+            if lane == "compute":
+                if e <= start:
+                    break   # compute events are in time order: nothing earlier overlaps
+                overlap += sum(max(0.0, min(e, b) - max(s, a)) for a, b in fresh)
+        self.run_compute(overlap * (1 - 1 / self.overlap_slowdown), "(slowed by communication)")
+
+    def _mark_busy(self, start, end):
+        """Add ``[start, end)`` to the busy spans; return its parts that were not busy."""
+        starts, ends = self._busy_starts, self._busy_ends
+        i = j = bisect.bisect_right(ends, start)
+        fresh, t = [], start
+        while j < len(starts) and starts[j] < end:
+            if starts[j] > t:
+                fresh.append((t, starts[j]))
+            t = max(t, ends[j])
+            j += 1
+        if t < end:
+            fresh.append((t, end))
+        starts[i:j] = [min([start] + starts[i:j])]
+        ends[i:j] = [max([end] + ends[i:j])]
+        return fresh
 
     def wait_until(self, t, label):
         """The compute stream waits (idle) until simulated time ``t``."""
@@ -262,7 +317,7 @@ class RankAccounting(TorchDispatchMode):
         seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes)
         label = self.modules.innermost()
         clock.flops += flops
-        clock.run_compute(seconds, label)
+        seconds = clock.run_compute(seconds, label)
         module_time = self.module_time
         module_time[label] = module_time.get(label, 0.0) + seconds
         return out
@@ -423,7 +478,8 @@ class Recorder:
 
     def __init__(self, spec, world_size, cost):
         self.spec, self.world_size, self.cost = spec, world_size, cost
-        self.clocks = [RankClock() for _ in range(world_size)]
+        slowdown = 1.0 if cost is None else cost.overlap_slowdown
+        self.clocks = [RankClock(slowdown) for _ in range(world_size)]
         self.memories = [MemoryAccount(r, spec.device_of(r), self.clocks[r])
                          for r in range(world_size)]
         self.module_time = [{} for _ in range(world_size)]

@@ -334,18 +334,18 @@ class SimProcessGroup(dist.ProcessGroup):
         if recorder is None:
             return
         ranks = self._group.ranks
-        seconds, algorithm = recorder.cost.collective_time(coll.name, ranks, nbytes)
+        charge = recorder.cost.collective_time(coll.name, ranks, nbytes)
         start = max(coll.arrivals.values())
-        coll.end = start + seconds
+        coll.end = start + charge.seconds
         label = f"{coll.name} #{coll.seq}"
         for r in ranks:
             recorder.clocks[r].run_comm(start, coll.end, label)
-        recorder.collectives.append((coll.name, algorithm, tuple(ranks), nbytes, start,
+        recorder.collectives.append((coll.name, charge.algorithm, tuple(ranks), nbytes, start,
                                      coll.end))
         # Rooted collectives (broadcast, reduce, gather, scatter) flow to or from the root.
         root = coll.spec.get("root", 0)
         rooted = list(ranks[root:]) + list(ranks[:root])
-        for src, dst, b in recorder.cost.traffic(coll.name, algorithm, rooted, nbytes):
+        for src, dst, b in recorder.cost.traffic(coll.name, charge.algorithm, rooted, nbytes):
             recorder.add_traffic(src, dst, b)
 
     def _check_match(self, coll, name, spec):

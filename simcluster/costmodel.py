@@ -1,41 +1,79 @@
 """How long things take on the simulated hardware.
 
-Compute follows a roofline: an op takes ``max(FLOPs / peak FLOP/s for its dtype,
-bytes moved / HBM bandwidth)``. Communication follows latency-bandwidth (alpha-beta)
-models of each algorithm (Thakur, Rabenseifner & Gropp 2005), with
+**Compute** follows a roofline: an op takes ``max(FLOPs / peak FLOP/s for its dtype,
+bytes moved / HBM bandwidth)``, and :data:`OVERLAP_SLOWDOWN` times longer while the
+device's communication stream is busy (NCCL's kernels share the GPU with it).
+
+**NCCL's algorithms** -- ``ring`` and ``tree``, what the default picks from -- are charged
+with NCCL's own performance model, ``src/graph/tuning.cc`` of NCCL 2.30.7
+(``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``). NCCL estimates every algorithm with
+every protocol and runs the fastest; so does the default here. For one (algorithm,
+protocol), with ``p`` ranks and ``n`` bytes (the full buffer, as nccl-tests counts it):
+
+    time = latency + n / (bus bandwidth x ratio)
+
+* Protocols: ``Simple`` moves data at full bandwidth but pays the highest latency per step;
+  ``LL`` (low latency) sends 4 bytes of data with a 4-byte flag, so a step costs well under
+  a microsecond on NVLink but gets half the bandwidth; ``LL128`` sends 120 data bytes per
+  128-byte line: 92 % of the bandwidth at an intermediate latency. ``algorithms=`` forces one
+  as ``NCCL_PROTO`` does: ``{"all_reduce": "ring/LL"}``.
+* Bus bandwidth: on one node, what a GPU can push into the NVLink fabric. Across nodes NCCL
+  runs one channel per NIC, each a ring (or tree) that leaves the node through its own NIC,
+  so the bus bandwidth is ``min(NVLink, NICs x NIC bandwidth)``, about 8 x 24 GB/s on DGX
+  A100 nodes.
+* ``ring``: ``2(p-1)`` steps for all-reduce (``p-1`` for reduce-scatter and all-gather),
+  ratio ``p / steps``. Latency: a base, plus one hop latency per step -- the network's for
+  the steps that cross nodes (``2(nodes-1)`` of them for all-reduce), NVLink's for the rest.
+* ``tree`` (all-reduce only): a chain through the ranks of each node and a double binary
+  tree across nodes. Latency ``base + 2((ranks per node - 1) x intra hop + log2(nodes) x
+  network hop)``: on one node the chain has no logarithmic advantage. Ratio 1/2.
+* Broadcast and reduce run the ring as a pipelined chain from or to the root: ``n / B``,
+  nccl-tests' bus-bandwidth factor 1.
+* ``barrier`` is what ``ProcessGroupNCCL::barrier`` does: an all-reduce of one float.
+
+Not modelled: NCCL's CollNet/SHARP, NVLS and PAT algorithms (they need NVLink SHARP,
+SHARP switches, or one GPU per node), and NCCL's graph search: per-channel bandwidths come
+from the spec's links instead. LL128 is assumed enabled (NCCL enables it on Ampere when the
+GPU reaches its NIC through PCIe switches only, as on DGX systems).
+
+**Textbook algorithms**, charged only when forced, follow latency-bandwidth (alpha-beta-
+gamma) models (Thakur, Rabenseifner & Gropp 2005), with
 
     alpha  latency of one message on the link (s)
     beta   seconds per byte on the slowest link the algorithm uses (1 / bandwidth)
     gamma  seconds per byte to reduce, at the device's HBM speed (1 / HBM bandwidth)
 
-For ``p`` ranks and a buffer of ``n`` bytes, e.g. ring all-reduce costs
-``2(p-1)·alpha + 2(p-1)/p·n·beta + (p-1)/p·n·gamma``.
-
-Links: ranks inside one node talk over its NVLink fabric; a group that spans nodes is
-limited by the network (one NIC per ring). ``hierarchical`` runs ring inside each node
-and ring across nodes on 1/g of the data, ``g`` ranks per node, each on its own NIC.
-
-``ALGORITHMS`` lists what ``algorithms=`` can force. Unless one is forced, a collective is
-charged the fastest of ``DEFAULT_ALGORITHMS``, as NCCL's tuner picks the fastest of NCCL's own
-algorithms; NCCL has no halving-doubling, so that one runs only when forced.
+e.g. ``flat_ring`` all-reduce costs ``2(p-1)·alpha + 2(p-1)/p·n·beta + (p-1)/p·n·gamma``.
+``flat_ring`` is one ring through one NIC; ``binomial_tree`` sends whole buffers along a
+binomial tree; ``halving_doubling`` is Rabenseifner's (NCCL has none); ``hierarchical``
+reduce-scatters inside each node, all-reduces 1/g of the data across nodes with one ring per
+local rank, then all-gathers inside each node -- a teaching algorithm, not one of NCCL's.
+All-to-all, gather and scatter (send/recv in NCCL) are ``direct``: every pair at once.
 """
 
 import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+NCCL_VERSION = "2.30.7"  # the tuning.cc every NCCL constant below is read from
+PROTOCOLS = ("LL", "LL128", "Simple")
+NCCL_ALGORITHMS = ("ring", "tree")
 
 ALGORITHMS = {
-    "all_reduce": ("ring", "tree", "halving_doubling", "hierarchical"),
-    "reduce_scatter": ("ring", "halving_doubling"),
-    "all_gather": ("ring", "halving_doubling"),
-    "broadcast": ("tree", "ring"),
-    "reduce": ("tree", "ring"),
+    "all_reduce": ("ring", "tree", "flat_ring", "binomial_tree", "halving_doubling",
+                   "hierarchical"),
+    "reduce_scatter": ("ring", "flat_ring", "halving_doubling"),
+    "all_gather": ("ring", "flat_ring", "halving_doubling"),
+    "broadcast": ("ring", "binomial_tree"),
+    "reduce": ("ring", "binomial_tree"),
     "all_to_all": ("direct",),
     "gather": ("direct",),
     "scatter": ("direct",),
-    "barrier": ("tree",),
+    "barrier": ("ring", "tree"),
 }
 
-# what the default chooses from: NCCL's algorithms, i.e. all of them but halving-doubling
-DEFAULT_ALGORITHMS = {family: tuple(a for a in algorithms if a != "halving_doubling")
+# what the default chooses from: NCCL's own algorithms (send/recv for the "direct" ones)
+DEFAULT_ALGORITHMS = {family: tuple(a for a in algorithms if a in NCCL_ALGORITHMS + ("direct",))
                       for family, algorithms in ALGORITHMS.items()}
 
 # torch op names -> the cost family above
@@ -47,22 +85,126 @@ OP_FAMILY = {
     "gather": "gather", "scatter": "scatter", "barrier": "barrier",
 }
 
+# ProcessGroupNCCL::barrier all-reduces a one-element float tensor.
+BARRIER_BYTES = 4
+
+# Compute overlapped with communication on the same GPU runs slower: NCCL's kernels occupy
+# SMs (one thread block per channel) and HBM bandwidth. Lee et al., "Characterizing
+# Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning: Performance
+# and Power Implications" (arXiv:2507.03114, 2025) measured compute overlapped with
+# collectives on A100, H100, MI250 and MI210 to be 18.9 % slower on average (40 % at most).
+OVERLAP_SLOWDOWN = 1.189
+
+# ----------------------------------------------- NCCL 2.30.7, src/graph/tuning.cc
+_US, _GBS = 1e-6, 1e9
+# baseLatencies (us): what every collective pays once, per algorithm and protocol
+BASE_LATENCY_US = {"tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},
+                   "ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}}
+# hwLatencies (us): per step (hop) over NVLink, PCIe or the network
+HOP_LATENCY_US = {
+    "nvlink": {"tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
+               "ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4}},
+    "pci": {"tree": {"LL": 1.0, "LL128": 1.9, "Simple": 4.0},
+            "ring": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7}},
+    "net": {"tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0},
+            "ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0}},
+}
+# Rows of the bandwidth caps below: NCCL's compCapIndex
+_GENERATIONS = ((10.0, 3), (9.0, 2), (8.0, 1), (0.0, 0))  # Blackwell, Hopper, Ampere, Volta
+# llMaxBws (GB/s), the LL protocol's bandwidth cap: on one node by GPU generation ...
+LL_MAX_BW_ONE_NODE = (39.0, 87.7, 141.0, 282.0)
+# ... and across 2 / more than 2 nodes by the CPU vendor (NCCL puts mixed ones with AMD)
+LL_MAX_BW_NODES = {"intel": (39.0, 20.4), "amd": (22.5, 19.0), "mixed": (22.5, 19.0)}
+# per-channel caps (GB/s) by generation, for 1 / 2 / more than 2 nodes
+PER_CHANNEL_RING_LL128 = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7),
+                          (40.0, 40.0, 40.0))
+PER_CHANNEL_TREE = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0),
+                    (70.0, 42.8, 24.0))
+PER_CHANNEL_TREE_LL128 = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0),
+                          (55.6, 31.67, 20.0))
+# "Various model refinements": the share of the bus bandwidth each protocol gets
+RING_LL_FACTOR = 0.5
+LL128_FACTOR = 0.92          # 120 data bytes per 128-byte line
+TREE_FACTOR = 0.92
+TREE_LL_FACTOR = 1 / 3.8
+TREE_LL128_FACTOR = {True: 7 / 9, False: 120 / 128}  # key: on one node
+# getNetOverhead (us): posting a network send, charged per ring step across nodes (x3 for
+# Simple): 2.0 on AMD, 1.0 on Intel and anything else
+NET_OVERHEAD_US = {"amd": 2.0, "intel": 1.0, "mixed": 1.0}
+# ncclTopoGetAlgoTime: a multi-node Simple ring all-reduce pays 1.4x its latency (1.9x
+# before Ampere), "plateau effect of ring"
+RING_PLATEAU = {True: 1.4, False: 1.9}  # key: compute capability >= 8.0
+# treeCorrectionFactor: trees fall short of the model at medium sizes; per protocol, for
+# sizes 64 B x 2**i
+TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9,
+           1.0, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9,
+              .9, .9, 1.0, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7,
+               .8, .9, .9, .9),
+}
+# src/graph/search.cc, ncclTopoDupChannels: channels of 25 GB/s or more are doubled (each at
+# half the bandwidth), except on Hopper and later below 50 GB/s with more than 4 channels
+DUP_CHANNELS_GBS, DUP_CHANNELS_HOPPER_GBS = 25.0, 50.0
+
+
+class Charge(NamedTuple):
+    """What a collective costs: ``seconds``, and the ``algorithm`` and ``protocol`` charged
+    (``protocol`` is NCCL's -- LL, LL128 or Simple -- or None for a textbook algorithm)."""
+
+    seconds: float
+    algorithm: str
+    protocol: str
+
 
 def _lg(p):
     return math.ceil(math.log2(p)) if p > 1 else 0
 
 
+def _generation(compute_capability):
+    """NCCL's row for a GPU: 0 Volta, 1 Ampere, 2 Hopper, 3 Blackwell."""
+    return next(row for floor, row in _GENERATIONS if compute_capability >= floor)
+
+
+def parse_algorithm(family, text):
+    """``(algorithm, protocol or None)`` from ``"ring"`` or ``"ring/LL"`` (case-insensitive
+    protocol, as ``NCCL_PROTO``); raises ``ValueError`` naming what is wrong."""
+    if family not in ALGORITHMS:
+        raise ValueError(f"unknown collective {family!r} in algorithms=; choose from "
+                         f"{', '.join(ALGORITHMS)}")
+    if not isinstance(text, str):
+        raise ValueError(f"algorithms[{family!r}] must be a string like 'ring' or "
+                         f"'ring/LL', got {text!r}")
+    algorithm, _, protocol = text.partition("/")
+    if algorithm not in ALGORITHMS[family]:
+        raise ValueError(f"{family} has no algorithm {algorithm!r}; choose from "
+                         f"{', '.join(ALGORITHMS[family])}")
+    if not protocol:
+        return algorithm, None
+    if algorithm not in NCCL_ALGORITHMS:
+        raise ValueError(f"{algorithm!r} is a textbook algorithm without NCCL protocols; "
+                         f"force a protocol only with {' or '.join(NCCL_ALGORITHMS)}, "
+                         f"e.g. 'ring/LL'")
+    canonical = {name.lower(): name for name in PROTOCOLS}.get(protocol.lower())
+    if canonical is None:
+        raise ValueError(f"unknown protocol {protocol!r} in {text!r}; choose from "
+                         f"{', '.join(PROTOCOLS)}")
+    return algorithm, canonical
+
+
 class LinkCost:
     """alpha, beta, gamma of one link class."""
 
-    def __init__(self, link, factor, hbm_bandwidth):
-        self.alpha = link.latency
-        self.beta = 1.0 / (link.effective_bandwidth * factor)
+    def __init__(self, latency, bandwidth, hbm_bandwidth):
+        self.alpha = latency
+        self.beta = 1.0 / bandwidth
         self.gamma = 1.0 / hbm_bandwidth
 
 
 def flat_time(family, algorithm, p, n, c):
-    """Seconds for ``family`` with ``algorithm`` on ``p`` ranks, ``n`` bytes, link cost ``c``."""
+    """Seconds for textbook ``algorithm`` of ``family`` on ``p`` ranks, ``n`` bytes, link
+    cost ``c`` (Thakur, Rabenseifner & Gropp 2005)."""
     a, b, g = c.alpha, c.beta, c.gamma
     if p <= 1:
         return 0.0
@@ -75,26 +217,92 @@ def flat_time(family, algorithm, p, n, c):
     q = 1 << (p.bit_length() - 1)
     lq, fq, extra = q.bit_length() - 1, (q - 1) / q, int(p > q)
     table = {
-        ("all_reduce", "ring"): lambda: 2 * (p - 1) * a + 2 * f * n * b + f * n * g,
-        ("all_reduce", "tree"): lambda: 2 * lg * (a + n * b) + lg * n * g,
+        ("all_reduce", "flat_ring"): lambda: 2 * (p - 1) * a + 2 * f * n * b + f * n * g,
+        ("all_reduce", "binomial_tree"): lambda: 2 * lg * (a + n * b) + lg * n * g,
         ("all_reduce", "halving_doubling"): lambda: (extra * (2 * a + 2 * n * b + n * g)
                                                      + 2 * lq * a + 2 * fq * n * b + fq * n * g),
-        ("reduce_scatter", "ring"): lambda: (p - 1) * a + f * n * (b + g),
+        ("reduce_scatter", "flat_ring"): lambda: (p - 1) * a + f * n * (b + g),
         ("reduce_scatter", "halving_doubling"): lambda: (
             extra * (2 * a + n * b + n * g + n / p * b) + lq * a + fq * n * (b + g)),
-        ("all_gather", "ring"): lambda: (p - 1) * a + f * n * b,
+        ("all_gather", "flat_ring"): lambda: (p - 1) * a + f * n * b,
         ("all_gather", "halving_doubling"): lambda: (extra * (2 * a + n / p * b + n * b)
                                                      + lq * a + fq * n * b),
-        ("broadcast", "tree"): lambda: lg * (a + n * b),
-        ("broadcast", "ring"): lambda: (p - 1) * a + n * b,
-        ("reduce", "tree"): lambda: lg * (a + n * (b + g)),
-        ("reduce", "ring"): lambda: (p - 1) * a + n * (b + g),
+        ("broadcast", "binomial_tree"): lambda: lg * (a + n * b),
+        ("reduce", "binomial_tree"): lambda: lg * (a + n * (b + g)),
         ("all_to_all", "direct"): lambda: (p - 1) * a + f * n * b,
         ("gather", "direct"): lambda: (p - 1) * a + f * n * b,
         ("scatter", "direct"): lambda: (p - 1) * a + f * n * b,
-        ("barrier", "tree"): lambda: lg * a,
     }
     return table[(family, algorithm)]()
+
+
+@dataclass(frozen=True)
+class NcclGroup:
+    """What NCCL's model needs to know about the ranks of one collective."""
+
+    ranks: int
+    nodes: int
+    per_node: int          # the most ranks on one node: the length of a tree's chain
+    bus_bandwidth: float   # bytes/s a rank can push: NVLink, or the NICs across nodes
+    channels: float        # NCCL channels across nodes (inf on one node: no cap binds)
+    generation: int        # NCCL's compCapIndex
+    compute_capability: float
+    cpu: str               # "amd", "intel" or "mixed"
+    intra_kind: str        # "nvlink" or "pci": which hop latencies apply inside a node
+
+
+def nccl_time(family, algorithm, protocol, group, n):
+    """Seconds NCCL's tuner estimates for ``family`` with ``algorithm``/``protocol`` on
+    ``group`` (a :class:`NcclGroup`) and ``n`` bytes (tuning.cc of NCCL 2.30.7)."""
+    g, p = group, group.ranks
+    one_node = g.nodes == 1
+    column = min(g.nodes, 3) - 1                     # NCCL's index2: 1, 2, >2 nodes
+    ll_max = (LL_MAX_BW_ONE_NODE[g.generation] if one_node
+              else LL_MAX_BW_NODES[g.cpu][column - 1]) * _GBS
+    bus = g.bus_bandwidth
+    base = BASE_LATENCY_US[algorithm][protocol]
+    intra = HOP_LATENCY_US[g.intra_kind][algorithm][protocol]
+    # with one rank per node nothing hides the network latency: NCCL charges the tree's
+    inter = HOP_LATENCY_US["net"]["tree" if g.per_node == 1 else algorithm][protocol]
+    if algorithm == "ring":
+        if protocol == "LL":
+            bus = min(ll_max, bus * RING_LL_FACTOR)
+        elif protocol == "LL128":
+            bus = min(bus * LL128_FACTOR,
+                      g.channels * PER_CHANNEL_RING_LL128[g.generation][column] * _GBS)
+        steps = {"all_reduce": 2 * (p - 1), "reduce_scatter": p - 1,
+                 "all_gather": p - 1}.get(family, p)
+        bandwidth = bus * p / steps
+        if family in ("broadcast", "reduce"):
+            # every step pays the hop latency of the slowest link; Simple that of the tree
+            kind = g.intra_kind if one_node else "net"
+            hop = HOP_LATENCY_US[kind]["tree" if protocol == "Simple" else "ring"][protocol]
+            latency = base + steps * hop
+        else:
+            if not one_node:  # posting network sends also paces the steps inside the node
+                overhead = NET_OVERHEAD_US[g.cpu] * (3 if protocol == "Simple" else 1)
+                intra = max(intra, overhead)
+            crossing = 0 if one_node else (g.nodes - 1) * (2 if family == "all_reduce" else 1)
+            latency = base + (steps - crossing) * intra + crossing * inter
+            channels = g.channels if not one_node else 1
+            if (protocol == "Simple" and not one_node and family == "all_reduce"
+                    and n / (channels * p) >= 64):
+                latency *= RING_PLATEAU[g.compute_capability >= 8.0]
+    else:  # tree: all-reduce only
+        bus = min(bus * TREE_FACTOR, g.channels * PER_CHANNEL_TREE[g.generation][column] * _GBS)
+        if protocol == "LL":
+            bus = min(bus * TREE_LL_FACTOR, ll_max)
+        elif protocol == "LL128":
+            bus = min(bus * TREE_LL128_FACTOR[one_node],
+                      g.channels * PER_CHANNEL_TREE_LL128[g.generation][column] * _GBS)
+        bandwidth = bus * 0.5
+        if n >= 64:
+            size_class = int(n // 64).bit_length() - 1
+            if size_class < 23:
+                bandwidth *= TREE_CORRECTION[protocol][size_class]
+        latency = base + 2 * ((g.per_node - 1) * intra
+                              + (g.nodes.bit_length() - 1) * inter)
+    return latency * _US + n / bandwidth
 
 
 class CostModel:
@@ -103,22 +311,20 @@ class CostModel:
     ``speed_factor[rank]`` (default 1) divides a rank's compute speed: 2 means a straggler
     twice as slow. ``link_factor[key]`` (default 1) multiplies bandwidth: ``key`` is a node
     index for its NVLink fabric, or ``"network"`` for the links between nodes.
-    ``algorithms`` forces an algorithm per collective family, e.g. ``{"all_reduce": "ring"}``.
+    ``algorithms`` forces an algorithm (and for NCCL's, optionally a protocol) per collective
+    family, e.g. ``{"all_reduce": "ring"}`` or ``{"all_reduce": "tree/LL128"}``.
+    ``overlap_slowdown`` is how many times longer compute takes while communication runs on
+    the same device (:data:`OVERLAP_SLOWDOWN`).
     """
 
     def __init__(self, spec, algorithms=None):
         self.spec = spec
         self.speed_factor = {}
         self.link_factor = {}
+        self.overlap_slowdown = OVERLAP_SLOWDOWN
         self._peak = {}  # (rank, dtype) -> (FLOP/s, HBM bytes/s, slowdown), filled lazily
-        self.algorithms = dict(algorithms or {})
-        for family, algorithm in self.algorithms.items():
-            if family not in ALGORITHMS:
-                raise ValueError(f"unknown collective {family!r} in algorithms=; choose from "
-                                 f"{', '.join(ALGORITHMS)}")
-            if algorithm not in ALGORITHMS[family]:
-                raise ValueError(f"{family} has no algorithm {algorithm!r}; choose from "
-                                 f"{', '.join(ALGORITHMS[family])}")
+        self.algorithms = {family: parse_algorithm(family, text)
+                           for family, text in dict(algorithms or {}).items()}
 
     # ------------------------------------------------------------------ compute
     def roofline(self, rank, flops, dtype, nbytes):
@@ -133,51 +339,112 @@ class CostModel:
         return max(flops / flops_per_s if flops else 0.0, nbytes / bytes_per_s) * slowdown
 
     # ------------------------------------------------------------ communication
-    def _link_cost(self, ranks, inter):
+    def _per_node(self, ranks):
+        """``{node index: [ranks on it]}``, in the order of ``ranks``."""
+        per_node = {}
+        for r in ranks:
+            per_node.setdefault(self.spec.node_of(r), []).append(r)
+        return per_node
+
+    def _fabric_bandwidth(self, node, gpus):
+        """Bytes/s each of ``gpus`` GPUs of ``node`` gets into the others, after faults."""
+        return (self.spec.nodes[node].fabric.effective_bandwidth_among(gpus)
+                * self.link_factor.get(node, 1.0))
+
+    def _nic_bandwidth(self):
+        return self.spec.inter_node_link.effective_bandwidth * self.link_factor.get("network", 1.0)
+
+    def _nics_used(self, per_node):
+        """NICs per node a collective's channels use: NCCL gives each local rank at most one
+        channel's NIC, so a node is limited by its NICs and by its ranks in the group."""
+        return min(min(self.spec.nodes[i].nics, len(members)) for i, members in per_node.items())
+
+    def nccl_group(self, ranks):
+        """The :class:`NcclGroup` of global ``ranks``."""
+        spec = self.spec
+        per_node = self._per_node(ranks)
+        fabrics = [self._fabric_bandwidth(i, len(m)) for i, m in per_node.items() if len(m) > 1]
+        bus = min(fabrics, default=math.inf)
+        channels = math.inf
+        capability = min(spec.nodes[i].device.compute_capability for i in per_node)
+        generation = _generation(capability)
+        if len(per_node) > 1:
+            nics = self._nics_used(per_node)
+            per_channel = self._nic_bandwidth() / _GBS
+            channels = nics
+            if per_channel >= DUP_CHANNELS_GBS and not (
+                    generation >= 2 and per_channel < DUP_CHANNELS_HOPPER_GBS and nics > 4):
+                channels *= 2
+            bus = min(bus, nics * self._nic_bandwidth())
+        kinds = {spec.nodes[i].fabric.kind for i, m in per_node.items() if len(m) > 1}
+        cpus = {spec.nodes[i].cpu for i in per_node}
+        return NcclGroup(
+            ranks=len(ranks), nodes=len(per_node),
+            per_node=max(len(m) for m in per_node.values()), bus_bandwidth=bus,
+            channels=channels, generation=generation, compute_capability=capability,
+            cpu=cpus.pop() if len(cpus) == 1 else "mixed",
+            intra_kind="pci" if kinds - {"nvlink"} else "nvlink")
+
+    def _link_cost(self, ranks, inter, among=2, share=1.0):
+        """alpha-beta-gamma of the slowest link ``ranks`` use: between nodes one NIC (times
+        ``share``), else the fabric with ``among`` GPUs sending at once (2: one pair)."""
         spec = self.spec
         nodes = sorted({spec.node_of(r) for r in ranks})
         hbm = min(spec.nodes[i].device.hbm_bandwidth for i in nodes)
         if inter:
-            return LinkCost(spec.inter_node_link, self.link_factor.get("network", 1.0), hbm)
-        slowest = min(nodes, key=lambda i: spec.nodes[i].fabric.effective_bandwidth
-                      * self.link_factor.get(i, 1.0))
-        return LinkCost(spec.nodes[slowest].fabric, self.link_factor.get(slowest, 1.0), hbm)
+            return LinkCost(spec.inter_node_link.latency, self._nic_bandwidth() * share, hbm)
+        slowest = min(nodes, key=lambda i: self._fabric_bandwidth(i, among))
+        return LinkCost(spec.nodes[slowest].fabric.latency,
+                        self._fabric_bandwidth(slowest, among), hbm)
 
     def _hierarchical(self, ranks, n):
-        per_node = {}
-        for r in ranks:
-            per_node.setdefault(self.spec.node_of(r), []).append(r)
-        g = max(len(v) for v in per_node.values())
-        nodes = len(per_node)
+        per_node = self._per_node(ranks)
+        g = max(len(m) for m in per_node.values())
+        rings = min(len(m) for m in per_node.values())  # one ring across nodes per local rank
+        nics = min(self.spec.nodes[i].nics for i in per_node)  # rings share scarcer NICs
         intra = self._link_cost(ranks, inter=False)
-        inter = self._link_cost(ranks, inter=True)
-        shard = n / min(len(v) for v in per_node.values())
-        return (flat_time("reduce_scatter", "ring", g, n, intra)
-                + flat_time("all_reduce", "ring", nodes, shard, inter)
-                + flat_time("all_gather", "ring", g, n, intra))
+        inter = self._link_cost(ranks, inter=True, share=min(1.0, nics / rings))
+        return (flat_time("reduce_scatter", "flat_ring", g, n, intra)
+                + flat_time("all_reduce", "flat_ring", len(per_node), n / rings, inter)
+                + flat_time("all_gather", "flat_ring", g, n, intra))
+
+    def _textbook_time(self, family, algorithm, ranks, n):
+        spans_nodes = len({self.spec.node_of(r) for r in ranks}) > 1
+        if algorithm == "hierarchical":
+            if spans_nodes:
+                return self._hierarchical(ranks, n)
+            algorithm = "flat_ring"  # inside one node it is just a ring
+        among = len(ranks) if algorithm == "direct" else 2  # direct: every pair at once
+        return flat_time(family, algorithm, len(ranks), n,
+                         self._link_cost(ranks, spans_nodes, among))
 
     def collective_time(self, op, ranks, nbytes):
-        """``(seconds, algorithm)`` for collective ``op`` over global ``ranks``."""
+        """The :class:`Charge` -- seconds, algorithm, protocol -- of collective ``op`` on
+        global ``ranks`` with an ``nbytes`` buffer: the forced algorithm, else the fastest
+        of NCCL's (with the fastest protocol, as NCCL's tuner picks)."""
         family = OP_FAMILY[op]
-        p = len(ranks)
-        spans_nodes = len({self.spec.node_of(r) for r in ranks}) > 1
-        candidates = DEFAULT_ALGORITHMS[family]
-        if family in self.algorithms:
-            candidates = (self.algorithms[family],)
+        forced = self.algorithms.get(family)
+        if family == "barrier":
+            family, nbytes = "all_reduce", BARRIER_BYTES
+        options = [forced] if forced else [(a, None) for a in DEFAULT_ALGORITHMS[family]]
+        if len(ranks) <= 1:  # nothing to send; NCCL would name ring/Simple
+            algorithm, protocol = options[0]
+            if algorithm in NCCL_ALGORITHMS:
+                protocol = protocol or "Simple"
+            return Charge(0.0, algorithm, protocol)
+        choices = [(algorithm, protocol) for algorithm, given in options
+                   for protocol in ((given,) if given or algorithm not in NCCL_ALGORITHMS
+                                    else PROTOCOLS)]
+        group = None
         best = None
-        for algorithm in candidates:
-            if algorithm == "hierarchical":
-                if not spans_nodes and family in self.algorithms:
-                    seconds = flat_time(family, "ring", p, nbytes, self._link_cost(ranks, False))
-                elif not spans_nodes:
-                    continue
-                else:
-                    seconds = self._hierarchical(ranks, nbytes)
+        for algorithm, protocol in choices:
+            if algorithm in NCCL_ALGORITHMS:
+                group = group or self.nccl_group(ranks)
+                seconds = nccl_time(family, algorithm, protocol, group, nbytes)
             else:
-                seconds = flat_time(family, algorithm, p, nbytes,
-                                    self._link_cost(ranks, spans_nodes))
-            if best is None or seconds < best[0]:
-                best = (seconds, algorithm)
+                seconds = self._textbook_time(family, algorithm, ranks, nbytes)
+            if best is None or seconds < best.seconds:
+                best = Charge(seconds, algorithm, protocol)
         return best
 
     def traffic(self, op, algorithm, ranks, nbytes):
@@ -185,23 +452,16 @@ class CostModel:
         family = OP_FAMILY[op]
         if family == "barrier" or len(ranks) < 2:
             return []
+        per_node = self._per_node(ranks)
         if algorithm == "hierarchical":
-            return self._hierarchical_traffic(ranks, nbytes)
-        return pattern(family, algorithm, list(ranks), nbytes)
-
-    def _hierarchical_traffic(self, ranks, n):
-        per_node = {}
-        for r in ranks:
-            per_node.setdefault(self.spec.node_of(r), []).append(r)
-        nodes = list(per_node.values())
-        out = []
-        for members in nodes:
-            out += pattern("reduce_scatter", "ring", members, n)
-            out += pattern("all_gather", "ring", members, n)
-        g = min(len(m) for m in nodes)
-        for i in range(g):
-            out += pattern("all_reduce", "ring", [m[i] for m in nodes], n / g)
-        return out
+            return _hierarchical_traffic(list(per_node.values()), nbytes)
+        if algorithm == "tree":
+            return _tree_traffic(list(per_node.values()), nbytes)
+        if algorithm == "ring" and len(per_node) > 1 and family not in ("broadcast", "reduce"):
+            return _ring_traffic(family, list(per_node.values()), nbytes,
+                                 self._nics_used(per_node))
+        flat = "flat_ring" if algorithm == "ring" else algorithm
+        return pattern(family, flat, list(ranks), nbytes)
 
     def p2p_time(self, src, dst, nbytes):
         """Seconds for one message of ``nbytes`` from ``src`` to ``dst``: alpha + n·beta."""
@@ -210,17 +470,52 @@ class CostModel:
         return c.alpha + nbytes * c.beta
 
 
+def _ring_traffic(family, per_node, n, channels):
+    """NCCL's rings across nodes: ``channels`` rings, each carrying 1/channels of the data
+    and entering every node at a different local rank (so leaving through a different NIC)."""
+    out = []
+    for c in range(channels):
+        order = [r for members in per_node
+                 for r in members[c % len(members):] + members[:c % len(members)]]
+        out += pattern(family, "flat_ring", order, n / channels)
+    return out
+
+
+def _tree_traffic(per_node, n):
+    """NCCL's tree all-reduce: reduce up a chain in each node and across nodes up two binary
+    trees (each with half the data; NCCL shifts or mirrors the first to build the second,
+    here it is mirrored), then broadcast back down the same edges."""
+    edges = []  # (child, parent, bytes)
+    for members in per_node:
+        edges += [(child, parent, n) for parent, child in zip(members, members[1:])]
+    heads = [members[0] for members in per_node]
+    for tree in (heads, heads[::-1]):
+        edges += [(tree[i], tree[(i - 1) // 2], n / 2) for i in range(1, len(tree))]
+    return edges + [(parent, child, b) for child, parent, b in edges]
+
+
+def _hierarchical_traffic(per_node, n):
+    out = []
+    for members in per_node:
+        out += pattern("reduce_scatter", "flat_ring", members, n)
+        out += pattern("all_gather", "flat_ring", members, n)
+    g = min(len(m) for m in per_node)
+    for i in range(g):
+        out += pattern("all_reduce", "flat_ring", [m[i] for m in per_node], n / g)
+    return out
+
+
 def pattern(family, algorithm, ranks, n):
-    """Who sends how many bytes to whom in a flat algorithm over ``ranks``."""
+    """Who sends how many bytes to whom in a flat textbook algorithm over ``ranks``."""
     p = len(ranks)
     if p < 2:
         return []
     ring_share = {"all_reduce": 2 * (p - 1) / p, "reduce_scatter": (p - 1) / p,
                   "all_gather": (p - 1) / p, "broadcast": 1.0, "reduce": 1.0}
-    if algorithm == "ring":
+    if algorithm == "flat_ring":  # broadcast and reduce: a chain from the root
         hops = range(p) if family not in ("broadcast", "reduce") else range(p - 1)
         return [(ranks[i], ranks[(i + 1) % p], ring_share[family] * n) for i in hops]
-    if algorithm == "tree":
+    if algorithm == "binomial_tree":
         edges = []
         step = 1
         while step < p:  # binomial tree rooted at ranks[0]
@@ -228,7 +523,7 @@ def pattern(family, algorithm, ranks, n):
             step *= 2
         down = [(a, b, n) for a, b in edges]
         up = [(b, a, n) for a, b in edges]
-        return {"broadcast": down, "reduce": up, "all_reduce": up + down, "barrier": []}[family]
+        return {"broadcast": down, "reduce": up, "all_reduce": up + down}[family]
     if algorithm == "halving_doubling":
         q = 1 << (p.bit_length() - 1)  # on ranks[:q]; rank q + i pairs with rank i
         out, size, step = [], n / 2, 1

@@ -5,8 +5,10 @@ fabric (NVLink/NVSwitch), and NICs onto the network between nodes (InfiniBand). 
 ranks fill the nodes in order: with 8 devices per node, ranks 0-7 live on node 0, ranks
 8-15 on node 1.
 
-Numbers are the data-sheet peaks of DESIGN.md §6; ``efficiency`` is the fraction of a
-link's peak that collectives really achieve (NVLink ~0.8, InfiniBand ~0.95).
+Numbers are the data-sheet peaks listed in ``docs/reference-numbers.md``; ``efficiency`` is
+the fraction of a link's peak that collectives really achieve (NVLink ~0.8, InfiniBand ~0.95).
+A fabric is either a switch (NVSwitch: every GPU reaches every other one at its full
+bandwidth) or a mesh of direct links (HGX A100 4-GPU: ``pair_bandwidth`` between each pair).
 """
 
 import math
@@ -24,12 +26,17 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32, "tf32": None,
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """One accelerator: memory capacity, peak FLOP/s per dtype, HBM bandwidth."""
+    """One accelerator: memory capacity, peak FLOP/s per dtype, HBM bandwidth.
+
+    ``compute_capability`` (8.0 for A100, 9.0 for H100) picks the row of NCCL's tuning
+    tables that the cost model uses, as NCCL does.
+    """
 
     name: str
     memory: int                      # bytes
     peak_flops: dict                 # dtype name -> FLOP/s (dense)
     hbm_bandwidth: float             # bytes/s
+    compute_capability: float = 8.0
 
     def flops_for(self, dtype):
         """Peak FLOP/s for a torch dtype (integers count at the int8 rate, else fp32)."""
@@ -43,28 +50,53 @@ class DeviceSpec:
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """A link: per-direction peak bandwidth (bytes/s), latency per message (s)."""
+    """A link: per-direction peak bandwidth (bytes/s), latency per message (s).
+
+    ``kind`` is ``"nvlink"``, ``"pci"`` or ``"net"``: which row of NCCL's per-hop latencies
+    applies. For a fabric, ``bandwidth`` is what one GPU can send in total; a mesh of
+    direct links also gives ``pair_bandwidth``, the most one pair of GPUs can exchange
+    (None: a switch, any pair gets the full ``bandwidth``).
+    """
 
     name: str
     bandwidth: float
     latency: float
     efficiency: float = 1.0
+    kind: str = "nvlink"
+    pair_bandwidth: float = None
 
     @property
     def effective_bandwidth(self):
         """What a collective really gets out of the link, in bytes/s."""
         return self.bandwidth * self.efficiency
 
+    def effective_bandwidth_among(self, gpus):
+        """Bytes/s one of ``gpus`` GPUs on this fabric can send to the others at once.
+
+        On a switch that is the full bandwidth; on a mesh each GPU has ``gpus - 1`` direct
+        links into the group, so two GPUs of an HGX A100 4-GPU board get 100 GB/s, all
+        four 300 GB/s (four NVLinks to each of three peers).
+        """
+        bandwidth = self.bandwidth
+        if self.pair_bandwidth is not None:
+            bandwidth = min(bandwidth, max(gpus - 1, 1) * self.pair_bandwidth)
+        return bandwidth * self.efficiency
+
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One machine: ``devices`` devices of type ``device`` on ``fabric``, with ``nics``."""
+    """One machine: ``devices`` devices of type ``device`` on ``fabric``, with ``nics``.
+
+    ``cpu`` (``"amd"`` or ``"intel"``) matters to NCCL's tuner across nodes: it picks the
+    low-latency protocol's bandwidth cap and the cost of posting a network send.
+    """
 
     name: str
     devices: int
     device: DeviceSpec = None
     fabric: LinkSpec = None
     nics: int = None  # None: one NIC per device
+    cpu: str = "amd"
 
 
 @dataclass(frozen=True)
@@ -144,12 +176,14 @@ class ClusterSpec:
             which = (f"node {indices[0]}" if len(indices) == 1
                      else f"nodes {indices[0]}-{indices[-1]}")
             node = self.nodes[indices[0]]
+            pair = node.fabric.pair_bandwidth
+            per_pair = f" ({pair / GB:.0f} GB/s per pair)" if pair is not None else ""
             lines.append(
                 f"  {which}: {devices} x {device_name} "
                 f"({node.device.memory / GiB:.0f} GiB, "
                 f"{node.device.peak_flops.get('bfloat16', 0) / TFLOPS:.0f} TFLOP/s bf16, "
                 f"{node.device.hbm_bandwidth / GB:,.0f} GB/s HBM), "
-                f"{fabric} {node.fabric.bandwidth / GB:.0f} GB/s per direction, "
+                f"{fabric} {node.fabric.bandwidth / GB:.0f} GB/s per direction{per_pair}, "
                 f"{nics} NIC(s)")
         nic = self.network.nic
         lines.append(f"  network: {nic.name} {nic.bandwidth / GB:.0f} GB/s per NIC, "
@@ -159,42 +193,61 @@ class ClusterSpec:
 
 
 # ------------------------------------------------------------------- hardware
+# Data-sheet peaks (NVIDIA A100 and H100 data sheets; see docs/reference-numbers.md).
 A100_80GB = DeviceSpec(
     "A100-80GB", 80 * GiB,
     {"float64": 19.5 * TFLOPS, "float32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS,
      "bfloat16": 312 * TFLOPS, "float16": 312 * TFLOPS, "int8": 624 * TFLOPS},
-    2039 * GB)
+    2039 * GB, compute_capability=8.0)
 H100_80GB = DeviceSpec(
     "H100-80GB", 80 * GiB,
     {"float64": 67 * TFLOPS, "float32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
      "bfloat16": 989 * TFLOPS, "float16": 989 * TFLOPS, "int8": 1979 * TFLOPS},
-    3350 * GB)
-# Latencies: NCCL's tuner uses ~3.4 us per NVLink hop and ~9.6 us per network hop.
+    3350 * GB, compute_capability=9.0)
+# Link latencies are the per-hop latencies NCCL 2.30.7's tuner charges a ring step of its
+# Simple protocol (src/graph/tuning.cc, hwLatencies): 3.4 us over NVLink, 14.0 us over the
+# network. They are the alpha of the textbook algorithms and of point-to-point messages;
+# NCCL's own algorithms use NCCL's full per-protocol table (simcluster.costmodel).
+# NVLink3: 12 links x 25 GB/s per direction per A100 = 300 GB/s, through NVSwitch on
+# DGX/HGX A100 8-GPU; NVLink4: 18 links x 25 GB/s = 450 GB/s per H100.
 NVLINK3 = LinkSpec("NVLink3/NVSwitch", 300 * GB, 3.4e-6, efficiency=0.8)
 NVLINK4 = LinkSpec("NVLink4/NVSwitch", 450 * GB, 3.4e-6, efficiency=0.8)
-HDR_IB = LinkSpec("HDR InfiniBand 200 Gb/s", 25 * GB, 9.6e-6, efficiency=0.95)
-NDR_IB = LinkSpec("NDR InfiniBand 400 Gb/s", 50 * GB, 9.6e-6, efficiency=0.95)
+# HGX A100 4-GPU: no NVSwitch; each A100 has four NVLinks to each of its three peers
+# (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020): 100 GB/s per direction
+# per pair, 300 GB/s per GPU only when it talks to all three at once.
+NVLINK3_MESH4 = LinkSpec("NVLink3 mesh (HGX A100 4-GPU)", 300 * GB, 3.4e-6, efficiency=0.8,
+                         pair_bandwidth=100 * GB)
+HDR_IB = LinkSpec("HDR InfiniBand 200 Gb/s", 25 * GB, 14.0e-6, efficiency=0.95, kind="net")
+NDR_IB = LinkSpec("NDR InfiniBand 400 Gb/s", 50 * GB, 14.0e-6, efficiency=0.95, kind="net")
 
 DEVICES = {d.name: d for d in (A100_80GB, H100_80GB)}
-LINKS = {"nvlink3": NVLINK3, "nvlink4": NVLINK4, "hdr-ib": HDR_IB, "ndr-ib": NDR_IB}
+LINKS = {"nvlink3": NVLINK3, "nvlink4": NVLINK4, "nvlink3-mesh4": NVLINK3_MESH4,
+         "hdr-ib": HDR_IB, "ndr-ib": NDR_IB}
+LINK_KINDS = ("nvlink", "pci", "net")
+CPUS = ("amd", "intel")
 
 
-def _dgx(name, nodes, device, fabric, nic):
-    return ClusterSpec(name, tuple(NodeSpec(f"node{i}", 8, device, fabric, nics=8)
+def _dgx(name, nodes, device, fabric, nic, cpu):
+    # DGX A100: 8 ConnectX-6 HDR NICs, 2 AMD EPYC 7742; DGX H100: 8 ConnectX-7 NDR NICs,
+    # 2 Intel Xeon Platinum 8480C (NVIDIA DGX A100 / DGX H100 user guides).
+    return ClusterSpec(name, tuple(NodeSpec(f"node{i}", 8, device, fabric, nics=8, cpu=cpu)
                                    for i in range(nodes)), NetworkSpec(nic))
 
 
 def _hetero_11(nodes):
     if nodes not in (None, 11):
         raise ValueError("the hetero-11 preset always has 11 nodes; leave out nodes=")
+    # ten HGX A100 4-GPU boards (NVLink mesh, a NIC per GPU) and one DGX A100 (node 7)
     return ClusterSpec("hetero-11", tuple(
-        NodeSpec(f"node{i}", 8 if i == 7 else 4, A100_80GB, NVLINK3, nics=8 if i == 7 else 4)
+        NodeSpec(f"node{i}", 8, A100_80GB, NVLINK3, nics=8) if i == 7
+        else NodeSpec(f"node{i}", 4, A100_80GB, NVLINK3_MESH4, nics=4)
         for i in range(11)), NetworkSpec(HDR_IB))
 
 
 PRESETS = {
-    "dgx-a100": lambda nodes: _dgx("dgx-a100", nodes or 1, A100_80GB, NVLINK3, HDR_IB),
-    "dgx-h100": lambda nodes: _dgx("dgx-h100", nodes or 1, H100_80GB, NVLINK4, NDR_IB),
+    "dgx-a100": lambda nodes: _dgx("dgx-a100", nodes or 1, A100_80GB, NVLINK3, HDR_IB, "amd"),
+    "dgx-h100": lambda nodes: _dgx("dgx-h100", nodes or 1, H100_80GB, NVLINK4, NDR_IB,
+                                   "intel"),
     "hetero-11": _hetero_11,
 }
 
@@ -234,7 +287,8 @@ def _device_from(d, where):
         return DEVICES[d]
     if not isinstance(d, dict):
         raise ValueError(f"{where}: device must be a name or a dict, got {d!r}")
-    _check_fields(d, {"name", "memory_gb", "peak_tflops", "hbm_gbps"}, where)
+    _check_fields(d, {"name", "memory_gb", "peak_tflops", "hbm_gbps", "compute_capability"},
+                  where)
     flops = d.get("peak_tflops")
     if not isinstance(flops, dict) or not flops:
         raise ValueError(f"{where}: peak_tflops must be a dict like "
@@ -250,31 +304,43 @@ def _device_from(d, where):
     return DeviceSpec(str(d.get("name", "custom")),
                       int(_positive(d.get("memory_gb"), f"{where}: memory_gb") * GiB),
                       {k: v * TFLOPS for k, v in flops.items()},
-                      _positive(d.get("hbm_gbps"), f"{where}: hbm_gbps") * GB)
+                      _positive(d.get("hbm_gbps"), f"{where}: hbm_gbps") * GB,
+                      _positive(d.get("compute_capability", 8.0), f"{where}: compute_capability"))
 
 
-def _link_from(d, where):
+def _choice(value, choices, what):
+    if value not in choices:
+        raise ValueError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _link_from(d, where, kind="nvlink"):
     if isinstance(d, str):
         if d not in LINKS:
             raise ValueError(f"{where}: unknown link {d!r}; known: {', '.join(LINKS)}")
         return LINKS[d]
     if not isinstance(d, dict):
         raise ValueError(f"{where}: link must be a name or a dict, got {d!r}")
-    _check_fields(d, {"name", "bandwidth_gbps", "latency_us", "efficiency"}, where)
+    _check_fields(d, {"name", "bandwidth_gbps", "latency_us", "efficiency", "kind",
+                      "pair_bandwidth_gbps"}, where)
     efficiency = d.get("efficiency", 1.0)
     if not (isinstance(efficiency, (int, float)) and 0 < efficiency <= 1):
         raise ValueError(f"{where}: efficiency must be in (0, 1], got {efficiency!r}")
+    pair = d.get("pair_bandwidth_gbps")
     return LinkSpec(str(d.get("name", "custom")),
                     _positive(d.get("bandwidth_gbps"), f"{where}: bandwidth_gbps") * GB,
                     _positive(d.get("latency_us", 0), f"{where}: latency_us", True) * 1e-6,
-                    efficiency)
+                    efficiency, _choice(d.get("kind", kind), LINK_KINDS, f"{where}: kind"),
+                    None if pair is None
+                    else _positive(pair, f"{where}: pair_bandwidth_gbps") * GB)
 
 
 def from_dict(d):
     """Build a :class:`ClusterSpec` from a dict (the shape of ``examples/cluster.yaml``).
 
     ``{"name": ..., "nodes": [{"devices": 4, "device": "A100-80GB", "fabric": "nvlink3",
-    "nics": 4, "count": 2}, ...], "network": {"nic": "hdr-ib", "oversubscription": 1}}``
+    "nics": 4, "cpu": "amd", "count": 2}, ...], "network": {"nic": "hdr-ib",
+    "oversubscription": 1}}``
     Every problem raises ``ValueError`` naming the field.
     """
     if not isinstance(d, dict):
@@ -290,7 +356,7 @@ def from_dict(d):
         where = f"nodes[{i}]"
         if not isinstance(g, dict):
             raise ValueError(f"{where} must be a dict")
-        _check_fields(g, {"devices", "count", "nics", "device", "fabric"}, where)
+        _check_fields(g, {"devices", "count", "nics", "device", "fabric", "cpu"}, where)
         devices = g.get("devices")
         if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
             raise ValueError(f"{where}: devices must be a positive integer, got {devices!r}")
@@ -302,8 +368,9 @@ def from_dict(d):
             raise ValueError(f"{where}: nics must be a non-negative integer, got {nics!r}")
         device = _device_from(g.get("device", "A100-80GB"), where)
         fabric = _link_from(g.get("fabric", "nvlink3"), where)
+        cpu = _choice(g.get("cpu", "amd"), CPUS, f"{where}: cpu")
         for _ in range(count):
-            nodes.append(NodeSpec(f"node{len(nodes)}", devices, device, fabric, nics))
+            nodes.append(NodeSpec(f"node{len(nodes)}", devices, device, fabric, nics, cpu))
     net = d.get("network", {})
     if not isinstance(net, dict):
         raise ValueError("network must be a dict")
@@ -312,7 +379,8 @@ def from_dict(d):
     if oversubscription < 1:
         raise ValueError(f"network: oversubscription must be at least 1 (1 means none), "
                          f"got {oversubscription!r}")
-    network = NetworkSpec(_link_from(net.get("nic", "hdr-ib"), "network"), oversubscription)
+    network = NetworkSpec(_link_from(net.get("nic", "hdr-ib"), "network", kind="net"),
+                          oversubscription)
     if len(nodes) > 1 and any(n.nics == 0 for n in nodes):
         raise ValueError("a node with nics: 0 cannot talk to the other nodes")
     return ClusterSpec(str(d.get("name", "custom")), tuple(nodes), network)

@@ -1,6 +1,7 @@
-"""Cluster specs: the presets carry the numbers of DESIGN.md §6, ranks are placed on nodes
-in order, ``describe()`` says what the cluster is, custom clusters come from a dict or a
-YAML file, and every mistake in a description is a ``ValueError`` that names the field."""
+"""Cluster specs: the presets carry the numbers of docs/reference-numbers.md, ranks are
+placed on nodes in order, ``describe()`` says what the cluster is, custom clusters come
+from a dict or a YAML file, and every mistake in a description is a ``ValueError`` that
+names the field."""
 
 from pathlib import Path
 
@@ -29,10 +30,13 @@ def test_dgx_a100_has_the_reference_numbers():
     assert d.peak_flops["tf32"] == 156 * TFLOPS
     assert d.hbm_bandwidth == 2039 * GB
     assert node.fabric.bandwidth == 300 * GB and node.fabric.efficiency == 0.8
+    assert node.fabric.pair_bandwidth is None    # NVSwitch: any pair at full bandwidth
+    # NCCL 2.30.7 tuning.cc, a Simple ring step: 3.4 us over NVLink, 14 us over the network
     assert node.fabric.latency == pytest.approx(3.4e-6)
+    assert (node.cpu, d.compute_capability) == ("amd", 8.0)   # AMD EPYC 7742 hosts
     nic = s.network.nic
     assert nic.bandwidth == 25 * GB and nic.efficiency == 0.95  # HDR 200 Gb/s
-    assert nic.latency == pytest.approx(9.6e-6)
+    assert nic.latency == pytest.approx(14.0e-6) and nic.kind == "net"
     assert s.network.oversubscription == 1
 
 
@@ -45,6 +49,8 @@ def test_dgx_h100_has_the_reference_numbers():
     assert d.hbm_bandwidth == 3350 * GB
     assert s.nodes[0].fabric.bandwidth == 450 * GB
     assert s.network.nic.bandwidth == 50 * GB  # NDR 400 Gb/s
+    assert all(n.nics == 8 and n.cpu == "intel" for n in s.nodes)  # Xeon 8480C hosts
+    assert d.compute_capability == 9.0
 
 
 @pytest.mark.parametrize("nodes", [1, 2, 4, 128])
@@ -60,6 +66,11 @@ def test_hetero_11_has_11_nodes_and_node_7_has_8_gpus():
     assert [n.devices for n in s.nodes] == [4] * 7 + [8] + [4] * 3
     assert all(n.device.name == "A100-80GB" and n.device.memory == 80 * GiB for n in s.nodes)
     assert all(n.fabric.name.startswith("NVLink") for n in s.nodes)
+    # the 4-GPU nodes are HGX A100 4-GPU boards: an NVLink mesh, 4 links (100 GB/s) a pair
+    small = [n for n in s.nodes if n.devices == 4]
+    assert all(n.fabric.pair_bandwidth == 100 * GB and n.fabric.bandwidth == 300 * GB
+               and n.nics == 4 for n in small)
+    assert s.nodes[7].fabric.pair_bandwidth is None and s.nodes[7].nics == 8
     assert spec.preset("hetero-11", nodes=11).world_size == 48
     with pytest.raises(ValueError, match="always has 11 nodes"):
         spec.preset("hetero-11", nodes=4)
@@ -139,7 +150,7 @@ def test_describe_dgx_a100():
     assert lines[0] == "dgx-a100: 2 node(s), 16 devices"
     assert lines[1] == ("  nodes 0-1: 8 x A100-80GB (80 GiB, 312 TFLOP/s bf16, 2,039 GB/s HBM), "
                         "NVLink3/NVSwitch 300 GB/s per direction, 8 NIC(s)")
-    assert lines[2] == ("  network: HDR InfiniBand 200 Gb/s 25 GB/s per NIC, latency 9.6 us, "
+    assert lines[2] == ("  network: HDR InfiniBand 200 Gb/s 25 GB/s per NIC, latency 14.0 us, "
                         "oversubscription 1:1")
     assert len(lines) == 3
 
@@ -203,6 +214,29 @@ def test_from_dict_with_custom_device_links_and_network():
     assert "2 x H100-80GB" in s.describe() and "4 x toy (16 GiB, 100 TFLOP/s bf16" in s.describe()
 
 
+def test_from_dict_with_a_mesh_fabric_cpu_and_compute_capability():
+    """The fields NCCL's model reads: a mesh's per-pair bandwidth, the link kind (which of
+    NCCL's hop latencies apply), the host CPU vendor and the GPU's compute capability."""
+    s = sc.Cluster.from_dict({"nodes": [
+        {"devices": 4, "fabric": "nvlink3-mesh4", "cpu": "intel"},
+        {"devices": 4, "device": {"memory_gb": 48, "peak_tflops": {"float32": 91.6},
+                                  "hbm_gbps": 864, "compute_capability": 8.9},
+         "fabric": {"bandwidth_gbps": 32, "kind": "pci", "pair_bandwidth_gbps": 16}}],
+        "network": {"nic": {"bandwidth_gbps": 50}}}).spec
+    assert s.nodes[0].fabric == spec.NVLINK3_MESH4 and s.nodes[0].cpu == "intel"
+    assert s.nodes[1].cpu == "amd" and s.nodes[1].device.compute_capability == 8.9
+    pcie = s.nodes[1].fabric
+    assert (pcie.kind, pcie.pair_bandwidth) == ("pci", 16 * GB)
+    assert s.network.nic.kind == "net"
+    # a pair of GPUs gets one pair's links; all four of the mesh get their full bandwidth
+    mesh = spec.NVLINK3_MESH4
+    assert mesh.effective_bandwidth_among(2) == pytest.approx(100 * GB * 0.8)
+    assert mesh.effective_bandwidth_among(3) == pytest.approx(200 * GB * 0.8)
+    assert mesh.effective_bandwidth_among(4) == pytest.approx(300 * GB * 0.8)
+    assert spec.NVLINK3.effective_bandwidth_among(2) == pytest.approx(300 * GB * 0.8)
+    assert "(100 GB/s per pair)" in s.describe()
+
+
 def test_from_yaml_example_file():
     c = sc.Cluster.from_yaml(str(EXAMPLE))
     s = c.spec
@@ -214,6 +248,7 @@ def test_from_yaml_example_file():
     assert l40s.name == "L40S-48GB" and l40s.memory == 48 * GiB
     assert l40s.peak_flops["bfloat16"] == 362 * TFLOPS and l40s.hbm_bandwidth == 864 * GB
     assert s.nodes[2].fabric.bandwidth == 32 * GB and s.nodes[2].fabric.efficiency == 0.8
+    assert s.nodes[2].fabric.kind == "pci" and l40s.compute_capability == 8.9
     assert s.network.nic == spec.HDR_IB and s.network.oversubscription == 2
     assert s.inter_node_link.bandwidth == 12.5 * GB
     assert s.placement(7) == (1, 3) and s.placement(8) == (2, 0)
@@ -282,6 +317,13 @@ def _device(**fields):
     ({"nodes": [{"devices": 4}], "network": {"nic": {"bandwidth_gbps": -25}}},
      "network: bandwidth_gbps must be a positive number, got -25"),
     (_device(hbm_gbps=-1), r"nodes\[0\]: hbm_gbps must be a positive number, got -1"),
+    (_device(compute_capability=0),
+     r"nodes\[0\]: compute_capability must be a positive number, got 0"),
+    (_nodes(cpu="arm"), r"nodes\[0\]: cpu must be one of amd, intel, got 'arm'"),
+    (_nodes(fabric={"bandwidth_gbps": 300, "kind": "nvswitch"}),
+     r"nodes\[0\]: kind must be one of nvlink, pci, net, got 'nvswitch'"),
+    (_nodes(fabric={"bandwidth_gbps": 300, "pair_bandwidth_gbps": -1}),
+     r"nodes\[0\]: pair_bandwidth_gbps must be a positive number, got -1"),
     (_device(memory_gb=float("inf")), r"nodes\[0\]: memory_gb must be a positive number"),
     (_device(memory_gb="80"), r"nodes\[0\]: memory_gb must be a positive number, got '80'"),
     # unknown dtype in peak_tflops, bad peaks
@@ -297,9 +339,9 @@ def _device(**fields):
      r"nodes\[0\]: unknown device 'V100'; known: A100-80GB, H100-80GB"),
     (_nodes(device=["A100-80GB"]), r"nodes\[0\]: device must be a name or a dict"),
     (_nodes(fabric="nvlink5"),
-     r"nodes\[0\]: unknown link 'nvlink5'; known: nvlink3, nvlink4, hdr-ib, ndr-ib"),
+     r"nodes\[0\]: unknown link 'nvlink5'; known: nvlink3, nvlink4, nvlink3-mesh4, hdr-ib, ndr-ib"),
     ({"nodes": [{"devices": 4}], "network": {"nic": "ethernet"}},
-     "network: unknown link 'ethernet'; known: nvlink3, nvlink4, hdr-ib, ndr-ib"),
+     "network: unknown link 'ethernet'; known: nvlink3, nvlink4, nvlink3-mesh4, hdr-ib, ndr-ib"),
     ({"nodes": [{"devices": 4}], "network": "hdr-ib"}, "network must be a dict"),
     # unknown top-level field
     ({"nodes": [{"devices": 4}], "gpus": 4, "switch": "x"},
