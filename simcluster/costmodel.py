@@ -111,6 +111,7 @@ HOP_LATENCY_US = {
 }
 # Rows of the bandwidth caps below: NCCL's compCapIndex
 _GENERATIONS = ((10.0, 3), (9.0, 2), (8.0, 1), (0.0, 0))  # Blackwell, Hopper, Ampere, Volta
+_HOPPER = 2
 # llMaxBws (GB/s), the LL protocol's bandwidth cap: on one node by GPU generation ...
 LL_MAX_BW_ONE_NODE = (39.0, 87.7, 141.0, 282.0)
 # ... and across 2 / more than 2 nodes by the CPU vendor (NCCL puts mixed ones with AMD)
@@ -274,7 +275,8 @@ def nccl_time(family, algorithm, protocol, group, n):
                  "all_gather": p - 1}.get(family, p)
         bandwidth = bus * p / steps
         if family in ("broadcast", "reduce"):
-            # every step pays the hop latency of the slowest link; Simple that of the tree
+            # all p steps pay a hop over the slowest link (Simple: the tree's hop latency,
+            # "waiting for proper chunk modeling" says tuning.cc)
             kind = g.intra_kind if one_node else "net"
             hop = HOP_LATENCY_US[kind]["tree" if protocol == "Simple" else "ring"][protocol]
             latency = base + steps * hop
@@ -284,9 +286,8 @@ def nccl_time(family, algorithm, protocol, group, n):
                 intra = max(intra, overhead)
             crossing = 0 if one_node else (g.nodes - 1) * (2 if family == "all_reduce" else 1)
             latency = base + (steps - crossing) * intra + crossing * inter
-            channels = g.channels if not one_node else 1
             if (protocol == "Simple" and not one_node and family == "all_reduce"
-                    and n / (channels * p) >= 64):
+                    and n / (g.channels * p) >= 64):
                 latency *= RING_PLATEAU[g.compute_capability >= 8.0]
     else:  # tree: all-reduce only
         bus = min(bus * TREE_FACTOR, g.channels * PER_CHANNEL_TREE[g.generation][column] * _GBS)
@@ -373,7 +374,8 @@ class CostModel:
             per_channel = self._nic_bandwidth() / _GBS
             channels = nics
             if per_channel >= DUP_CHANNELS_GBS and not (
-                    generation >= 2 and per_channel < DUP_CHANNELS_HOPPER_GBS and nics > 4):
+                    generation >= _HOPPER and per_channel < DUP_CHANNELS_HOPPER_GBS
+                    and nics > 4):
                 channels *= 2
             bus = min(bus, nics * self._nic_bandwidth())
         kinds = {spec.nodes[i].fabric.kind for i, m in per_node.items() if len(m) > 1}

@@ -209,7 +209,9 @@ H100_80GB = DeviceSpec(
 # network. They are the alpha of the textbook algorithms and of point-to-point messages;
 # NCCL's own algorithms use NCCL's full per-protocol table (simcluster.costmodel).
 # NVLink3: 12 links x 25 GB/s per direction per A100 = 300 GB/s, through NVSwitch on
-# DGX/HGX A100 8-GPU; NVLink4: 18 links x 25 GB/s = 450 GB/s per H100.
+# DGX/HGX A100 8-GPU; NVLink4: 18 links x 25 GB/s = 450 GB/s per H100. Efficiency 0.8:
+# NCCL counts 20 GB/s per 25 GB/s link (src/graph/topo.h, SM80_NVLINK_BW). InfiniBand
+# 0.95: NCCL's maintainers quote ~24 GB/s per 200 Gb/s HDR NIC (NVIDIA/nccl#412).
 NVLINK3 = LinkSpec("NVLink3/NVSwitch", 300 * GB, 3.4e-6, efficiency=0.8)
 NVLINK4 = LinkSpec("NVLink4/NVSwitch", 450 * GB, 3.4e-6, efficiency=0.8)
 # HGX A100 4-GPU: no NVSwitch; each A100 has four NVLinks to each of its three peers

@@ -40,9 +40,11 @@ def test_a_collective_on_a_side_stream_overlaps_compute(node):
     comm = side.recorder.clocks[0].comm
     matmul = 2 * 1024**3 / 19.5e12        # fp32 on an A100
     assert comm > matmul
-    # In order: the all-reduce, then the matmul. Side stream: the matmul runs during it.
+    # In order: the all-reduce, then the matmul. Side stream: the matmul runs during it,
+    # slowed by the all-reduce's kernels sharing the GPU.
     assert plain.elapsed == pytest.approx(side.elapsed + matmul, rel=0.02)
-    assert side.summary().rows[0]["overlap_s"] == pytest.approx(matmul, rel=0.02)
+    slowed = matmul * sc.costmodel.OVERLAP_SLOWDOWN
+    assert side.summary().rows[0]["overlap_s"] == pytest.approx(slowed, rel=0.02)
     assert plain.summary().rows[0]["overlap_s"] == 0
 
 
