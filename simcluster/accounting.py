@@ -4,8 +4,9 @@ Each rank runs under a :class:`RankAccounting` dispatch mode, which sees every a
 (also those DDP, FSDP2 or DTensor issue from C++). For each op it
 
 * advances the rank's clock by the roofline time of the op (:mod:`simcluster.costmodel`),
-  after first waiting for any input that an asynchronous collective is still producing
-  (the way a GPU compute stream waits on an event of the communication stream);
+  stretched while a collective runs on the same device, after first waiting for any
+  input that an asynchronous collective is still producing (the way a GPU compute
+  stream waits on an event of the communication stream);
 * counts every new storage the op creates toward the rank's simulated device memory, in
   a category — parameters, gradients, optimizer state, activations, communication
   buffers, other — and forgets it when torch frees it. Meta tensors count too, so a
@@ -68,8 +69,11 @@ class RankClock:
 
     def _compute_end(self, t, work):
         """When ``work`` seconds of full-speed compute started at ``t`` end."""
-        i = bisect.bisect_right(self._busy_ends, t)   # the first busy span ending after t
-        for begin, end in zip(self._busy_starts[i:], self._busy_ends[i:]):
+        ends = self._busy_ends
+        if not ends or ends[-1] <= t:   # the usual case: no communication ahead
+            return t + work
+        i = bisect.bisect_right(ends, t)   # the first busy span ending after t
+        for begin, end in zip(self._busy_starts[i:], ends[i:]):
             if begin > t:
                 if work <= begin - t:
                     return t + work
