@@ -629,6 +629,27 @@ def test_the_slowdown_is_the_same_whether_a_rank_arrives_first_or_last(node):
         assert run.clock(r).end == pytest.approx(slowed, rel=REL)
 
 
+def test_rank_clock_stretches_compute_inside_communication():
+    """The clock's rule, by hand, with a slowdown of 2: compute inside a busy
+    communication span does half the work per second; compute charged before the span was
+    known is charged the work it missed afterwards."""
+    from simcluster.accounting import RankClock
+
+    ahead = RankClock(overlap_slowdown=2.0)
+    ahead.run_comm(1.0, 3.0, "all_reduce")
+    assert ahead.run_compute(0.5, "a") == 0.5            # 0 .. 0.5, nothing running
+    assert ahead.run_compute(1.0, "b") == 1.5            # 0.5 free, then 0.5 work in 1 s
+    assert ahead.run_compute(1.0, "c") == 1.5            # 0.5 work until 3, 0.5 after
+    assert (ahead.now, ahead.compute) == (3.5, 3.5)
+    behind = RankClock(overlap_slowdown=2.0)
+    behind.run_compute(3.0, "d")                         # 0 .. 3, at full speed
+    behind.run_comm(1.0, 2.0, "all_reduce")              # learnt later: 1 s overlapped
+    assert (behind.now, behind.compute) == (3.5, 3.5)    # half of that second is owed
+    assert behind.events[-1] == ("compute", 3.0, 3.5, "(slowed by communication)")
+    behind.run_comm(1.5, 2.5, "again")                   # only 2 .. 2.5 is new
+    assert behind.now == 3.75
+
+
 def _matmul_then_all_reduce():
     _matmul(4096, 4096, 4096, torch.bfloat16)
     _all_reduce(4 * MiB)
