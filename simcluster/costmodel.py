@@ -44,6 +44,8 @@ gamma) models (Thakur, Rabenseifner & Gropp 2005), with
     gamma  seconds per byte to reduce, at the device's HBM speed (1 / HBM bandwidth)
 
 e.g. ``flat_ring`` all-reduce costs ``2(p-1)·alpha + 2(p-1)/p·n·beta + (p-1)/p·n·gamma``.
+Their messages inside a node use one pair of GPUs' links (on a mesh without NVSwitch,
+such as HGX A100 4-GPU, 100 GB/s), where NCCL's channels use all of a GPU's links.
 ``flat_ring`` is one ring through one NIC; ``binomial_tree`` sends whole buffers along a
 binomial tree; ``halving_doubling`` is Rabenseifner's (NCCL has none); ``hierarchical``
 reduce-scatters inside each node, all-reduces 1/g of the data across nodes with one ring per
