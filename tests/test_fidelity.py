@@ -265,6 +265,15 @@ def test_network_latency_is_charged_only_on_steps_that_cross_nodes():
     assert seconds < (6.6 + 30 * 2.7) * US
 
 
+def test_intel_hosts_post_network_sends_faster_than_amd_ones():
+    """DGX H100 (Intel Xeon hosts): getNetOverhead is 1 us, not AMD's 2 us, and LL's cap on
+    2 nodes is 39 GB/s (llMaxBws, Intel row)."""
+    cluster = sc.Cluster.preset("dgx-h100", nodes=2)
+    seconds = _charge(cluster, "all_reduce", 16, 8, {"all_reduce": "ring/LL"})[0]
+    assert seconds == pytest.approx((6.6 + 28 * 1.0 + 2 * 2.7) * US + 8 / (39.0e9 * 16 / 30),
+                                    rel=REL)
+
+
 @pytest.mark.parametrize("n, protocol", [(8, "LL"), (8 * MiB, "LL128"), (GiB, "Simple")])
 def test_the_default_runs_the_fastest_protocol_for_the_size(node, n, protocol):
     estimates = {("ring", pr): _nccl_ring_all_reduce(1, n, pr)
