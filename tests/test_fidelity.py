@@ -1,4 +1,4 @@
-"""The simulated hardware behaves like the reference numbers of DESIGN.md §6.
+"""The simulated hardware behaves like the reference numbers in docs/reference-numbers.md.
 
 Every expected time here is written out from the published formulas (roofline; Thakur,
 Rabenseifner & Gropp 2005 for the collectives; alpha + n·beta for a message) using the

@@ -1,6 +1,7 @@
-"""Cluster specs: the presets carry the numbers of DESIGN.md §6, ranks are placed on nodes
-in order, ``describe()`` says what the cluster is, custom clusters come from a dict or a
-YAML file, and every mistake in a description is a ``ValueError`` that names the field."""
+"""Cluster specs: the presets carry the numbers in docs/reference-numbers.md, ranks are
+placed on nodes in order, ``describe()`` says what the cluster is, custom clusters come
+from a dict or a YAML file, and every mistake in a description is a ``ValueError`` that
+names the field."""
 
 from pathlib import Path
 
