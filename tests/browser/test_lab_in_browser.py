@@ -4,8 +4,8 @@ JupyterLab is started with the Makefile's own command (the `lab_server` fixture)
 driven through its user interface only: clicks and keys, the way a learner works. The
 test opens labs/02_gradient_aggregation.ipynb, runs the import cell, answers a quiz
 wrongly and then rightly, runs a cell that plots a simulated run, and runs a check cell
-on the unsolved exercise. The lab's folder is left as it was (autosave is off, checkpoints
-go elsewhere; the test checks).
+on the unsolved exercise. At the end, the page must have logged no JavaScript error, and
+the lab's folder must be as it was (autosave is off, checkpoints go elsewhere).
 
 Screenshots of each step are saved in the test's temporary folder, to look at when a
 step fails.
@@ -42,6 +42,12 @@ class Notebook:
 
     def __init__(self, page, shots):
         self.page, self.shots, self.step = page, shots, 0
+        self.errors = []   # JavaScript errors the page logged or raised
+
+    def on_console(self, message):
+        """Keep the errors among the page's console messages."""
+        if message.type == "error":
+            self.errors.append(f"console: {message.text}")
 
     def screenshot(self, name):
         """Save what the page shows now, numbered in order."""
@@ -85,8 +91,10 @@ def notebook(browser, lab_server, tmp_path_factory):
     before = _snapshot(lab_folder)
     page = browser.new_page()
     page.set_default_timeout(UI_TIMEOUT)
-    page.goto(f"{lab_server.url}/lab/tree/{LAB}?token={lab_server.token}")
     nb = Notebook(page, tmp_path_factory.mktemp("screenshots"))
+    page.on("console", nb.on_console)
+    page.on("pageerror", lambda error: nb.errors.append(f"uncaught: {error}"))
+    page.goto(f"{lab_server.url}/lab/tree/{LAB}?token={lab_server.token}")
     try:
         page.locator(".jp-Notebook .jp-Cell").first.wait_for()
         # The kernel is ready when the status bar says Idle.
@@ -98,7 +106,8 @@ def notebook(browser, lab_server, tmp_path_factory):
         nb.screenshot("end")
     finally:
         page.close()
-        assert _snapshot(lab_folder) == before, f"the browser test changed {lab_folder}/"
+    assert _snapshot(lab_folder) == before, f"the browser test changed {lab_folder}/"
+    assert not nb.errors, "JupyterLab logged errors:\n" + "\n".join(nb.errors)
 
 
 def test_a_choice_quiz_gives_feedback_on_a_wrong_then_the_right_answer(notebook):
