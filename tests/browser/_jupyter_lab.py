@@ -31,7 +31,8 @@ START_TIMEOUT = 60      # seconds; the server is usually up in a few
 STOP_TIMEOUT = 10
 
 # The browser: SIMCLUSTER_CHROMIUM, else Debian's chromium.
-CHROMIUM = os.environ.get("SIMCLUSTER_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM = (os.environ.get("SIMCLUSTER_CHROMIUM") or shutil.which("chromium")
+            or "/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
