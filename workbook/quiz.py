@@ -14,8 +14,9 @@
     quiz.Quiz([q1, q2, q3], title="Check yourself")
 
 The last expression of a cell shows the question. In Jupyter it is a widget: pick an
-option's letter or type a number, press **Check**, and get ✅ and the explanation, or ❌ and a hint
-(the explanation stays hidden until the answer is right or **Show answer** is pressed).
+option's letter or type a number, press **Check**, and get ✅ and the explanation, or ❌
+and a hint (the explanation stays hidden until the answer is right or **Show answer** is
+pressed).
 A typed answer that is not a number gets a message, never an exception.
 
 **Stored outputs and nbval.** A question is displayed as *one* output with three
