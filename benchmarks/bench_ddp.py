@@ -1,4 +1,6 @@
-"""The same 4-rank DDP training, measured three ways, as ratios in one run (DESIGN.md §5).
+"""The same 4-rank DDP training, measured three ways, as ratios in one run.
+
+The goals are in docs/reference-numbers.md (Performance goals).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_ddp.py            # full run (~1 min)
     PYTHONPATH=. .venv/bin/python benchmarks/bench_ddp.py --quick    # tiny sizes, smoke test
@@ -29,7 +31,7 @@ The repetitions of sim, serial floor and gloo are interleaved (sim, serial, gloo
 ...) so that the noise of a shared machine hits all three alike; the gloo workers stay
 alive between repetitions, idle on a queue while the other two run.
 
-Goals: sim ≤ 1.3 × serial floor and gloo ≥ 4 × sim (DESIGN.md §5), and sim with its
+Goals: sim ≤ 1.3 × serial floor and gloo ≥ 4 × sim, and sim with its
 accounting on ≤ 1.5 × serial floor (the simulated-time issue), all judged on the loop time
 of the default ``cluster.run``; ``gloo / sim`` end-to-end (start-up included), the ratio
 with ``accounting=False`` and the empty-dispatch-mode floor are printed alongside.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start JupyterLab on the workbook: bound to 127.0.0.1 with token authentication (the
 # default), serving the repository and opened on notebooks/.
-# `make lab` runs this, and so does tests/test_lab_server.py (adding --port and
+# `make lab` runs this, and so do the tests in tests/browser/ (adding --port and
 # --no-browser): extra arguments go to `jupyter lab`. JUPYTER names the jupyter command.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

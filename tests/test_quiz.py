@@ -156,10 +156,23 @@ def test_pressing_check_in_the_widget_gives_instant_feedback():
     assert q.solved and shown(q._feedback_view)[0].startswith("✅")
 
 
+def test_a_choice_widget_shows_each_option_once():
+    """The prompt lists the options (as markdown, so math renders); the buttons that pick
+    one carry only its letter, so no option is listed twice."""
+    q = ring_choice()
+    box = q.widget()
+    prompt = shown(find(box, "Output"))[0]
+    buttons = find(box, "ToggleButtons")
+    listed = [line for line in prompt.splitlines() if line.startswith("- ")]
+    assert listed == [f"- **{letter}.** {option}" for letter, option in zip("ABCD", q.options)]
+    assert [label for label, _ in buttons.options] == ["A", "B", "C", "D"]
+    assert list(buttons.tooltips) == q.options
+
+
 def test_choosing_an_option_and_revealing_the_answer():
     q = ring_choice()
     box = q.widget()
-    radio = find(box, "RadioButtons")
+    radio = find(box, "ToggleButtons")
     assert radio.value is None
     radio.value = 0
     find(box, "Button", description="Check").click()

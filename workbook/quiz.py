@@ -14,8 +14,9 @@
     quiz.Quiz([q1, q2, q3], title="Check yourself")
 
 The last expression of a cell shows the question. In Jupyter it is a widget: pick an
-option or type a number, press **Check**, and get ✅ and the explanation, or ❌ and a hint
-(the explanation stays hidden until the answer is right or **Show answer** is pressed).
+option's letter or type a number, press **Check**, and get ✅ and the explanation, or ❌
+and a hint (the explanation stays hidden until the answer is right or **Show answer** is
+pressed).
 A typed answer that is not a number gets a message, never an exception.
 
 **Stored outputs and nbval.** A question is displayed as *one* output with three
@@ -238,9 +239,11 @@ class Choice(Question):
                          [f"  {self._label(i)}" for i in range(len(self.options))])
 
     def _entry(self, widgets):
-        buttons = widgets.RadioButtons(
-            options=[(self._label(i), i) for i in range(len(self.options))], value=None,
-            layout=widgets.Layout(width="max-content"))
+        # The prompt above lists the options, rendered as markdown (math, code): here
+        # the learner picks a letter, so each option is shown once and rendered right.
+        buttons = widgets.ToggleButtons(
+            options=[(LETTERS[i], i) for i in range(len(self.options))], value=None,
+            tooltips=self.options, style={"button_width": "3em"})
         return buttons, lambda: buttons.value
 
 
