@@ -5,7 +5,7 @@ own performance model (``src/graph/tuning.cc`` of NCCL 2.30.7) for NCCL's algori
 protocols; Thakur, Rabenseifner & Gropp (2005) for the textbook algorithms; alpha + n·beta
 for a message -- with the numbers of the preset and of those sources typed in here, never
 by calling the cost model's formulas, so a mistake in ``simcluster/costmodel.py`` shows up
-as a difference. Bus bandwidths follow nccl-tests' doc/PERFORMANCE.md.
+as a difference. Bus bandwidths follow nccl-tests' performance notes (NVIDIA/nccl-tests).
 
 Tensors live on the ``meta`` device wherever the data does not matter: a 1 GiB all-reduce
 or a 4096³ matmul is charged in full, and nothing is allocated or computed.
