@@ -443,7 +443,7 @@ def test_halving_doubling_mistakes(capsys):
            + HINTS["exception"])
     expect(capsys, hd, (my_ring,),
            "❌ halving-doubling all-reduce: world size 8, size 64 (float64): halving-doubling "
-           "takes 2·lg p = 6 messages per rank: rank 0 sent 14, 2.33× that — Hint: each "
+           "sends 2·lg p = 6 messages per rank: rank 0 sent 14, 2.33× that — Hint: each "
            "round pairs rank with rank ^ mask and halves (then doubles) the segment: lg p "
            "rounds each way, not p - 1 ring steps.")
     expect(capsys, hd, (blocking_pairs,),
