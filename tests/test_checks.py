@@ -15,6 +15,7 @@ import simcluster as sc
 from workbook import aggregation as A
 from workbook import checking, checks
 from workbook.lesson02 import _reference as R
+from workbook.lesson02 import checks as checks_02
 
 ALL = "world sizes 1, 2, 3, 4, 5, 8, sizes 1, 6, 13, 64"
 
@@ -892,3 +893,269 @@ def test_every_check_returns_bool_and_never_raises(capsys):
         result, text = line(capsys, check, *args)
         assert result is False
         assert "raised RuntimeError: boom — Hint:" in text, text
+
+
+# ------------------------------------------------- what the review found untested
+
+
+def computes_everyones_input(tensor):
+    """The right sum without a message: it recomputes every rank's input itself (the
+    ranks are threads of one process; on a cluster this could not work)."""
+    p = dist.get_world_size()
+    case = checking.Case(p, tensor.numel(), tensor.dtype)
+    tensor.copy_(sum(checking.integer_input(case, r) for r in range(p)))
+
+
+def test_right_values_without_a_message_are_caught(capsys):
+    expect(capsys, checks.check_ring_allreduce, (computes_everyones_input,),
+           "❌ ring all-reduce: world size 2, size 1: no rank sent a point-to-point message "
+           "— Hint: " + HINTS["no_messages"])
+
+
+def ring_short_loops(tensor):
+    """range(p - 2): on two ranks neither loop runs."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    bounds = A.chunk_bounds(flat.numel(), p)
+    for step in range(p - 2):
+        s0, s1 = bounds[(rank - step - 1) % p]
+        r0, r1 = bounds[(rank - step - 2) % p]
+        incoming = torch.empty(r1 - r0, dtype=flat.dtype)
+        A.exchange(flat[s0:s1], (rank + 1) % p, incoming, (rank - 1) % p)
+        flat[r0:r1] += incoming
+
+
+def test_a_ring_that_takes_no_step_is_told_about_its_loop_bounds(capsys):
+    expect(capsys, checks.check_ring_allreduce, (ring_short_loops,),
+           "❌ ring all-reduce: world size 2, size 1: rank 0 sent no message and left the "
+           "tensor unchanged — Hint: " + HINTS["silent"])
+
+
+def recv_first_ring(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    incoming = torch.empty_like(tensor)
+    for _ in range(p - 1):
+        dist.recv(incoming, (rank - 1) % p)
+        dist.send(tensor, (rank + 1) % p)
+
+
+def root_only_receives(tensor):
+    """Rank 0 waits for everybody; the others return without sending."""
+    if dist.get_rank() == 0:
+        for src in range(1, dist.get_world_size()):
+            dist.recv(torch.empty_like(tensor), src)
+
+
+@pytest.mark.parametrize("fn, pending", [
+    (recv_first_ring, "rank 0: recv from rank 1; rank 1: recv from rank 0"),
+    (root_only_receives, "rank 0: recv from rank 1; rank 1: returned"),
+])
+def test_every_deadlock_gets_the_simulators_hint_for_it(capsys, fn, pending):
+    hint = simulator_hint(fn)
+    assert "both send first" not in hint and "If every rank sends first" not in hint
+    expect(capsys, checks.check_ring_allreduce, (fn,),
+           f"❌ ring all-reduce: world size 2, size 1: deadlock ({pending}) — Hint: {hint}")
+
+
+def test_a_timeout_names_the_time_the_run_was_given(capsys, monkeypatch):
+    monkeypatch.setattr(checking, "ACCOUNTING_TIMEOUT", 1.5)
+
+    def loops_when_large(tensor):
+        my_ring(tensor)
+        while tensor.numel() > 1000:     # only the timed run's tensor is this large
+            pass
+
+    result, text = line(capsys, checks.check_ring_allreduce, loops_when_large)
+    assert re.fullmatch(r"❌ ring all-reduce: world size 8, size 16384: rank \d was still "
+                        r"running after 1\.5 s of wall-clock time \(an infinite loop\?\) — "
+                        "Hint: " + re.escape(HINTS["timeout"]), text), text
+
+
+# ------------------------------------------------------- the time budget of each check
+
+
+def ring_relay(tensor):
+    """A correct ring without deadlock because rank 0 sends first and every other rank
+    receives first: the same bytes and messages, but each step travels around the ring
+    one link at a time."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if p == 1:
+        return
+    flat = tensor.view(-1)
+    bounds = A.chunk_bounds(flat.numel(), p)
+    right, left = (rank + 1) % p, (rank - 1) % p
+
+    def step(send, recv):
+        if rank == 0:
+            dist.send(send.clone(), right)
+            dist.recv(recv, left)
+        else:
+            dist.recv(recv, left)
+            dist.send(send.clone(), right)
+
+    for s in range(p - 1):
+        s0, s1 = bounds[(rank - s - 1) % p]
+        r0, r1 = bounds[(rank - s - 2) % p]
+        incoming = torch.empty(r1 - r0, dtype=flat.dtype)
+        step(flat[s0:s1], incoming)
+        flat[r0:r1] += incoming
+    for s in range(p - 1):
+        s0, s1 = bounds[(rank - s) % p]
+        r0, r1 = bounds[(rank - s - 1) % p]
+        incoming = torch.empty(r1 - r0, dtype=flat.dtype)
+        step(flat[s0:s1], incoming)
+        flat[r0:r1] = incoming
+
+
+def hd_with(order):
+    """Halving-doubling with partners in ``order(p2)`` (a list of masks)."""
+
+    def halving_doubling(tensor):
+        rank, p = dist.get_rank(), dist.get_world_size()
+        flat = tensor.view(-1)
+        p2 = 1 << (p.bit_length() - 1)
+        if rank >= p2:
+            dist.send(flat, rank - p2)
+            dist.recv(flat, rank - p2)
+            return
+        if rank < p - p2:
+            incoming = torch.empty_like(flat)
+            dist.recv(incoming, rank + p2)
+            flat += incoming
+
+        lo, hi, history = 0, flat.numel(), []
+        for mask in order(p2):
+            partner, mid = rank ^ mask, (lo + hi) // 2
+            history.append((partner, lo, hi))
+            keep, give = ((lo, mid), (mid, hi)) if rank < partner else ((mid, hi), (lo, mid))
+            incoming = torch.empty(keep[1] - keep[0], dtype=flat.dtype)
+            A.exchange(flat[give[0]:give[1]], partner, incoming, partner)
+            flat[keep[0]:keep[1]] += incoming
+            lo, hi = keep
+        while history:
+            partner, plo, phi = history.pop()
+            other = (hi, phi) if lo == plo else (plo, lo)
+            incoming = torch.empty(other[1] - other[0], dtype=flat.dtype)
+            A.exchange(flat[lo:hi].clone(), partner, incoming, partner)
+            flat[other[0]:other[1]] = incoming
+            lo, hi = plo, phi
+        if rank < p - p2:
+            dist.send(flat, rank + p2)
+
+    return halving_doubling
+
+
+def nearest_first(p2):
+    return [1 << i for i in range(p2.bit_length() - 1)]
+
+
+def farthest_first(p2):
+    return nearest_first(p2)[::-1]
+
+
+def test_halving_doubling_in_mpich_order_passes_and_farthest_first_crosses_nodes(capsys):
+    expect(capsys, checks.check_halving_doubling_allreduce, (hd_with(nearest_first),),
+           f"✅ halving-doubling all-reduce: passed on {ALL}")
+    expect(capsys, checks.check_halving_doubling_allreduce, (hd_with(farthest_first),),
+           "❌ halving-doubling all-reduce: world size 8 (4 ranks per node), size 4096: across "
+           "the nodes halving-doubling sends 2n elements of 4 bytes (nearest partner first, "
+           "as MPICH does) = 32768 bytes: yours sent 131072 bytes between nodes, 4.00× that "
+           "— Hint: start with the nearest partner (mask = 1, 2, 4, ...): the big first "
+           "exchanges then stay inside a node and only the small last ones cross the "
+           "network.")
+
+
+def test_the_reference_sends_2n_across_two_nodes_of_eight():
+    """Issue 17: MPICH's order on 16 ranks in 2 nodes of 8 crosses with 2n bytes, as the
+    simulator's own built-in halving-doubling does."""
+    case = checking.Case(16, 1 << 12, ranks_per_node=8)
+    run = checking.run_in_place(R.halving_doubling_allreduce, case, accounting=True)
+    assert checking.cross_node_bytes(case, run) == 2 * case.size * 4
+
+
+def hierarchical_leaders(tensor, ranks_per_node):
+    """Correct and within the cross-node budget, but one rank per node does all the
+    network work on the whole tensor (one NIC busy instead of k)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    k = ranks_per_node
+    node, local = divmod(rank, k)
+    flat = tensor.view(-1)
+    node_ranks = [node * k + j for j in range(k)]
+    bounds = A.chunk_bounds(flat.numel(), k)
+    R.ring_reduce_scatter(flat, node_ranks, bounds)
+    R.ring_all_gather(flat, node_ranks, bounds)
+    leaders = [j * k for j in range(p // k)]
+    if local == 0 and len(leaders) > 1:
+        lb = A.chunk_bounds(flat.numel(), len(leaders))
+        R.ring_reduce_scatter(flat, leaders, lb)
+        R.ring_all_gather(flat, leaders, lb)
+    if local == 0:
+        for j in node_ranks[1:]:
+            dist.send(flat, j)
+    else:
+        dist.recv(flat, node * k)
+
+
+TIME = r"took [\d.]+ [µm]s of simulated time, \d+\.\d\d× the {}'s [\d.]+ [µm]s — Hint: {}"
+
+
+@pytest.mark.parametrize("check, fn, case, reference, hint", [
+    (checks.check_ring_allreduce, ring_relay, "world size 8, size 16384",
+     "reference ring", "in every step every rank sends and receives at once"),
+    (checks.check_hierarchical_allreduce, hierarchical_leaders,
+     r"world size 8 \(4 ranks per node\), size 1048576", "reference",
+     "run the cross-node step on 1/k of the tensor per rank"),
+])
+def test_correct_but_slow_code_fails_the_time_budget(capsys, check, fn, case, reference,
+                                                     hint):
+    result, text = line(capsys, check, fn)
+    assert re.match(rf"❌ [\w -]+: {case}: " + TIME.format(reference, re.escape(hint)),
+                    text), text
+
+
+class WaitingServer(MyServer):
+    """In sync mode pull waits until the round is applied — which never happens, since
+    sync() is called by the same thread that waits."""
+
+    def pull(self, worker):
+        while self.mode == "sync" and worker in self.pending:
+            pass
+        return super().pull(worker)
+
+
+def test_a_parameter_server_that_waits_forever_is_stopped(capsys, short_timeout):
+    expect(capsys, checks.check_parameter_server, (WaitingServer,),
+           "❌ parameter server: the scripted calls: rank 0 was still running after 1 s of "
+           "wall-clock time (an infinite loop?) — Hint: " + checks_02.PS_TIMEOUT_HINT)
+
+
+@pytest.mark.parametrize("check, references", [
+    (checks.check_naive_allreduce, (R.naive_allreduce,)),
+    (checks.check_ring_allreduce, (R.ring_allreduce,)),
+    (checks.check_tree_allreduce, (R.tree_allreduce,)),
+    (checks.check_halving_doubling_allreduce, (R.halving_doubling_allreduce,)),
+    (checks.check_hierarchical_allreduce, (R.hierarchical_allreduce,)),
+    (checks.check_fp16_allreduce, (R.fp16_allreduce,)),
+    (checks.check_int8_quantization, (R.int8_quantize, R.int8_dequantize)),
+    (checks.check_topk_error_feedback, (R.topk_compress,)),
+    (checks.check_local_sgd, (R.local_sgd,)),
+    (checks.check_parameter_server, (R.ParameterServer,)),
+])
+def test_every_check_refuses_the_workbooks_own_answer(capsys, check, references):
+    result, text = line(capsys, check, *references)
+    assert not result
+    assert "is the workbook's own reference answer, not yours" in text, text
+    wrapped = [lambda *args, f=f: f(*args) for f in references]
+    if not isinstance(references[0], type):
+        assert not line(capsys, check, *wrapped)[0]
+
+
+def test_the_lab_and_lesson_modules_hold_no_answer():
+    import workbook
+    from workbook import aggregation
+
+    answers = {v for k, v in vars(R).items() if callable(v) and not k.startswith("_")
+               and getattr(v, "__module__", None) == R.__name__}
+    for module in (aggregation, checks, checking, workbook):
+        exposed = [k for k, v in vars(module).items() if any(v is a for a in answers)]
+        assert not exposed, f"{module.__name__} exposes {exposed}"

@@ -112,7 +112,8 @@ def refuse_reference(candidate, reference, what="function"):
 
 
 def _uses(candidate, reference):
-    """Whether ``candidate`` is ``reference``, has its code, or names it directly."""
+    """Whether ``candidate`` is ``reference``, has its code, or names it directly (as a
+    global, a closure variable, a default argument or an attribute of a module)."""
     candidate = inspect.unwrap(candidate) if callable(candidate) else candidate
     if candidate is reference:
         return True
@@ -122,7 +123,8 @@ def _uses(candidate, reference):
     if code is reference.__code__:
         return True
     found = inspect.getclosurevars(candidate)
-    named = [*found.nonlocals.values(), *found.globals.values()]
+    named = [*found.nonlocals.values(), *found.globals.values(),
+             *(candidate.__defaults__ or ()), *(candidate.__kwdefaults__ or {}).values()]
     modules = [v for v in named if inspect.ismodule(v)]
     return any(v is reference for v in named) or any(
         getattr(m, name, None) is reference for m in modules for name in found.unbound)
@@ -215,6 +217,8 @@ def simulate(cluster, body, world_size, where, hints=None, accounting=False, arg
         return cluster.run(body, world_size=world_size, args=args, accounting=accounting,
                            timeout=timeout)
     except sc.RankError as error:
+        if isinstance(error.original, Failure):   # a check that runs inside the ranks
+            raise error.original from None
         raise raised(f"{where(error.rank)}: rank {error.rank}", error.original,
                      hints["exception"]) from None
     except sc.DeadlockError as error:
