@@ -502,9 +502,9 @@ def test_hierarchical_mistakes(capsys):
            "❌ hierarchical all-reduce: world size 2 (2 ranks per node), size 1: rank 1 left the "
            "tensor unchanged — Hint: " + HINTS["unchanged"])
     expect(capsys, hier, (flat_ring,),
-           "❌ hierarchical all-reduce: world size 8 (4 ranks per node), size 16384: across the "
-           "nodes a hierarchical all-reduce sends 2(m-1)·n elements of 4 bytes (m = 2 nodes) = "
-           "131072 bytes: yours sent 229376 bytes between nodes, 1.75× that — Hint: finish "
+           "❌ hierarchical all-reduce: world size 8 (4 ranks per node), size 1048576: across "
+           "the nodes a hierarchical all-reduce sends 2(m-1)·n elements of 4 bytes (m = 2 "
+           "nodes) = 8388608 bytes: yours sent 14680064 bytes between nodes, 1.75× that — Hint: finish "
            "the reduction inside each node first, so only one partial sum per node (or one "
            "shard per rank) crosses the network.")
 
