@@ -17,7 +17,7 @@ from workbook.checking import (TOLERANCE, WORLD_SIZES, SIZES, Case, Failure,
                                LockedTwice, RecordingLock, budget, call, cases, check,
                                check_messages_sent, check_outputs, check_p2p_only,
                                collectives_so_far, cross_node_bytes, cross_node_budget,
-                               first_difference, integer_input, listed, normal_input, num,
+                               first_difference, listed, normal_input, num,
                                passed_text, raised, refuse_reference, run_in_place,
                                simulate, sum_of_inputs, time_budget)
 
@@ -31,17 +31,15 @@ def _reference():
 # ---------------------------------------------------- the all-reduce family
 
 
-def _correctness(fn, cases_run, hints, extra_args=lambda case: (), make_input=integer_input,
-                 expected=sum_of_inputs, close=None, p2p_only=True):
-    """Run every case; return ``{case: run}``. Raises Failure at the first problem."""
+def _correctness(fn, cases_run, hints, extra_args=lambda case: ()):
+    """Run an all-reduce from point-to-point messages on every case; return
+    ``{case: run}``. Raises Failure at the first problem."""
     runs = {}
     for case in cases_run:
-        run = run_in_place(fn, case, make_input, extra_args(case), hints=hints)
-        if p2p_only:
-            check_p2p_only(case, run, hints)
-        check_outputs(case, run, expected(run), hints, close)
-        if p2p_only:
-            check_messages_sent(case, run, hints)
+        run = run_in_place(fn, case, extra_args=extra_args(case), hints=hints)
+        check_p2p_only(case, run, hints)
+        check_outputs(case, run, sum_of_inputs(run), hints)
+        check_messages_sent(case, run, hints)
         runs[case] = run
     return runs
 
@@ -454,9 +452,11 @@ class _Server:
         self.lock = self.ps.lock = RecordingLock()
 
     def fail(self, what, hint):
+        """Raise the Failure ``what`` in this server's mode."""
         raise Failure(f"{self.mode}: {what}", hint)
 
     def call(self, method, *args):
+        """``method(*args)`` on the server, which must take and release its lock."""
         text = f"{method}({', '.join(_arg_text(a) for a in args)})"
         before = self.lock.acquired
         try:
@@ -477,6 +477,7 @@ class _Server:
         return out
 
     def params_equal(self, expected, after, hint):
+        """Fail unless the server's params are ``expected`` ``after`` the calls named."""
         got = self.ps.params
         diff = first_difference(expected, got, lambda e, g: torch.isclose(e, g, atol=1e-6))
         if diff is not None:
@@ -493,6 +494,8 @@ def _arg_text(arg):
 
 
 def _ps_scripted(cls):
+    """Drive the learner's server through scripted calls in every mode; raise Failure at
+    the first rule it breaks."""
     init = torch.arange(5, dtype=torch.float32)
     g = torch.Generator().manual_seed(5)
     grads = [torch.randn(5, generator=g) for _ in range(3)]
