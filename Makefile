@@ -24,7 +24,8 @@ help:
 	@echo "make lab        set up .venv, then start JupyterLab on notebooks/"
 	@echo "make test       set up .venv, then run the tests and check the notebooks"
 	@echo "make progress   run your labs and show which exercises pass"
-	@echo "make labs       regenerate labs/ from solutions/ (for contributors)"
+	@echo "make labs       regenerate labs/ from solutions/, keeping labs you worked in"
+	@echo "                (for contributors; FORCE=1 replaces those too)"
 	@echo "make setup      only set up .venv (done by lab and test)"
 	@echo "make clean      remove caches and build files"
 	@echo "make distclean  clean, and remove .venv too"
@@ -58,8 +59,9 @@ test: $(STAMP)
 	done; \
 	exit $$status
 
+# A lab that holds a learner's work is kept; FORCE=1 replaces it anyway.
 labs: $(STAMP)
-	$(BIN)/python -m workbook.labs
+	$(BIN)/python -m workbook.labs $(if $(FORCE),--force)
 
 progress: $(STAMP)
 	$(BIN)/python -m workbook.progress

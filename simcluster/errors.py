@@ -54,11 +54,13 @@ class DeadlockError(SimulationError):
         pending: ``{rank: description}`` of what each rank was doing when the run stopped.
         recent: ``{rank: [description, ...]}`` — each rank's last few collectives
             (the flight recorder), oldest first.
+        hint: what to try next ("" if there is none).
     """
 
     def __init__(self, pending: dict, recent: dict, hint: str = ""):
         self.pending = pending
         self.recent = recent
+        self.hint = hint
         lines = ["deadlock: no rank can make progress."]
         for rank in sorted(pending):
             lines.append(f"  rank {rank}: {pending[rank]}")
@@ -77,12 +79,14 @@ class CollectiveMismatchError(SimulationError):
             ``"reduce_op"``, ``"group"``, ...).
         values: ``{rank: value}`` of that field on the ranks involved.
         seq: the collective's sequence number in its group (None for send/recv).
+        hint: what to try next ("" if there is none).
     """
 
     def __init__(self, field: str, values: dict, seq: int, group: str, op: str, hint: str = ""):
         self.field = field
         self.values = values
         self.seq = seq
+        self.hint = hint
         shown = ", ".join(f"rank {r}: {v}" for r, v in sorted(values.items()))
         message = (
             f"collective mismatch in {op if seq is None else f'{op} #{seq}'} on group "

@@ -1,16 +1,21 @@
-"""A learner fills in one exercise of the real lab 02 and sees its check turn green.
+"""A learner works in lab 02, as `make progress`, `make labs` and `make test` see it.
 
-The lab is copied, the two cells of exercise 2 (naive and ring all-reduce) get the
-answers from solutions/, and the whole lab is run the way `make progress` runs it.
+1. One exercise filled in, in a freshly generated lab (never the learner's own labs/
+   file): its check turns green, the others are "not started".
+2. The whole lab solved in place, in a git checkout with the unsolved lab committed:
+   every exercise passes, `make labs` keeps the file, the staleness check is content, and
+   nbval-lax (what `make test` runs on labs/) passes.
 """
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from workbook import progress
+from workbook import labs, progress
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "02_gradient_aggregation.ipynb"
@@ -18,26 +23,31 @@ NAME = "02_gradient_aggregation.ipynb"
 pytestmark = pytest.mark.slow
 
 
-def _cells(nb, exercise, role):
-    return [i for i, c in enumerate(nb.cells)
-            if c.metadata.get("workbook", {}).get("exercise") == exercise
-            and c.metadata["workbook"]["role"] == role]
+def _answer(source):
+    """The solution cell as a learner would have written it: without the marker lines."""
+    markers = ("### BEGIN SOLUTION", "### END SOLUTION")
+    return "\n".join(line for line in source.split("\n") if line.strip() not in markers)
+
+
+def fill_in(lab, solution, exercises):
+    """Give the exercise cells of ``exercises`` the solution's answers (markers removed)."""
+    answers = {cell.id: cell.source for cell in solution.cells}
+    for cell in lab.cells:
+        meta = cell.metadata.get("workbook", {})
+        if meta.get("role") == "exercise" and meta["exercise"] in exercises:
+            cell.source = _answer(answers[cell.id])
+    return lab
+
+
+def fresh_lab():
+    return nbformat.reads(labs.lab_text(ROOT / "solutions" / NAME), as_version=4)
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     folder = tmp_path_factory.mktemp("learner")
-    lab = nbformat.read(ROOT / "labs" / NAME, as_version=4)
     solution = nbformat.read(ROOT / "solutions" / NAME, as_version=4)
-    answer_cells = [c for c in solution.cells if "### BEGIN SOLUTION" in c.source]
-    for index in _cells(lab, 2, "exercise"):
-        # the learner's answer: the solution cell whose definition this cell holds
-        first_line = lab.cells[index].source.splitlines()[0]
-        answer = next(c for c in answer_cells if c.source.startswith(first_line))
-        lab.cells[index].source = answer.source.replace("### BEGIN SOLUTION\n", "") \
-                                               .replace("### END SOLUTION\n", "")
-    nbformat.write(lab, folder / NAME)
-    shutil.copytree(ROOT / "workbook", folder / "workbook")  # as the labs/ folder sees it
+    nbformat.write(fill_in(fresh_lab(), solution, {2}), folder / NAME)
     return progress.run_lab(folder / NAME, timeout=300)
 
 
@@ -49,3 +59,49 @@ def test_the_filled_in_exercise_passes(report):
 def test_the_other_exercises_are_not_started(report):
     others = [e.status for e in report.exercises if e.number != 2]
     assert others and set(others) == {"not started"}
+
+
+@pytest.fixture(scope="module")
+def solved_in_place(tmp_path_factory):
+    """A checkout with the generated lab committed, then solved in place."""
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    root = tmp_path_factory.mktemp("checkout")
+    (root / "solutions").mkdir()
+    shutil.copy(ROOT / "solutions" / NAME, root / "solutions" / NAME)
+    labs.build(root / "solutions", root / "labs", log=lambda _: None)
+    for args in (["init", "-q"], ["add", "."],
+                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "labs"]):
+        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+    solution = nbformat.read(root / "solutions" / NAME, as_version=4)
+    lab = nbformat.read(root / "labs" / NAME, as_version=4)
+    numbers = {e["number"] for e in lab.metadata["workbook"]["exercises"]}
+    nbformat.write(fill_in(lab, solution, numbers), root / "labs" / NAME)
+    return root
+
+
+def test_a_lab_solved_in_place_shows_every_exercise_passed(solved_in_place):
+    report = progress.run_lab(solved_in_place / "labs" / NAME, timeout=300)
+    assert report.exercises and all(e.status == "passed" for e in report.exercises), \
+        progress.format_report([report])
+
+
+def test_make_labs_keeps_it_and_the_staleness_check_is_content(solved_in_place):
+    path = solved_in_place / "labs" / NAME
+    before = path.read_bytes()
+    messages, notes = [], []
+    assert labs.build(solved_in_place / "solutions", solved_in_place / "labs",
+                      log=messages.append) == []
+    assert path.read_bytes() == before
+    assert "holds your work (edited: exercise 1, exercise 2" in messages[0], messages
+    assert labs.stale(solved_in_place / "solutions", solved_in_place / "labs",
+                      log=notes.append) == []
+    assert notes == []
+
+
+def test_nbval_lax_passes_on_the_solved_lab(solved_in_place):
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-q", "-p",
+         "no:cacheprovider", str(solved_in_place / "labs")],
+        capture_output=True, text=True, cwd=solved_in_place)
+    assert result.returncode == 0, result.stdout[-3000:]

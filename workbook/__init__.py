@@ -1,2 +1,9 @@
-"""What the notebooks need besides the cluster: exercise checks, quizzes, the lab builder,
-and the progress report."""
+"""What the notebooks need besides the cluster.
+
+- :mod:`workbook.checks`: every lab's exercise checks (``checks.check_ring_allreduce(fn)``),
+  on the protocol of :mod:`workbook.checking`; each lesson keeps its checks and its
+  private reference answers in ``workbook.lessonNN``;
+- :mod:`workbook.aggregation`: lesson 02's helpers, demos and measuring functions;
+- :mod:`workbook.quiz`: quizzes; :mod:`workbook.labs`: the lab builder;
+  :mod:`workbook.progress`: the progress report.
+"""

@@ -1,35 +1,37 @@
-"""Gradient aggregation from point-to-point messages: the reference code of lesson and lab 02.
+"""Gradient aggregation from point-to-point messages: what lesson 02 and its lab import.
 
-Everything here runs inside ``cluster.run(...)`` on every rank (SPMD) unless it says
-otherwise, and uses only ``send``/``recv``/``isend``/``irecv``, so the simulated network
-sees — and charges — every byte:
+The lab asks you to write the all-reduces, the compressors, the parameter server and
+local SGD, so none of them is here. What is here:
 
-* five all-reduces, each leaving the element-wise SUM in ``tensor``, in place:
-  :func:`naive_allreduce`, :func:`ring_allreduce`, :func:`tree_allreduce`,
-  :func:`halving_doubling_allreduce`, :func:`hierarchical_allreduce`;
-* compression: :func:`fp16_allreduce`, :func:`int8_quantize` / :func:`int8_dequantize`
-  (and :func:`int8_allreduce`), :func:`topk_compress` with error feedback (and
-  :func:`topk_allreduce`);
-* :class:`ParameterServer` and :func:`ps_train`, which runs it on the cluster (rank 0
-  serves, the other ranks work);
-* :func:`local_sgd`;
+* helpers the lab gives you: :func:`chunk_bounds`, :func:`exchange`;
+* the methods built on top of the exercises, each taking the piece you write as an
+  argument: :func:`int8_allreduce` (your quantizer), :func:`topk_allreduce` and
+  :func:`topk_aggregator` (your top-k compressor), :func:`ps_train` (your parameter
+  server class);
 * :class:`TinyMLP`, the small model and data set every method is compared on, and
   :func:`train`, the data-parallel loop that compares them;
-* measuring, outside the ranks: :func:`simulate` (a run, timed or not),
-  :func:`sim_elapsed` (the one place that reads the simulated clock),
-  :func:`measure_allreduce`, :func:`ring_trace`, :func:`compare`,
-  :func:`print_comparison`, :func:`plot_comparison`.
+* measuring, outside the ranks: :func:`measure_allreduce`, :func:`ring_trace`,
+  :func:`compare`, :func:`print_comparison`, :func:`plot_comparison`.
 
-The lab (``solutions/02_gradient_aggregation.ipynb``) asks you to write most of these
-yourself; ``workbook.checks`` compares your versions with the ones here.
+The lesson runs the workbook's own versions of the exercises through the measuring
+functions, by name (``measure_allreduce(cluster, "ring", 8, n)``, ``{"aggregate":
+"tree"}`` in :func:`compare`, no ``server_class`` in :func:`ps_train`); the names are
+:data:`METHODS`. Those versions live in the private ``workbook.lesson02._reference``,
+which the lab checks compare your code with.
+
+Everything that says "on every rank" runs inside ``cluster.run(...)`` (SPMD).
 """
 
 import heapq
 import math
-import threading
 
 import torch
 import torch.distributed as dist
+
+# The all-reduces and compressors the measuring functions run by name (the workbook's
+# own versions of the lab's exercises).
+METHODS = ("naive", "ring", "tree", "halving-doubling", "hierarchical", "fp16", "int8",
+           "top-k 1%")
 
 # ------------------------------------------------------------------------- helpers
 
@@ -59,227 +61,23 @@ def exchange(send_tensor, dst, recv_tensor, src):
         work.wait()
 
 
-def sim_elapsed(run):
-    """Simulated seconds of ``run`` (``run.elapsed``), or None if it ran without accounting.
-
-    Every timing cell of lesson and lab 02 goes through this one function.
-    """
-    return run.elapsed if run.recorder is not None else None
-
-
-# ------------------------------------------------------------ five all-reduces
-
-
-def naive_allreduce(tensor):
-    """Gather every tensor on rank 0, add them up there, send the sum back to everyone.
-
-    Rank 0 receives and sends ``(p-1)·n`` elements: the root is the bottleneck.
-    """
-    rank, p = dist.get_rank(), dist.get_world_size()
-    if rank == 0:
-        incoming = torch.empty_like(tensor)
-        for src in range(1, p):
-            dist.recv(incoming, src)
-            tensor += incoming
-        for dst in range(1, p):
-            dist.send(tensor, dst)
-    else:
-        dist.send(tensor, 0)
-        dist.recv(tensor, 0)
-
-
-def ring_reduce_scatter(flat, ranks, bounds):
-    """Ring reduce-scatter of the 1-D ``flat`` over global ``ranks`` (ring order).
-
-    Afterwards the rank at position ``i`` of ``ranks`` holds chunk ``i`` (``bounds[i]``)
-    summed over all of ``ranks``; its other chunks hold partial sums.
-    """
-    p = len(ranks)
-    i = ranks.index(dist.get_rank())
-    right, left = ranks[(i + 1) % p], ranks[(i - 1) % p]
-    for step in range(p - 1):
-        s0, s1 = bounds[(i - step - 1) % p]
-        r0, r1 = bounds[(i - step - 2) % p]
-        incoming = torch.empty(r1 - r0, dtype=flat.dtype)
-        exchange(flat[s0:s1], right, incoming, left)
-        flat[r0:r1] += incoming
-
-
-def ring_all_gather(flat, ranks, bounds):
-    """Ring all-gather: the rank at position ``i`` contributes chunk ``i`` of ``flat``."""
-    p = len(ranks)
-    i = ranks.index(dist.get_rank())
-    right, left = ranks[(i + 1) % p], ranks[(i - 1) % p]
-    for step in range(p - 1):
-        s0, s1 = bounds[(i - step) % p]
-        r0, r1 = bounds[(i - step - 1) % p]
-        incoming = torch.empty(r1 - r0, dtype=flat.dtype)
-        exchange(flat[s0:s1], right, incoming, left)
-        flat[r0:r1] = incoming
-
-
-def _flat_view(tensor):
+def flat_view(tensor):
+    """``tensor.view(-1)``: writes into it land in ``tensor`` (contiguous tensors only)."""
     if not tensor.is_contiguous():
         raise ValueError("these all-reduces work on contiguous tensors")
     return tensor.view(-1)
 
 
-def ring_allreduce(tensor):
-    """Ring all-reduce: reduce-scatter, then all-gather, one chunk of ``n/p`` per step.
+def _method(name):
+    """``(make_aggregate, leaves_mean)`` of the workbook's own method ``name`` (see
+    METHODS): ``make_aggregate()`` on a rank returns the function to call on a tensor."""
+    from workbook.lesson02._reference import BY_NAME
+    if name not in BY_NAME:
+        raise ValueError(f"no method named {name!r}: choose one of {', '.join(METHODS)}")
+    return BY_NAME[name]
 
-    Each rank sends ``2(p-1)/p·n`` elements in ``2(p-1)`` messages, whatever ``p`` is.
-    """
-    p = dist.get_world_size()
-    if p == 1:
-        return
-    flat = _flat_view(tensor)
-    ranks, bounds = list(range(p)), chunk_bounds(flat.numel(), p)
-    ring_reduce_scatter(flat, ranks, bounds)
-    ring_all_gather(flat, ranks, bounds)
-
-
-def tree_allreduce(tensor):
-    """Binomial-tree reduce to rank 0, then binomial-tree broadcast from rank 0.
-
-    ``2⌈lg p⌉`` rounds of whole-tensor messages: few steps (good for small tensors),
-    but every step moves all ``n`` elements (bad for large ones).
-    """
-    rank, p = dist.get_rank(), dist.get_world_size()
-    incoming = torch.empty_like(tensor)
-    mask = 1
-    while mask < p:                       # reduce: children send up, parents add
-        if rank & mask:
-            dist.send(tensor, rank - mask)
-            break
-        if rank + mask < p:
-            dist.recv(incoming, rank + mask)
-            tensor += incoming
-        mask <<= 1
-    mask = 1
-    while mask < p and not rank & mask:   # broadcast: receive from the parent...
-        mask <<= 1
-    if mask < p:
-        dist.recv(tensor, rank - mask)
-    mask >>= 1
-    while mask > 0:                        # ...then send to the children, biggest first
-        if rank + mask < p:
-            dist.send(tensor, rank + mask)
-        mask >>= 1
-
-
-def halving_doubling_allreduce(tensor):
-    """Rabenseifner's all-reduce: recursive-halving reduce-scatter, recursive-doubling
-    all-gather.
-
-    With ``p`` a power of two each rank sends ``2(p-1)/p·n`` elements (like ring) in only
-    ``2 lg p`` messages (like tree). Otherwise the ``p - p'`` ranks above the largest power
-    of two ``p'`` first hand their tensor to a partner, wait, and get the sum back.
-    """
-    rank, p = dist.get_rank(), dist.get_world_size()
-    flat = _flat_view(tensor)
-    p2 = 1 << (p.bit_length() - 1)
-    extra = p - p2
-    if rank >= p2:                       # not in the power-of-two group: hand over, wait
-        dist.send(flat, rank - p2)
-        dist.recv(flat, rank - p2)
-        return
-    if rank < extra:                     # take the extra rank's tensor first
-        incoming = torch.empty_like(flat)
-        dist.recv(incoming, rank + p2)
-        flat += incoming
-    lo, hi, history = 0, flat.numel(), []
-    mask = p2 >> 1
-    while mask:                          # recursive halving: keep half, send half
-        partner = rank ^ mask
-        mid = (lo + hi) // 2
-        history.append((lo, hi))
-        if rank & mask:
-            keep, give = (mid, hi), (lo, mid)
-        else:
-            keep, give = (lo, mid), (mid, hi)
-        incoming = torch.empty(keep[1] - keep[0], dtype=flat.dtype)
-        exchange(flat[give[0]:give[1]], partner, incoming, partner)
-        flat[keep[0]:keep[1]] += incoming
-        lo, hi = keep
-        mask >>= 1
-    mask = 1
-    while history:                       # recursive doubling: swap halves back
-        partner = rank ^ mask
-        plo, phi = history.pop()
-        other = (hi, phi) if lo == plo else (plo, lo)
-        incoming = torch.empty(other[1] - other[0], dtype=flat.dtype)
-        exchange(flat[lo:hi], partner, incoming, partner)
-        flat[other[0]:other[1]] = incoming
-        lo, hi = plo, phi
-        mask <<= 1
-    if rank < extra:                     # give the extra rank its result
-        dist.send(flat, rank + p2)
-
-
-def hierarchical_allreduce(tensor, ranks_per_node):
-    """Reduce-scatter inside each node, all-reduce each shard across nodes, all-gather
-    inside each node.
-
-    Ranks ``k·j .. k·j + k-1`` form node ``j`` (``k = ranks_per_node``). Only ``1/k`` of
-    the tensor crosses the network per rank, on ``k`` NICs at once: ``2(m-1)·n``
-    elements cross node boundaries in all, for ``m`` nodes.
-    """
-    rank, p = dist.get_rank(), dist.get_world_size()
-    k = ranks_per_node
-    if p % k:
-        raise ValueError(f"world size {p} is not a multiple of ranks_per_node={k}")
-    m = p // k
-    flat = _flat_view(tensor)
-    node, local = divmod(rank, k)
-    node_ranks = [node * k + j for j in range(k)]
-    bounds = chunk_bounds(flat.numel(), k)
-    ring_reduce_scatter(flat, node_ranks, bounds)          # fast links: NVLink
-    s0, s1 = bounds[local]
-    shard = flat[s0:s1]
-    peers = [j * k + local for j in range(m)]               # slow links: one NIC each
-    shard_bounds = chunk_bounds(shard.numel(), m)
-    ring_reduce_scatter(shard, peers, shard_bounds)
-    ring_all_gather(shard, peers, shard_bounds)
-    ring_all_gather(flat, node_ranks, bounds)               # fast links again
-
-
-ALLREDUCES = {
-    "naive": naive_allreduce,
-    "ring": ring_allreduce,
-    "tree": tree_allreduce,
-    "halving-doubling": halving_doubling_allreduce,
-    "hierarchical": hierarchical_allreduce,
-}
 
 # ------------------------------------------------------------------- compression
-
-def fp16_allreduce(tensor, allreduce=ring_allreduce):
-    """All-reduce in half precision; leaves the MEAN (not the sum) in ``tensor``.
-
-    Like PyTorch's ``fp16_compress_hook``: divide by ``p`` first, so the fp16 sum cannot
-    overflow past 65,504, send half the bytes, cast back on arrival. ``allreduce`` is
-    the (SUM) algorithm that moves the half-precision copy.
-    """
-    half = (tensor / dist.get_world_size()).to(torch.float16)
-    allreduce(half)
-    tensor.copy_(half)
-
-
-def int8_quantize(tensor):
-    """``(q, scale)``: int8 values in [-127, 127] and a float32 scale, ``tensor ≈ q·scale``.
-
-    Symmetric, one scale per tensor; rounding to nearest keeps the error within
-    ``scale/2``. An all-zero tensor gets scale 1 (no division by zero).
-    """
-    amax = tensor.detach().abs().max().float() if tensor.numel() else torch.zeros(())
-    scale = amax / 127 if amax > 0 else torch.ones((), dtype=torch.float32)
-    q = torch.round(tensor.detach().float() / scale).clamp_(-127, 127).to(torch.int8)
-    return q, scale.reshape(())
-
-
-def int8_dequantize(q, scale):
-    """Undo :func:`int8_quantize`: float32 ``q·scale``."""
-    return q.to(torch.float32) * scale
 
 
 def _pack_int8(q, scale):
@@ -292,14 +90,17 @@ def _unpack_int8(payload):
     return payload[:-4].view(torch.int8), payload[-4:].clone().view(torch.float32).reshape(())
 
 
-def int8_allreduce(tensor, quantize=int8_quantize, dequantize=int8_dequantize):
-    """All-reduce (SUM) that sends int8: each rank quantizes, sends chunk ``j`` to rank
-    ``j`` (all-to-all), rank ``j`` sums its chunk in float32 and quantizes it again, then
-    everybody sends its chunk to everybody (all-gather). ``2(p-1)/p·n`` bytes per rank —
-    a quarter of a float32 ring — plus the 4-byte scale in every message.
+def int8_allreduce(tensor, quantize, dequantize):
+    """All-reduce (SUM) that sends int8, on every rank, with ``quantize(x) -> (q, scale)``
+    and ``dequantize(q, scale)`` (lab 02's exercise 5).
+
+    Each rank quantizes, sends chunk ``j`` to rank ``j`` (all-to-all), rank ``j`` sums its
+    chunk in float32 and quantizes it again, then everybody sends its chunk to everybody
+    (all-gather). ``2(p-1)/p·n`` bytes per rank — a quarter of a float32 ring — plus the
+    4-byte scale in every message.
     """
     rank, p = dist.get_rank(), dist.get_world_size()
-    flat = _flat_view(tensor)
+    flat = flat_view(tensor)
     if p == 1:
         flat.copy_(dequantize(*quantize(flat)))
         return
@@ -327,32 +128,17 @@ def int8_allreduce(tensor, quantize=int8_quantize, dequantize=int8_dequantize):
         flat[slice(*bounds[src])] = dequantize(*_unpack_int8(incoming))
 
 
-def topk_compress(grad, residual, k):
-    """Top-k sparsification with error feedback.
-
-    Adds the ``residual`` (what earlier calls did not send) to ``grad``, keeps the ``k``
-    entries of largest magnitude, and returns ``(values, indices, new_residual)``:
-    ``new_residual`` is everything that was not sent, so nothing is ever lost — it is
-    only delayed. ``grad`` and ``residual`` are left unchanged.
-    """
-    acc = grad + residual
-    k = min(k, acc.numel())
-    indices = torch.topk(acc.abs().view(-1), k).indices
-    values = acc.view(-1)[indices]
-    new_residual = acc.clone()
-    new_residual.view(-1)[indices] = 0
-    return values, indices, new_residual
-
-
-def topk_allreduce(tensor, residual, k, compress=topk_compress):
-    """All-reduce (SUM) of top-k sparsified tensors with error feedback.
+def topk_allreduce(tensor, residual, k, compress):
+    """All-reduce (SUM) of top-k sparsified tensors with error feedback, on every rank;
+    ``compress(grad, residual, k) -> (values, indices, new_residual)`` (lab 02's
+    exercise 5).
 
     Every rank sends its ``k`` values (float32) and indices (int32) to every other rank,
     packed into one message of ``8k`` bytes: ``(p-1)·8k`` bytes per rank. Returns this
     rank's new residual.
     """
     rank, p = dist.get_rank(), dist.get_world_size()
-    flat = _flat_view(tensor)
+    flat = flat_view(tensor)
     values, indices, new_residual = compress(flat, residual.view(-1), k)
     packed = torch.cat([values.to(torch.float32).reshape(-1),
                         indices.to(torch.int32).reshape(-1).view(torch.float32)])
@@ -373,85 +159,15 @@ def topk_allreduce(tensor, residual, k, compress=topk_compress):
 # --------------------------------------------------------------- parameter server
 
 
-class ParameterServer:
-    """The parameters, and the rules for reading and updating them.
-
-    ``mode``:
-
-    * ``"sync"`` — :meth:`push` only stores a gradient; :meth:`sync` applies the mean of
-      one gradient from every worker at once. A worker that pushed must wait (``pull``
-      returns None) until that has happened.
-    * ``"async"`` — every :meth:`push` is applied at once; nobody waits. A gradient may
-      have been computed on parameters several updates old: its *staleness*.
-    * ``"bounded"`` — like async, but a worker more than ``bound`` pushes ahead of the
-      slowest worker must wait (stale-synchronous parallel, Ho et al. 2013).
-
-    Ranks are threads, so two workers may call in at once: every method holds
-    ``self.lock`` while it reads or writes the state.
-
-    State: ``params`` (flat tensor), ``version`` (updates applied), ``clock[w]`` (pushes
-    by worker ``w``), ``pulled[w]`` (the version worker ``w`` last pulled), ``pending``
-    (sync mode: ``{worker: gradient}`` of this round), ``staleness`` (async and bounded:
-    the staleness of every gradient applied, in order).
-    """
-
-    MODES = ("sync", "async", "bounded")
-
-    def __init__(self, params, lr, num_workers, mode="sync", bound=3):
-        if mode not in self.MODES:
-            raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
-        self.params = params.detach().clone()
-        self.lr, self.num_workers, self.mode, self.bound = lr, num_workers, mode, bound
-        self.lock = threading.Lock()
-        self.version = 0
-        self.clock = [0] * num_workers
-        self.pulled = [0] * num_workers
-        self.pending = {}
-        self.staleness = []
-
-    def pull(self, worker):
-        """A copy of the parameters for ``worker``, or None if it must wait."""
-        with self.lock:
-            if self.mode == "sync" and worker in self.pending:
-                return None
-            if self.mode == "bounded" and self.clock[worker] - min(self.clock) > self.bound:
-                return None
-            self.pulled[worker] = self.version
-            return self.params.clone()
-
-    def push(self, worker, gradients):
-        """Take ``worker``'s gradient, computed on the parameters it last pulled."""
-        with self.lock:
-            self.clock[worker] += 1
-            if self.mode == "sync":
-                self.pending[worker] = gradients.detach().clone()
-                return
-            self.staleness.append(self.version - self.pulled[worker])
-            self.params -= self.lr * gradients
-            self.version += 1
-
-    def sync(self, all_workers):
-        """Sync mode: once every worker in ``all_workers`` has pushed, apply the mean of
-        their gradients (in worker order) and start a new round. Returns True if it did."""
-        with self.lock:
-            if any(w not in self.pending for w in all_workers):
-                return False
-            mean = torch.stack([self.pending[w] for w in sorted(all_workers)]).mean(dim=0)
-            self.params -= self.lr * mean
-            self.version += 1
-            self.pending.clear()
-            return True
-
-
-def ps_train(problem, server_class, mode, steps, lr, batch, speeds, bound=3):
+def ps_train(problem, mode, steps, lr, batch, speeds, bound=3, server_class=None):
     """Train ``problem`` with a parameter server; call on every rank (``cluster.run``).
 
-    Rank 0 is the server and holds ``server_class(params, lr, workers, mode, bound)``;
-    ranks ``1..W`` are workers ``0..W-1``. A worker receives the parameters (its *pull*:
-    one message from the server), computes a gradient on its next mini-batch, and sends
-    it back (its *push*: one message to the server), until the server says stop. The
-    server hands out ``steps·W`` gradients in all, the work of ``steps`` synchronous
-    rounds.
+    Rank 0 is the server and holds ``server_class(params, lr, workers, mode, bound)``
+    (lab 02's exercise 1; None: the workbook's own); ranks ``1..W`` are workers
+    ``0..W-1``. A worker receives the parameters (its *pull*: one message from the
+    server), computes a gradient on its next mini-batch, and sends it back (its *push*:
+    one message to the server), until the server says stop. The server hands out
+    ``steps·W`` gradients in all, the work of ``steps`` synchronous rounds.
 
     Worker ``w`` needs ``speeds[w]`` ticks per gradient. The server takes the pushes in
     the order they would finish, so a fast worker comes back more often than a slow one
@@ -476,6 +192,8 @@ def ps_train(problem, server_class, mode, steps, lr, batch, speeds, bound=3):
             _, grad = problem.loss_and_grad(message[1:], x, y)
             dist.send(grad, 0)                                      # push
             step += 1
+    if server_class is None:
+        from workbook.lesson02._reference import ParameterServer as server_class
     ps = server_class(problem.init_params(), lr=lr, num_workers=workers, mode=mode,
                       bound=bound)
     updates = [(0.0, 0, ps.params.clone())]
@@ -515,32 +233,12 @@ def ps_train(problem, server_class, mode, steps, lr, batch, speeds, bound=3):
     return {"updates": updates, "staleness": list(ps.staleness)}
 
 
-# ------------------------------------------------------------------------ local SGD
-
-
-def local_sgd(w, batches, grad_fn, lr, sync_every):
-    """Local SGD: every rank takes SGD steps on its own batches and averages the
-    *parameters* with the others (``dist.all_reduce``) after every ``sync_every`` steps.
-
-    ``sync_every=1`` is ordinary synchronous data parallelism; larger values trade
-    communication for drift between the ranks' models. Returns this rank's parameters.
-    """
-    p = dist.get_world_size()
-    w = w.clone()
-    for step, (x, y) in enumerate(batches):
-        w -= lr * grad_fn(w, x, y)
-        if (step + 1) % sync_every == 0:
-            dist.all_reduce(w)
-            w /= p
-    return w
-
-
 # ---------------------------------------------------------------- model and data
 
 
 class TinyMLP:
     """A two-layer MLP on a synthetic classification data set; parameters are one flat
-    vector, so every aggregation method above moves a single tensor.
+    vector, so every aggregation method moves a single tensor.
 
     Everything is generated from ``seed``: the data, the initial parameters, and which
     samples each worker gets at each step.
@@ -578,7 +276,7 @@ class TinyMLP:
         return loss.item(), grad
 
     def grad(self, w, x, y):
-        """Just the gradient (the ``grad_fn`` that :func:`local_sgd` takes)."""
+        """Just the gradient (a ``grad_fn`` for local SGD)."""
         return self.loss_and_grad(w, x, y)[1]
 
     def loss(self, w):
@@ -597,8 +295,9 @@ class TinyMLP:
 # ------------------------------------------------------------- data-parallel loop
 
 
-def topk_aggregator(k, compress=topk_compress):
-    """``make_aggregate`` for :func:`train`: top-k all-reduce with this rank's residual."""
+def topk_aggregator(k, compress):
+    """``make_aggregate`` for :func:`train`: top-k all-reduce with ``compress`` (your
+    top-k compressor) and this rank's residual."""
 
     def make_aggregate():
         residual = None
@@ -618,9 +317,9 @@ def train(problem, make_aggregate, steps, lr, batch, sync_every=1, mean=False):
     """Data-parallel SGD on ``problem``; call on every rank (``cluster.run``).
 
     ``make_aggregate()`` is called once on every rank and returns ``aggregate(tensor)``,
-    which must leave the SUM over ranks in ``tensor`` (any all-reduce above; a factory so
+    which must leave the SUM over ranks in ``tensor`` (an all-reduce; a factory so
     that a compressor can keep per-rank state, like top-k's residual) — or the MEAN, with
-    ``mean=True`` (like :func:`fp16_allreduce`). With
+    ``mean=True`` (like an fp16 all-reduce). With
     ``sync_every == 1`` the gradients are summed every step; with ``sync_every = H > 1``
     it is local SGD: the parameters are averaged every ``H`` steps.
 
@@ -650,49 +349,45 @@ def train(problem, make_aggregate, steps, lr, batch, sync_every=1, mean=False):
 # ------------------------------------------------------------- measuring helpers
 
 
-def simulate(cluster, fn, world_size, args=(), kwargs=None, timed=False, **options):
-    """``cluster.run(fn, ...)``, with the simulated clock on only when ``timed``.
+def _allreduce_once(make_aggregate, size, extra_args):
+    g = torch.Generator().manual_seed(dist.get_rank())
+    tensor = torch.randn(size, generator=g)
+    before = tensor.clone()
+    make_aggregate()(tensor, *extra_args)
+    return before, tensor
 
-    Untimed runs skip the simulator's accounting (several times faster in wall-clock
-    time).
+
+def measure_allreduce(cluster, method, world_size, size, extra_args=()):
+    """Run one all-reduce of ``size`` float32 elements on ``world_size`` ranks; what it
+    cost and how exact it was.
+
+    ``method`` is a function called on every rank as ``method(tensor, *extra_args)`` (it
+    leaves the sum in ``tensor``), or the name of one of the workbook's own
+    (:data:`METHODS`; "fp16" leaves the mean, which is compared with the mean). Returns a
+    dict: ``bytes`` and ``messages`` (the busiest rank's), ``total_bytes``,
+    ``cross_node_bytes``, ``seconds`` (simulated) and ``relative_error`` (the norm of
+    rank 0's result minus the exact sum, over the norm of the exact sum; 0 for the exact
+    methods up to float32 rounding).
     """
-    return cluster.run(fn, world_size=world_size, args=args, kwargs=kwargs,
-                       accounting=timed, **options)
-
-
-def traffic(run):
-    """``{(src, dst): bytes}`` a run sent, or None if it ran without accounting."""
-    return run.traffic if run.recorder is not None else None
-
-
-def _allreduce_once(fn, size, extra_args):
-    rank = dist.get_rank()
-    tensor = torch.full((size,), float(rank + 1))
-    fn(tensor, *extra_args)
-    return tensor[0].item()
-
-
-def measure_allreduce(cluster, fn, world_size, size, extra_args=(), timed=True):
-    """Run one all-reduce of ``size`` float32 elements; what it cost.
-
-    Returns a dict: ``bytes`` and ``messages`` (the busiest rank's), ``total_bytes``,
-    ``cross_node_bytes`` (None without a traffic record), ``seconds`` (simulated; None
-    without a clock) and ``correct`` (every rank got the sum).
-    """
-    run = simulate(cluster, _allreduce_once, world_size, args=(fn, size, extra_args),
-                   timed=timed)
-    sent = traffic(run)
+    if isinstance(method, str):
+        make_aggregate, mean = _method(method)
+    else:
+        make_aggregate, mean = (lambda: method), False
+    run = cluster.run(_allreduce_once, world_size=world_size,
+                      args=(make_aggregate, size, extra_args))
     node = cluster.spec.placement
-    cross = None if sent is None else sum(
-        b for (s, d), b in sent.items() if node(s)[0] != node(d)[0])
-    expected = world_size * (world_size + 1) / 2
+    cross = sum(b for (s, d), b in run.traffic.items() if node(s)[0] != node(d)[0])
+    exact = sum(before.double() for before, _ in run.results)
+    if mean:
+        exact /= world_size
+    error = (run.results[0][1].double() - exact).norm() / exact.norm()
     return {"bytes": max(run.bytes_sent), "messages": max(run.messages_sent),
             "total_bytes": sum(run.bytes_sent), "cross_node_bytes": cross,
-            "seconds": sim_elapsed(run) if timed else None,
-            "correct": all(r == expected for r in run.results)}
+            "seconds": run.elapsed, "relative_error": error.item()}
 
 
 def _ring_phases(size):
+    from workbook.lesson02._reference import ring_all_gather, ring_reduce_scatter
     rank, p = dist.get_rank(), dist.get_world_size()
     flat = torch.full((size,), float(10 ** rank))
     bounds = chunk_bounds(size, p)
@@ -703,10 +398,11 @@ def _ring_phases(size):
 
 
 def ring_trace(cluster, world_size):
-    """What every rank holds after the ring's reduce-scatter and after its all-gather,
+    """What every rank holds after a ring's reduce-scatter and after its all-gather,
     when rank ``r`` starts with ``10**r`` everywhere: the digits of each number say whose
     contributions it contains (1111 = all four ranks). Prints a table."""
-    run = simulate(cluster, _ring_phases, world_size, args=(world_size,))
+    run = cluster.run(_ring_phases, world_size=world_size, args=(world_size,),
+                      accounting=False)
     width = world_size + 2
     header = "rank | " + " ".join(f"chunk {c}".rjust(width) for c in range(world_size))
     for title, phase in (("after reduce-scatter", 0), ("after all-gather", 1)):
@@ -718,19 +414,15 @@ def ring_trace(cluster, world_size):
         print()
 
 
-def show_source(obj):
-    """Print the source code of ``obj`` (a function or class of this module)."""
-    import inspect
-
-    print(inspect.getsource(obj).rstrip())
-
-
 # --------------------------------------------------------------- the comparison
 
 
-def _time_per_step(run, steps):
-    elapsed = sim_elapsed(run)
-    return None if elapsed is None else elapsed / steps
+def _aggregate_factory(spec):
+    """``(make_aggregate, leaves_mean)`` from a :func:`compare` method spec."""
+    aggregate = spec["aggregate"]
+    if isinstance(aggregate, str):
+        return _method(aggregate)
+    return aggregate, spec.get("mean", False)
 
 
 def compare(cluster, problem, methods, steps=30, lr=0.5, batch=32, timed_steps=2,
@@ -739,16 +431,18 @@ def compare(cluster, problem, methods, steps=30, lr=0.5, batch=32, timed_steps=2
 
     ``methods`` maps a name to one of
     ``{"aggregate": make_aggregate}`` (data parallel, :func:`train`; add ``"mean": True``
-    when the aggregate leaves the mean),
-    ``{"aggregate": make_aggregate, "sync_every": H}`` (local SGD), or
-    ``{"server": cls, "mode": mode, "speeds": [...]}`` (parameter server, rank 0 serves).
+    when the aggregate leaves the mean), or ``{"aggregate": name}`` with a name of
+    :data:`METHODS` (the workbook's own all-reduce or compressor),
+    either with ``"sync_every": H`` (local SGD), or
+    ``{"mode": mode, "speeds": [...]}`` (parameter server, rank 0 serves; add
+    ``"server": cls`` for your class, else the workbook's own).
 
     Every method sees the same data and does the same work: ``steps`` rounds of one
-    mini-batch of ``batch`` samples per worker. Loss curves come from an untimed run of
-    ``steps`` steps (one point per round); time per step from a timed run of
+    mini-batch of ``batch`` samples per worker. Loss curves come from a run without
+    accounting of ``steps`` steps (one point per round); time per step from a run of
     ``timed_steps`` steps (rounded up to a multiple of ``sync_every``); ``curves=False``
     skips the loss curves (the results then have only the time and bytes). Returns
-    ``{name: {"samples": [...], "loss": [...], "seconds_per_step": s or None,
+    ``{name: {"samples": [...], "loss": [...], "seconds_per_step": s,
     "bytes_per_step": busiest rank's bytes per step}}``.
     """
     results = {}
@@ -757,26 +451,27 @@ def compare(cluster, problem, methods, steps=30, lr=0.5, batch=32, timed_steps=2
         every = spec.get("sync_every", 1)
         short = -(-timed_steps // every) * every
         for timed, n_steps in ((False, steps), (True, short))[0 if curves else 1:]:
-            if "server" in spec:
+            if "mode" in spec:
                 workers = world_size - 1
-                run = simulate(cluster, ps_train, world_size, timed=timed, args=(
-                    problem, spec["server"], spec["mode"], n_steps,
-                    lr if spec["mode"] == "sync" else lr / workers, batch, spec["speeds"]))
+                run = cluster.run(ps_train, world_size=world_size, accounting=timed, args=(
+                    problem, spec["mode"], n_steps,
+                    lr if spec["mode"] == "sync" else lr / workers, batch, spec["speeds"]),
+                    kwargs={"server_class": spec.get("server")})
                 if not timed:
                     updates = [u for u in run.results[0]["updates"] if u[1] % workers == 0]
                     out["samples"] = [g * batch for _, g, _ in updates]
                     out["loss"] = [problem.loss(w) for _, _, w in updates]
                     out["staleness"] = run.results[0]["staleness"]
             else:
-                run = simulate(cluster, train, world_size, timed=timed, args=(
-                    problem, spec["aggregate"], n_steps, lr, batch,
-                    spec.get("sync_every", 1), spec.get("mean", False)))
+                make_aggregate, mean = _aggregate_factory(spec)
+                run = cluster.run(train, world_size=world_size, accounting=timed, args=(
+                    problem, make_aggregate, n_steps, lr, batch, every, mean))
                 if not timed:
                     snaps = run.results[0]
                     out["samples"] = [s * world_size * batch for s in range(len(snaps))]
                     out["loss"] = [problem.loss(w) for w in snaps]
             if timed:
-                out["seconds_per_step"] = _time_per_step(run, n_steps)
+                out["seconds_per_step"] = run.elapsed / n_steps
                 out["bytes_per_step"] = max(run.bytes_sent) / n_steps
         results[name] = out
     return results
@@ -786,8 +481,7 @@ def print_comparison(results):
     """One line per method: final loss, simulated time per step, bytes per step."""
     print(f"{'method':<22} {'final loss':>10} {'time/step':>12} {'bytes/step (busiest)':>21}")
     for name, r in results.items():
-        t = r["seconds_per_step"]
-        t = "n/a" if t is None else f"{t * 1e6:.1f} µs"
+        t = f"{r['seconds_per_step'] * 1e6:.1f} µs"
         print(f"{name:<22} {r['loss'][-1]:>10.4f} {t:>12} {r['bytes_per_step']:>21,.0f}")
 
 
@@ -802,18 +496,12 @@ def plot_comparison(results, title=""):
     left.set_ylabel("training loss")
     left.set_title("convergence")
     left.legend(fontsize=8)
-    timed = [(n, r["seconds_per_step"]) for n, r in results.items()
-             if r["seconds_per_step"] is not None]
-    if timed:
-        names, secs = zip(*timed)
-        right.barh(range(len(names)), [s * 1e6 for s in secs])
-        right.set_yticks(range(len(names)), names, fontsize=8)
-        right.invert_yaxis()
-        right.set_xlabel("simulated time per step (µs)")
-        right.set_title("time per step")
-    else:
-        right.text(0.5, 0.5, "simulated time not available", ha="center", va="center")
-        right.set_axis_off()
+    names = list(results)
+    right.barh(range(len(names)), [results[n]["seconds_per_step"] * 1e6 for n in names])
+    right.set_yticks(range(len(names)), names, fontsize=8)
+    right.invert_yaxis()
+    right.set_xlabel("simulated time per step (µs)")
+    right.set_title("time per step")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -36,8 +36,10 @@ bytes every time it is built from the same solution, so ``--check`` can compare 
     python -m workbook.labs            # (re)build labs/ from solutions/
     python -m workbook.labs --check    # exit 1 listing the labs that are out of date
 
-A lab that has outputs looks like a learner's work: it is not overwritten without
-``--force``.
+Learners solve the labs in place, so a lab file may hold their work: cells whose sources
+differ both from the lab generated now and from the lab committed in git (``HEAD``), or
+outputs. Such a lab is never overwritten without ``--force`` (``make labs FORCE=1``), and
+``--check`` judges its committed version instead of the learner's file.
 """
 
 import argparse
@@ -45,6 +47,7 @@ import ast
 import copy
 import hashlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -209,16 +212,75 @@ def lab_text(solution_path):
     return text if text.endswith("\n") else text + "\n"
 
 
-def _has_learner_work(path):
+def committed_text(path):
+    """The text of ``path`` as committed in git (``HEAD``), or None: not in a git checkout,
+    not committed yet, or no ``git`` program."""
+    path = Path(path)
+    try:
+        result = subprocess.run(["git", "show", f"HEAD:./{path.name}"], cwd=path.parent,
+                                capture_output=True, text=True, encoding="utf-8")
+    except OSError:
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
+def _sources(nb):
+    return [(cell.cell_type, cell.source) for cell in nb.cells]
+
+
+def learner_changes(path, text):
+    """What the lab file ``path`` holds beyond what the builder wrote, as short phrases
+    (``[]``: nothing); ``text`` is the lab generated now.
+
+    Edited cells count when the sources differ both from ``text`` and from the committed
+    lab; without a committed lab (no git), only edited exercise cells and added cells
+    count, since other cells also differ in a lab that is merely out of date. Outputs
+    always count.
+    """
     nb = nbformat.read(path, as_version=4)
-    return any(cell.get("outputs") or cell.get("execution_count")
-               for cell in nb.cells if cell.cell_type == "code")
+    generated = nbformat.reads(text, as_version=4)
+    exercises, others, added, deleted = _edits(nb, generated)
+    committed = committed_text(path)
+    if committed is None:
+        others = deleted = 0
+    elif _sources(nb) == _sources(nbformat.reads(committed, as_version=4)):
+        exercises, others, added, deleted = set(), 0, 0, 0
+    edited = [f"exercise {n}" for n in sorted(exercises)] + _count(others, "other cell")
+    changes = [f"edited: {', '.join(edited)}"] if edited else []
+    changes += _count(added, "cell", " added") + _count(deleted, "cell", " deleted")
+    ran = sum(bool(cell.get("outputs") or cell.get("execution_count"))
+              for cell in nb.cells if cell.cell_type == "code")
+    return changes + _count(ran, "cell", " with outputs")
+
+
+def _count(n, noun, suffix=""):
+    """``["2 cells added"]``, or ``[]`` for none."""
+    return [f"{n} {noun}{'s' * (n > 1)}{suffix}"] if n else []
+
+
+def _edits(nb, lab):
+    """``(exercise numbers, other cells, added, deleted)``: how ``nb``'s cells differ from
+    ``lab``'s, matched by cell id."""
+    generated = {cell.get("id"): cell for cell in lab.cells}
+    exercises, others, added = set(), 0, 0
+    for cell in nb.cells:
+        original = generated.pop(cell.get("id"), None)
+        if original is None:
+            added += 1
+        elif original.source != cell.source:
+            number = original.metadata.get(METADATA_KEY, {}).get("exercise")
+            if number is None:
+                others += 1
+            else:
+                exercises.add(number)
+    return exercises, others, added, len(generated)
 
 
 def build(solutions_dir="solutions", labs_dir="labs", names=None, force=False, log=print):
     """(Re)write the lab of every solution notebook (or of those in ``names``).
 
-    Returns the paths written. A lab with outputs is left alone unless ``force``.
+    Returns the paths written. A lab that holds a learner's work (:func:`learner_changes`)
+    is kept, saying so, unless ``force``.
     """
     solutions_dir, labs_dir = Path(solutions_dir), Path(labs_dir)
     written = []
@@ -227,9 +289,11 @@ def build(solutions_dir="solutions", labs_dir="labs", names=None, force=False, l
         text = lab_text(solution)
         if target.exists() and target.read_bytes() == text.encode("utf-8"):
             continue
-        if target.exists() and not force and _has_learner_work(target):
-            log(f"skipped {target}: it has outputs, so it looks like your work "
-                "(use --force to overwrite it)")
+        changes = learner_changes(target, text) if target.exists() and not force else []
+        if changes:
+            log(f"kept {target}: it holds your work ({'; '.join(changes)}). For a fresh "
+                f"lab, move yours aside (mv {target} {target.with_suffix('.mine.ipynb')}) "
+                "and run `make labs` again, or replace it with `make labs FORCE=1`.")
             continue
         labs_dir.mkdir(parents=True, exist_ok=True)
         with open(target, "w", encoding="utf-8", newline="\n") as file:
@@ -241,16 +305,33 @@ def build(solutions_dir="solutions", labs_dir="labs", names=None, force=False, l
     return written
 
 
-def stale(solutions_dir="solutions", labs_dir="labs", names=None):
-    """``[(lab_path, reason), ...]`` for every lab that is missing, out of date or orphaned."""
+def stale(solutions_dir="solutions", labs_dir="labs", names=None, log=print):
+    """``[(lab_path, reason), ...]`` for every lab that is missing, out of date or orphaned.
+
+    A lab that holds a learner's work is judged by its committed version (git ``HEAD``);
+    without one it is not judged, and ``log`` says so.
+    """
     solutions_dir, labs_dir = Path(solutions_dir), Path(labs_dir)
     problems = []
     for solution in _solutions(solutions_dir, names):
         target = labs_dir / solution.name
+        text = lab_text(solution)
         if not target.exists():
             problems.append((target, f"missing (generate it from {solution})"))
-        elif target.read_bytes() != lab_text(solution).encode("utf-8"):
+            continue
+        if target.read_bytes() == text.encode("utf-8"):
+            continue
+        changes = learner_changes(target, text)
+        if not changes:
             problems.append((target, f"out of date with {solution}"))
+            continue
+        committed = committed_text(target)
+        if committed is None:
+            log(f"{target}: not compared with {solution}: it holds your work "
+                f"({'; '.join(changes)}) and git has no committed version of it")
+        elif committed != text:
+            problems.append((target, f"its committed version is out of date with {solution} "
+                                     f"(the file holds your work: {'; '.join(changes)})"))
     for orphan in _orphans(solutions_dir, labs_dir, names):
         problems.append((orphan, f"has no solution in {solutions_dir}/"))
     return problems
@@ -281,7 +362,7 @@ def main(argv=None):
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 listing labs that are missing or stale")
     parser.add_argument("--force", action="store_true",
-                        help="overwrite labs even if they have outputs (a learner's work)")
+                        help="overwrite labs even if they hold a learner's work")
     parser.add_argument("--solutions", default="solutions", help="default: %(default)s")
     parser.add_argument("--labs", default="labs", help="default: %(default)s")
     args = parser.parse_args(argv)

@@ -1,0 +1,124 @@
+"""workbook.checking: the protocol every lab's checks share — the one-line verdict, runs
+whose failures become that line, budgets, and refusing the workbook's own answers."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from workbook import checking
+from workbook.checking import Case, Failure
+
+
+class FakeRun:
+    def __init__(self, per_rank):
+        self.bytes_sent = self.messages_sent = per_rank
+
+
+def test_a_check_prints_one_line_and_returns_a_bool(capsys):
+    @checking.check("thing")
+    def check_thing(ok):
+        if not ok:
+            raise Failure("case 1: wrong", "do it right.")
+        return "passed on case 1"
+
+    assert check_thing(True) is True
+    assert check_thing(False) is False
+    assert capsys.readouterr().out == ("✅ thing: passed on case 1\n"
+                                       "❌ thing: case 1: wrong — Hint: do it right.\n")
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("bytes", "world size 4, size 8: a ring sends 2(p-1)/p·n = 48 bytes per rank: rank 2 "
+              "sent 96, 2.00× that"),
+    ("messages", "world size 4, size 8: a ring sends 2(p-1)/p·n = 48 messages per rank: rank "
+                 "2 sent 96, 2.00× that"),
+    ("memory", "world size 4, size 8: a ring needs 2(p-1)/p·n = 48 bytes of memory per rank: "
+               "rank 2 needed 96, 2.00× that"),
+])
+def test_a_budget_names_the_formula_the_busiest_rank_and_the_ratio(kind, message):
+    per_rank = [10, 20, 96, 30]
+    with pytest.raises(Failure) as info:
+        checking.budget(Case(4, 8), kind, per_rank, 48, "2(p-1)/p·n", "hint", "a ring")
+    assert info.value.what == message and info.value.hint == "hint"
+    checking.budget(Case(4, 8), kind, per_rank, 96 / checking.TOLERANCE[kind], "f", "h", "a")
+
+
+def reference(tensor):
+    tensor += 1
+
+
+class ReferenceServer:
+    def pull(self, worker):
+        return worker
+
+
+def _refused(candidate, ref=reference):
+    try:
+        checking.refuse_reference(candidate, ref)
+    except Failure as failure:
+        assert failure.what == "this function is the workbook's own reference answer, not yours"
+        return True
+    return False
+
+
+def test_refuse_reference_catches_the_reference_and_wrappers_of_it():
+    import types
+    module = types.ModuleType("answers")
+    module.reference = reference
+    assert _refused(reference)
+    assert _refused(lambda t: reference(t))
+    assert _refused(lambda t: module.reference(t))
+    assert _refused(lambda t, f=reference: f(t))
+
+    def own(tensor):            # a learner's own code, even with the same name and body
+        tensor += 1
+
+    assert not _refused(own)
+    assert not _refused(lambda t: own(t))
+
+
+def test_refuse_reference_catches_a_subclass_or_a_copy_of_the_reference_class():
+    class Sub(ReferenceServer):
+        pass
+
+    class Copied:
+        pull = ReferenceServer.pull
+
+    class Own:
+        def pull(self, worker):
+            return worker
+
+    for cls, refused in ((ReferenceServer, True), (Sub, True), (Copied, True), (Own, False)):
+        try:
+            checking.refuse_reference(cls, ReferenceServer, "class")
+            assert not refused, cls
+        except Failure as failure:
+            assert refused and "this class is" in failure.what, cls
+
+
+def test_a_failure_raised_inside_the_ranks_passes_through_unchanged():
+    def body():
+        raise Failure("rank-side: wrong", "hint from inside")
+
+    with pytest.raises(Failure) as info:
+        checking.simulate(Case(2, 1).cluster(), body, 2, lambda rank: "case")
+    assert (info.value.what, info.value.hint) == ("rank-side: wrong", "hint from inside")
+
+
+def test_a_rank_error_names_the_case_and_the_rank():
+    def body():
+        if dist.get_rank() == 1:
+            raise ValueError("bad value\nsecond line")
+
+    with pytest.raises(Failure) as info:
+        checking.simulate(Case(2, 1).cluster(), body, 2, lambda rank: f"case of rank {rank}")
+    assert info.value.what == "case of rank 1: rank 1 raised ValueError: bad value"
+    assert info.value.hint == checking.HINTS["exception"]
+
+
+def test_cases_put_the_largest_size_in_float64_and_describe_themselves():
+    made = checking.cases((2,), (1, 64), ranks_per_node=1)
+    assert [str(c) for c in made] == ["world size 2 (1 rank per node), size 1",
+                                      "world size 2 (1 rank per node), size 64 (float64)"]
+    assert made[1].element_size == 8 and made[1].dtype == torch.float64
+    assert len(made[0].cluster().spec.nodes) == 2

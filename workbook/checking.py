@@ -1,0 +1,481 @@
+"""The check protocol every lab's checks share.
+
+A check is a function decorated with :func:`check`: it takes the learner's function (or
+class), raises :class:`Failure` at the first thing that is wrong, and returns what passed.
+The decorator turns that into exactly one printed line and a bool (for the progress
+report)::
+
+    ✅ ring all-reduce: passed on world sizes 1, 2, 3, 4, 5, 8, sizes 1, 6, 13, 64
+    ❌ ring all-reduce: world size 3, size 6: rank 1, index 4: expected 12, got 7 — Hint: ...
+
+A learner's mistake never reaches the kernel as an exception: :func:`simulate` runs a
+case on the cluster and turns an exception on a rank, a deadlock or mismatch (with the
+simulator's own hint, which names what the ranks were doing), an infinite loop (stopped
+after ``TIMEOUT`` wall-clock seconds) into a :class:`Failure` naming the case.
+
+The rest is shared by the checks of every lesson: :class:`Case` (world size, tensor size
+and dtype, ranks per node) and its inputs; :func:`run_in_place`, which runs a function that
+works on a tensor in place on every rank; the correctness tests of such runs
+(:func:`check_outputs`, :func:`check_p2p_only`, :func:`check_messages_sent`); and budgets
+(:func:`budget` for bytes, messages and memory per rank; :func:`cross_node_budget`;
+:func:`time_budget`), judged only once the results are correct. :func:`refuse_reference`
+answers ❌ when a check is handed the workbook's own answer.
+"""
+
+import functools
+import inspect
+import math
+import threading
+
+import torch
+import torch.distributed as dist
+
+import simcluster as sc
+
+TIMEOUT = 10.0            # wall-clock seconds one run without accounting may take
+ACCOUNTING_TIMEOUT = 120.0  # the first run with a clock in a process warms torch up
+WORLD_SIZES = (1, 2, 3, 4, 5, 8)
+SIZES = (1, 6, 13, 64)
+TOLERANCE = {"bytes": 1.05, "messages": 1.0, "memory": 1.25, "time": 1.25}
+
+PASS, FAIL = "✅", "❌"
+
+
+class Failure(Exception):
+    """The first thing that is wrong; ``what`` and ``hint`` are what the learner reads."""
+
+    def __init__(self, what, hint):
+        super().__init__(what)
+        self.what, self.hint = what, hint
+
+
+def check(name):
+    """Decorator for a check called ``name``: the function raises :class:`Failure` or
+    returns the text of a pass; the check prints one ✅/❌ line and returns True/False."""
+
+    def decorate(body):
+        @functools.wraps(body)
+        def run_check(*args, **kwargs):
+            try:
+                passed = body(*args, **kwargs)
+            except Failure as failure:
+                print(f"{FAIL} {name}: {failure.what} — Hint: {failure.hint}")
+                return False
+            print(f"{PASS} {name}: {passed}")
+            return True
+
+        return run_check
+
+    return decorate
+
+
+HINTS = {
+    "not_started": "this exercise is not written yet: replace the `raise "
+                   "NotImplementedError(...)` line with your code (its message is a hint).",
+    "exception": "read the message above; run your function with cluster.run(...) yourself "
+                 "to see the whole traceback.",
+    "timeout": "look for a loop whose condition never changes (a step counter that is "
+               "never incremented?).",
+    "collective": "build it from point-to-point operations only: dist.send, dist.recv, "
+                  "dist.isend, dist.irecv, dist.batch_isend_irecv.",
+    "no_messages": "ranks are threads here, but on a real cluster they share no memory: "
+                   "move the data with send/recv.",
+    "unchanged": "every rank must end with the result in `tensor`, written in place "
+                 "(tensor += ..., tensor.copy_(...), tensor[a:b] = ..., or received into "
+                 "it): check that this rank gets the result, and don't write `tensor = "
+                 "...`, which only rebinds a local name.",
+    "silent": "this rank took no step at all: check your loop bounds (a ring takes p - 1 "
+              "steps per phase) and the conditions that decide who sends.",
+    "values": "print what each rank holds after each step, on world size 2 or 3.",
+    "shape": "keep `tensor`'s shape: work on tensor.view(-1) or slices of it.",
+    "dtype": "keep `tensor`'s dtype: create buffers with torch.empty_like(...) or "
+             "dtype=tensor.dtype.",
+    "reference": "the exercise is to write it yourself, in the cell above.",
+}
+
+
+def refuse_reference(candidate, reference, what="function"):
+    """Fail if ``candidate`` is ``reference`` (the workbook's own answer) or calls it:
+    the same function or its code, a function whose code names it (``lambda t:
+    _reference.ring_allreduce(t)``), or a subclass of the reference class."""
+    if inspect.isclass(candidate) and inspect.isclass(reference):
+        same = issubclass(candidate, reference) or any(
+            _uses(getattr(candidate, name, None), getattr(reference, name))
+            for name, value in vars(reference).items() if inspect.isfunction(value))
+    else:
+        same = _uses(candidate, reference)
+    if same:
+        raise Failure(f"this {what} is the workbook's own reference answer, not yours",
+                      HINTS["reference"])
+
+
+def _uses(candidate, reference):
+    """Whether ``candidate`` is ``reference``, has its code, or names it directly (as a
+    global, a closure variable, a default argument or an attribute of a module)."""
+    candidate = inspect.unwrap(candidate) if callable(candidate) else candidate
+    if candidate is reference:
+        return True
+    code = getattr(candidate, "__code__", None)
+    if code is None:
+        return False
+    if code is reference.__code__:
+        return True
+    found = inspect.getclosurevars(candidate)
+    named = [*found.nonlocals.values(), *found.globals.values(),
+             *(candidate.__defaults__ or ()), *(candidate.__kwdefaults__ or {}).values()]
+    modules = [v for v in named if inspect.ismodule(v)]
+    return any(v is reference for v in named) or any(
+        getattr(m, name, None) is reference for m in modules for name in found.unbound)
+
+
+# ----------------------------------------------------------------- formatting
+
+
+def num(x):
+    """A number as the learner reads it: 12 for 12.0, 0.1235 for 0.123456..."""
+    x = float(x)
+    if math.isnan(x) or math.isinf(x):
+        return str(x)
+    if x == int(x) and abs(x) < 1e15:
+        return str(int(x))
+    text = f"{x:.4g}"
+    return f"{x:.1f}" if "e+" in text else text
+
+
+def listed(values):
+    """``1, 2, 3``."""
+    return ", ".join(str(v) for v in values)
+
+
+def short(text, limit=140):
+    """The first line of ``text``, cut to ``limit`` characters."""
+    text = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def seconds(s):
+    """Simulated seconds in µs or ms."""
+    return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.3f} ms"
+
+
+def dtype_name(dtype):
+    """``float32`` for ``torch.float32``."""
+    return str(dtype).replace("torch.", "")
+
+
+# ------------------------------------------------------------------ running
+
+
+def collectives_so_far():
+    """``(count, names)`` of the collectives the calling rank has called in this run.
+
+    Read from the simulator's own per-rank record, so no way of calling a collective
+    (``dist.all_reduce``, an alias, functional collectives, a subgroup) escapes it.
+    """
+    names = sc.collectives_called()
+    return len(names), names
+
+
+def _wait_text(text):
+    """``"waiting in send to rank 1 (tag 0, (5,)): ..."`` -> ``"send to rank 1"``."""
+    text = str(text)
+    if text == "returned from its function":
+        return "returned"
+    if text.startswith("waiting in "):
+        text = text[len("waiting in "):]
+    return text.split(" (")[0].split(":")[0]
+
+
+def _deadlock_text(error):
+    items = [f"rank {r}: {_wait_text(w)}" for r, w in sorted(error.pending.items())]
+    if len(items) > 4:
+        items = items[:4] + [f"… ({len(error.pending)} ranks)"]
+    return "deadlock (" + "; ".join(items) + ")"
+
+
+def raised(who, error, hint=None):
+    """The :class:`Failure` for ``who`` raising ``error`` (an unwritten exercise says so)."""
+    if isinstance(error, NotImplementedError):
+        hint = HINTS["not_started"]
+    return Failure(f"{who} raised {type(error).__name__}: {short(error)}",
+                   hint or HINTS["exception"])
+
+
+def simulate(cluster, body, world_size, where, hints=None, accounting=False, args=()):
+    """``cluster.run(body, args=args)``; a learner's failure becomes a :class:`Failure` naming
+    ``where(rank)`` (the case a rank was in; rank None: the first failing one).
+
+    A deadlock or mismatch carries the simulator's own hint, which knows what the ranks
+    were doing; ``hints`` may override the others (keys of :data:`HINTS`). Runs with
+    accounting get a longer timeout: the first one in a process is slow to start.
+    """
+    hints = {**HINTS, **(hints or {})}
+    timeout = ACCOUNTING_TIMEOUT if accounting else TIMEOUT
+    try:
+        return cluster.run(body, world_size=world_size, args=args, accounting=accounting,
+                           timeout=timeout)
+    except sc.RankError as error:
+        if isinstance(error.original, Failure):   # a check that runs inside the ranks
+            raise error.original from None
+        raise raised(f"{where(error.rank)}: rank {error.rank}", error.original,
+                     hints["exception"]) from None
+    except sc.DeadlockError as error:
+        raise Failure(f"{where(None)}: {_deadlock_text(error)}", error.hint) from None
+    except sc.CollectiveMismatchError as error:
+        text = short(str(error).replace("collective mismatch in ", "mismatch in "), 200)
+        raise Failure(f"{where(None)}: {text.rstrip('.')}", error.hint) from None
+    except sc.SimulationTimeout as error:
+        rank = short(error).split(" ")[:2]
+        rank = " ".join(rank) if rank[0] == "rank" else "a rank"
+        raise Failure(f"{where(None)}: {rank} was still running after {timeout:g} s of "
+                      "wall-clock time (an infinite loop?)", hints["timeout"]) from None
+    except sc.SimulationError as error:
+        raise Failure(f"{where(None)}: {short(error)}", hints["exception"]) from None
+
+
+def call(who, fn, *args):
+    """``fn(*args)`` outside the cluster; an exception becomes a :class:`Failure`."""
+    try:
+        return fn(*args)
+    except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
+        raise raised(who, error) from None
+
+
+# ---------------------------------------------------------------- cases and inputs
+
+
+class Case:
+    """One run: ``world_size`` ranks, a tensor of ``size`` elements of ``dtype``, on one
+    DGX node, or on nodes of ``ranks_per_node`` devices."""
+
+    def __init__(self, world_size, size, dtype=torch.float32, ranks_per_node=None):
+        self.world_size, self.size, self.dtype = world_size, size, dtype
+        self.ranks_per_node = ranks_per_node
+
+    def __str__(self):
+        text = f"world size {self.world_size}"
+        if self.ranks_per_node is not None:
+            plural = "s" if self.ranks_per_node > 1 else ""
+            text += f" ({self.ranks_per_node} rank{plural} per node)"
+        text += f", size {self.size}"
+        if self.dtype != torch.float32:
+            text += f" ({dtype_name(self.dtype)})"
+        return text
+
+    @property
+    def element_size(self):
+        """Bytes per element."""
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def cluster(self):
+        """Nodes of ``ranks_per_node`` devices when the case says so, else one DGX node."""
+        if self.ranks_per_node is None:
+            return sc.Cluster.preset("dgx-a100", nodes=1)
+        k, m = self.ranks_per_node, self.world_size // self.ranks_per_node
+        return sc.Cluster(sc.ClusterSpec(f"{m}x{k}", tuple(sc.NodeSpec(f"node{i}", k)
+                                                           for i in range(m))))
+
+
+def cases(world_sizes=WORLD_SIZES, sizes=SIZES, ranks_per_node=None):
+    """Every world size with every size; the largest size in float64, so that buffers
+    must follow the input's dtype."""
+    return [Case(p, n, torch.float64 if n == max(sizes) else torch.float32, ranks_per_node)
+            for p in world_sizes for n in sizes]
+
+
+def passed_text(cases_run):
+    """``passed on world sizes 1, 2, sizes 1, 6``."""
+    world_sizes = sorted({c.world_size for c in cases_run})
+    sizes = sorted({c.size for c in cases_run})
+    return f"passed on world sizes {listed(world_sizes)}, sizes {listed(sizes)}"
+
+
+def integer_input(case, rank):
+    """Non-zero integers in [-9, 9]: every order of summation gives the exact same sum."""
+    g = torch.Generator().manual_seed(100_003 * case.world_size + 1_009 * case.size + 31 * rank)
+    magnitude = torch.randint(1, 10, (case.size,), generator=g)
+    sign = torch.randint(0, 2, (case.size,), generator=g) * 2 - 1
+    return (magnitude * sign).to(case.dtype)
+
+
+def normal_input(case, rank, scale=1.0):
+    """Standard normal values times ``scale``, different on every rank."""
+    g = torch.Generator().manual_seed(7_919 * case.world_size + 613 * case.size + 17 * rank)
+    return (torch.randn(case.size, generator=g) * scale).to(case.dtype)
+
+
+def first_difference(expected, got, close=None):
+    """``(index, expected, got)`` of the first element that differs, or None."""
+    e, g = expected.reshape(-1), got.reshape(-1)
+    bad = e != g if close is None else ~close(e, g)
+    bad |= torch.isnan(g) & ~torch.isnan(e)
+    nz = torch.nonzero(bad)
+    if len(nz) == 0:
+        return None
+    i = int(nz[0])
+    return i, e[i].item(), g[i].item()
+
+
+# ------------------------------------------------------- functions on a tensor in place
+
+
+def run_in_place(fn, case, make_input=integer_input, extra_args=(), accounting=False,
+                 hints=None):
+    """Run ``fn(tensor, *extra_args)`` on every rank of ``case``; per rank: ``input``,
+    ``output`` (the tensor afterwards), ``returned``, ``collectives`` and their names."""
+
+    def body():
+        rank = dist.get_rank()
+        tensor = make_input(case, rank)
+        before = tensor.clone()
+        returned = fn(tensor, *extra_args)
+        count, names = collectives_so_far()
+        return {"input": before, "output": tensor, "returned": returned,
+                "collectives": count, "collective_names": names}
+
+    return simulate(case.cluster(), body, case.world_size, lambda rank: str(case), hints,
+                    accounting=accounting)
+
+
+def check_p2p_only(case, run, hints=None):
+    """Fail if a rank called a collective where only point-to-point is allowed."""
+    for rank, result in enumerate(run.results):
+        if result["collectives"]:
+            names = result["collective_names"]
+            raise Failure(f"{case}: rank {rank} called {names[-1]}, a collective",
+                          (hints or {}).get("collective", HINTS["collective"]))
+
+
+def check_messages_sent(case, run, hints=None):
+    """Right values without a single message: the ranks shared Python objects."""
+    if case.world_size > 1 and sum(run.messages_sent) == 0:
+        raise Failure(f"{case}: no rank sent a point-to-point message",
+                      (hints or {}).get("no_messages", HINTS["no_messages"]))
+
+
+def check_outputs(case, run, expected_for, hints=None, close=None):
+    """Fail at the first rank whose tensor has the wrong shape, dtype or values
+    (``expected_for(rank)``); a tensor left as it was says so."""
+    hints = {**HINTS, **(hints or {})}
+    for rank, result in enumerate(run.results):
+        out, expected = result["output"], expected_for(rank)
+        if tuple(out.shape) != tuple(expected.shape):
+            raise Failure(f"{case}: rank {rank}: the tensor has shape {tuple(out.shape)}, "
+                          f"expected {tuple(expected.shape)}", hints["shape"])
+        if out.dtype != expected.dtype:
+            raise Failure(f"{case}: rank {rank}: the tensor has dtype {dtype_name(out.dtype)}"
+                          f", expected {dtype_name(expected.dtype)}", hints["dtype"])
+    for rank, result in enumerate(run.results):
+        out, expected = result["output"], expected_for(rank)
+        diff = first_difference(expected, out, close)
+        if diff is None:
+            continue
+        if case.world_size > 1 and torch.equal(out, result["input"]):
+            if run.messages_sent[rank] == 0:
+                raise Failure(f"{case}: rank {rank} sent no message and left the tensor "
+                              "unchanged", hints["silent"])
+            returned = isinstance(result["returned"], torch.Tensor)
+            extra = " and returned a tensor" if returned else ""
+            raise Failure(f"{case}: rank {rank} left the tensor unchanged{extra}",
+                          hints["unchanged"])
+        index, e, g = diff
+        raise Failure(f"{case}: rank {rank}, index {index}: expected {num(e)}, got {num(g)}",
+                      hints["values"])
+
+
+def sum_of_inputs(run):
+    """``expected_for`` of an all-reduce (SUM): every rank expects the sum of the inputs."""
+    total = run.results[0]["input"].clone()
+    for result in run.results[1:]:
+        total += result["input"]
+    return lambda rank: total
+
+
+# -------------------------------------------------------------------------- budgets
+
+
+UNITS = {"bytes": "bytes", "messages": "messages", "memory": "bytes of memory"}
+
+
+def budget(case, kind, per_rank, target, formula, hint, what):
+    """Fail if the busiest rank's ``per_rank`` value of ``kind`` ("bytes", "messages" or
+    "memory") is above ``target`` × its tolerance; ``formula`` shows how ``target``
+    follows from the case, ``what`` names the algorithm."""
+    worst = max(range(len(per_rank)), key=lambda r: per_rank[r])
+    got = per_rank[worst]
+    if got > target * TOLERANCE[kind]:
+        unit = UNITS[kind]
+        raise Failure(f"{case}: {what} {'sends' if kind != 'memory' else 'needs'} "
+                      f"{formula} = {num(target)} {unit} per rank: rank {worst} "
+                      f"{'sent' if kind != 'memory' else 'needed'} {num(got)}, "
+                      f"{got / target:.2f}× that", hint)
+
+
+def cross_node_bytes(case, run):
+    """Bytes the run sent between different nodes (needs a run with accounting)."""
+    node = case.cluster().spec.placement
+    return sum(b for (src, dst), b in run.traffic.items() if node(src)[0] != node(dst)[0])
+
+
+def cross_node_budget(case, run, target, formula, hint, what):
+    """Fail if more than ``target`` bytes (× the bytes tolerance) crossed between nodes."""
+    crossing = cross_node_bytes(case, run)
+    if crossing > target * TOLERANCE["bytes"]:
+        raise Failure(f"{case}: across the nodes {what} sends {formula} = {num(target)} "
+                      f"bytes: yours sent {num(crossing)} bytes between nodes, "
+                      f"{crossing / target:.2f}× that", hint)
+
+
+def time_budget(case, run, reference_run, hint, reference_name="reference"):
+    """Fail if ``run`` took longer in simulated time than ``reference_run`` × tolerance."""
+    elapsed, ref_time = run.elapsed, reference_run.elapsed
+    if elapsed > ref_time * TOLERANCE["time"]:
+        raise Failure(f"{case}: took {seconds(elapsed)} of simulated time, "
+                      f"{elapsed / ref_time:.2f}× the {reference_name}'s {seconds(ref_time)}",
+                      hint)
+
+
+# ----------------------------------------------------------- a lock that cannot hang
+
+
+class LockedTwice(Exception):
+    """The learner took a :class:`RecordingLock` while already holding it."""
+
+
+class RecordingLock:
+    """Stands in for a learner's ``threading.Lock``: counts acquisitions, knows if it is
+    held, and refuses a second acquisition by the thread that holds it (a real Lock
+    would hang)."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self.acquired = 0
+        self.depth = 0
+        self._owner = None
+
+    def acquire(self, *args, **kwargs):
+        """Take the lock; raises :class:`LockedTwice` if this thread holds it already."""
+        if self.depth and self._owner == threading.get_ident():
+            raise LockedTwice()
+        ok = self._lock.acquire(*args, **kwargs)
+        if ok:
+            self.acquired += 1
+            self.depth += 1
+            self._owner = threading.get_ident()
+        return ok
+
+    def release(self):
+        """Release the lock."""
+        self.depth -= 1
+        if not self.depth:
+            self._owner = None
+        self._lock.release()
+
+    def locked(self):
+        """Whether some thread holds the lock."""
+        return self.depth > 0
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc):
+        self.release()
