@@ -740,8 +740,9 @@ def _result_path(out_dir, world_size, rank, suffix):
     return os.path.join(out_dir, f"ws{world_size}-rank{rank}.{suffix}")
 
 
-def gloo_worker(rank, world_sizes, port, out_dir, timeout_s):
-    """One spawned process: for each world size it takes part in, be gloo rank ``rank``.
+def gloo_worker(rank, world_sizes, port, out_dir, timeout_s, target=None):
+    """One spawned process: for each world size it takes part in, be gloo rank ``rank``
+    and run ``target`` (default :func:`all_cases`), saving what it returns.
 
     One process serves every world size (a fresh default group each time, on its own
     store prefix) so that the whole differential run pays for ``import torch`` in
@@ -758,7 +759,7 @@ def gloo_worker(rank, world_sizes, port, out_dir, timeout_s):
             dist.init_process_group("gloo", store=dist.PrefixStore(f"ws{world_size}/", store),
                                     rank=rank, world_size=world_size, timeout=timeout)
             try:
-                results = all_cases()
+                results = (target or all_cases)()
             finally:
                 dist.destroy_process_group()
             tmp = _result_path(out_dir, world_size, rank, "tmp")
@@ -772,6 +773,9 @@ def gloo_worker(rank, world_sizes, port, out_dir, timeout_s):
 
 class GlooRun:
     """:func:`all_cases` on real gloo, one spawned process per rank, over loopback.
+
+    ``target`` runs another function instead; it must be picklable by reference (a
+    module-level function the spawned interpreters can import) and take no arguments.
 
     ``start()`` spawns the workers and returns at once, so the caller can run the
     simulator meanwhile (the workers spend most of their time importing torch);
@@ -787,8 +791,8 @@ class GlooRun:
 
     ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
 
-    def __init__(self, world_sizes=WORLD_SIZES, timeout_s=90.0):
-        self.world_sizes, self.timeout_s = tuple(world_sizes), timeout_s
+    def __init__(self, world_sizes=WORLD_SIZES, timeout_s=90.0, target=None):
+        self.world_sizes, self.timeout_s, self.target = tuple(world_sizes), timeout_s, target
         self._procs, self._store, self._dir, self._deadline = [], None, None, None
 
     def start(self):
@@ -806,7 +810,7 @@ class GlooRun:
             for rank in range(max(self.world_sizes)):
                 proc = ctx.Process(target=gloo_worker, name=f"gloo-rank-{rank}", daemon=True,
                                    args=(rank, self.world_sizes, self._store.port,
-                                         self._dir.name, self.timeout_s / 3))
+                                         self._dir.name, self.timeout_s / 3, self.target))
                 self._procs.append(proc)
                 proc.start()
         except BaseException:
