@@ -1,0 +1,296 @@
+"""Checks of what a run and its operations are given, made before anything runs.
+
+Two kinds of callers, one rule per small function:
+
+* the ``sim`` backend (:mod:`simcluster.backend`) checks each rank's buffers when the
+  rank calls an operation, as torch's real backends do: gloo's accepted dtypes, output
+  shapes and dtypes that fit the input, contiguous point-to-point buffers. A wrong call
+  raises ``ValueError`` on the calling rank, naming the operation, the rank and both
+  shapes, before it joins the collective — so no other rank gets a wrong result. (What
+  can only be checked once every rank has arrived, such as a scatter whose outputs do
+  not fit the source's list, is checked in :mod:`simcluster.collectives`.)
+* :meth:`simcluster.Cluster.run` checks its arguments with :func:`run_arguments`, so a
+  wrong ``timeout``, ``speed_factor`` or ``link_factor`` fails at the call with a
+  ``TypeError`` / ``ValueError`` naming the argument, not later inside some rank.
+
+Where gloo and NCCL differ, we accept what either accepts as long as the result is
+defined (NCCL's numel rule for ``all_gather_into_tensor`` / ``reduce_scatter_tensor``,
+gloo's non-contiguous collective buffers) and reject what both reject.
+"""
+
+import inspect
+import math
+
+import torch
+
+from ._torch_internals import is_fake
+
+# What gloo (torch 2.13) can communicate. Others (int16, the unsigned 16/32/64-bit
+# integers, float8) fail there with "Invalid scalar type". Complex tensors reach the
+# backend as real views (torch.view_as_real), except where torch passes them on as they
+# are: both complex types are accepted.
+SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                    torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool,
+                    torch.complex64, torch.complex128)
+
+
+def _describe(t):
+    return f"shape {tuple(t.shape)}, {t.dtype}"
+
+
+def _where(t):
+    """Where a tensor's data lives: ``"meta"`` and ``"fake"`` tensors have none."""
+    if t.is_meta:
+        return "meta"
+    return "fake" if is_fake(t) else t.device.type
+
+
+# ------------------------------------------------------------------ buffer rules
+def check_dtype(op, rank, tensors):
+    """Every tensor has a dtype gloo can communicate."""
+    for t in tensors:
+        if t.dtype not in SUPPORTED_DTYPES:
+            names = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+            raise ValueError(
+                f"rank {rank}: {op} does not support dtype {t.dtype} (gloo raises "
+                f"\"Invalid scalar type\" for it); convert the tensor first, e.g. "
+                f"t.to(torch.int32) or t.float(). Supported: {names}.")
+
+
+def named(what, tensors):
+    """``[(name, tensor)]`` for the tensors of the list argument ``what``."""
+    return [(f"{what}[{i}]", t) for i, t in enumerate(tensors)]
+
+
+def check_same_dtype(op, rank, others, reference, reference_name="the input"):
+    """Every ``(name, tensor)`` of ``others`` has ``reference``'s dtype."""
+    for name, t in others:
+        if t.dtype != reference.dtype:
+            raise ValueError(
+                f"rank {rank}: {op}: {name} ({_describe(t)}) must have the same dtype as "
+                f"{reference_name} ({_describe(reference)}); torch's backends do not "
+                "convert.")
+
+
+def check_same_shape(op, rank, others, reference, reference_name="the input"):
+    """Every ``(name, tensor)`` of ``others`` has ``reference``'s shape."""
+    for name, t in others:
+        if t.shape != reference.shape:
+            raise ValueError(
+                f"rank {rank}: {op}: {name} ({_describe(t)}) must have the same shape as "
+                f"{reference_name} ({_describe(reference)}).")
+
+
+def check_same_device(op, rank, tensors):
+    """One call's tensors all live on the same device (all meta, all fake, or all real)."""
+    places = {_where(t) for t in tensors}
+    if len(places) > 1:
+        shown = ", ".join(f"{_where(t)} ({_describe(t)})" for t in tensors)
+        raise ValueError(f"rank {rank}: {op}: its tensors must all be on one device, got "
+                         f"{shown}.")
+
+
+def check_length(op, rank, tensors, size, what):
+    """A list argument holds one tensor per rank of the group."""
+    if tensors is None or len(tensors) != size:
+        got = "none" if tensors is None else len(tensors)
+        raise ValueError(f"rank {rank}: {op} needs a {what} of {size} tensors (one per rank "
+                         f"of the group), got {got}.")
+
+
+def check_numel(op, rank, tensor, name, expected, reason):
+    """``tensor`` (called ``name``) holds ``expected`` elements, for ``reason``."""
+    if tensor.numel() != expected:
+        raise ValueError(
+            f"rank {rank}: {op}: {name} ({_describe(tensor)}) must hold {expected} "
+            f"elements ({reason}), got {tensor.numel()}.")
+
+
+def check_contiguous(op, rank, tensor):
+    """Point-to-point buffers are contiguous (gloo: "input tensor has to be contiguous")."""
+    if not tensor.is_contiguous():
+        raise ValueError(
+            f"rank {rank}: {op} needs a contiguous tensor, got a non-contiguous view "
+            f"({_describe(tensor)}, stride {tensor.stride()}); pass a contiguous tensor "
+            "(t.contiguous()) and copy it back into the view afterwards.")
+
+
+def _same_kind(op, rank, reference, others, reference_name="the input"):
+    """Rules all buffers share: supported dtypes, ``reference``'s dtype, one device.
+
+    ``others`` is a list of ``(name, tensor)``.
+    """
+    tensor_list = [reference, *(t for _, t in others)]
+    check_dtype(op, rank, tensor_list)
+    check_same_dtype(op, rank, others, reference, reference_name)
+    check_same_device(op, rank, tensor_list)
+
+
+# ------------------------------------------------- one entry point per operation
+def tensors(op, rank, tensor_list):
+    """all_reduce, broadcast, reduce: the tensors are read and written in place."""
+    check_dtype(op, rank, tensor_list)
+    check_same_device(op, rank, tensor_list)
+
+
+def list_gather(op, rank, size, outputs, inp):
+    """all_gather (and gather's destination): ``size`` outputs shaped like the input."""
+    check_length(op, rank, outputs, size, "output list")
+    outputs = named("output_tensor_list", outputs)
+    _same_kind(op, rank, inp, outputs)
+    check_same_shape(op, rank, outputs, inp)
+
+
+def gather(rank, size, is_root, outputs, inp):
+    """gather: the destination's gather_list is checked like all_gather's outputs."""
+    if is_root:
+        list_gather("gather", rank, size, outputs, inp)
+    else:
+        tensors("gather", rank, [inp])
+
+
+def scatter(rank, size, is_root, output, inputs):
+    """scatter: the source's scatter_list holds one tensor per rank shaped like the output."""
+    if is_root:
+        check_length("scatter", rank, inputs, size, "scatter_list")
+        inputs = named("scatter_list", inputs)
+        _same_kind("scatter", rank, output, inputs, "the output")
+        check_same_shape("scatter", rank, inputs, output, "the output")
+    else:
+        tensors("scatter", rank, [output])
+
+
+def reduce_scatter(rank, size, output, inputs):
+    """reduce_scatter: ``size`` inputs, each shaped like the output (gloo's rule)."""
+    check_length("reduce_scatter", rank, inputs, size, "input list")
+    inputs = named("input_list", inputs)
+    _same_kind("reduce_scatter", rank, output, inputs, "the output")
+    check_same_shape("reduce_scatter", rank, inputs, output, "the output")
+
+
+def into_tensor(op, rank, size, big, big_name, small, small_name):
+    """all_gather_into_tensor / reduce_scatter_tensor: ``big`` holds ``size`` smalls.
+
+    NCCL checks the number of elements only, so a stacked ``(size, *shape)`` buffer is
+    accepted as well as the concatenated one.
+    """
+    _same_kind(op, rank, small, [(f"the {big_name}", big)], f"the {small_name}")
+    check_numel(op, rank, big, f"the {big_name}", size * small.numel(),
+                f"{size} ranks x the {small_name}'s {small.numel()}; the {small_name} has "
+                f"{_describe(small)}")
+
+
+def all_to_all(rank, size, outputs, inputs):
+    """all_to_all: one input and one output per rank, all of one dtype."""
+    check_length("all_to_all", rank, outputs, size, "output list")
+    check_length("all_to_all", rank, inputs, size, "input list")
+    others = named("input_tensor_list", inputs)[1:] + named("output_tensor_list", outputs)
+    _same_kind("all_to_all", rank, inputs[0], others, "input_tensor_list[0]")
+
+
+def all_to_all_single(rank, output, inp, output_split_sizes, input_split_sizes):
+    """all_to_all_single: same dtype; without split sizes, as many elements out as in."""
+    _same_kind("all_to_all_single", rank, inp, [("the output", output)])
+    if not output_split_sizes and not input_split_sizes:
+        check_numel("all_to_all_single", rank, output, "the output", inp.numel(),
+                    f"as many as the input, {_describe(inp)}, without split sizes")
+
+
+def point_to_point(op, rank, tensor):
+    """send / recv: a supported dtype, in a contiguous buffer."""
+    check_dtype(op, rank, [tensor])
+    check_contiguous(op, rank, tensor)
+
+
+# ----------------------------------------------------------- Cluster.run arguments
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_function(fn):
+    """``fn`` is a plain function: a generator or coroutine function would never run."""
+    if not callable(fn):
+        raise TypeError(f"cluster.run needs a function to run on every rank, got "
+                        f"{type(fn).__name__} {fn!r}")
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(f"cluster.run: fn={fn.__name__} is a generator function (it uses "
+                        "yield): calling it only creates a generator and its body never "
+                        "runs. Return the result instead of yielding it.")
+    if inspect.iscoroutinefunction(fn):
+        raise TypeError(f"cluster.run: fn={fn.__name__} is an async def function: calling "
+                        "it only creates a coroutine and its body never runs. Define it "
+                        "with a plain def (ranks are threads; they need no event loop).")
+
+
+def check_timeout(timeout):
+    """``timeout`` is None or a finite positive number of seconds."""
+    if timeout is None:
+        return
+    if not _number(timeout):
+        raise TypeError(f"timeout must be a positive number of seconds (or None), got "
+                        f"{timeout!r}")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got "
+                         f"{timeout!r}; for no limit leave it out (timeout=None)")
+
+
+def _check_factor(argument, key, factor):
+    if not _number(factor):
+        raise TypeError(f"{argument}[{key!r}] must be a number, got {factor!r}")
+    if not (factor > 0 and math.isfinite(factor)):
+        raise ValueError(f"{argument}[{key!r}] must be a positive, finite number, got "
+                         f"{factor!r}")
+
+
+def _check_dict(argument, value, example):
+    if not isinstance(value, dict):
+        raise TypeError(f"{argument} must be a dict like {example}, got "
+                        f"{type(value).__name__} {value!r}")
+
+
+def check_speed_factor(speed_factor, world_size):
+    """``{rank: factor}`` with ranks of the run and positive factors."""
+    if speed_factor is None:
+        return
+    _check_dict("speed_factor", speed_factor, "{3: 2.0} (rank 3 computes 2x slower)")
+    for rank, factor in speed_factor.items():
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
+            raise ValueError(f"speed_factor: {rank!r} is not a rank of this run (ranks "
+                             f"0-{world_size - 1})")
+        _check_factor("speed_factor", rank, factor)
+
+
+def check_link_factor(link_factor, nodes):
+    """``{node_index or "network": factor}`` with existing nodes and positive factors."""
+    if link_factor is None:
+        return
+    _check_dict("link_factor", link_factor,
+                '{"network": 0.5} or {0: 0.5} (node 0\'s fabric at half bandwidth)')
+    for key, factor in link_factor.items():
+        is_node = isinstance(key, int) and not isinstance(key, bool) and 0 <= key < nodes
+        if key != "network" and not is_node:
+            raise ValueError(f"link_factor: unknown link {key!r}; use \"network\" or a node "
+                             f"index 0-{nodes - 1}")
+        _check_factor("link_factor", key, factor)
+
+
+def run_arguments(cluster, fn, world_size, args, kwargs, timeout, speed_factor,
+                  link_factor):
+    """Check :meth:`Cluster.run`'s arguments; return the world size to use."""
+    check_function(fn)
+    if world_size is None:
+        world_size = cluster.world_size
+    if not isinstance(world_size, int) or isinstance(world_size, bool):
+        raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
+    if not 1 <= world_size <= cluster.world_size:
+        raise ValueError(f"world_size must be between 1 and {cluster.world_size} (the "
+                         f"devices in {cluster.spec.name}), got {world_size}")
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple, got {type(args).__name__}; "
+                        "for one argument write args=(x,)")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+    check_timeout(timeout)
+    check_speed_factor(speed_factor, world_size)
+    check_link_factor(link_factor, len(cluster.spec.nodes))
+    return world_size
