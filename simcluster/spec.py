@@ -207,10 +207,24 @@ def preset(name, nodes=None):
     if nodes is not None and (not isinstance(nodes, int) or isinstance(nodes, bool)
                               or nodes < 1):
         raise ValueError(f"nodes must be a positive integer, got {nodes!r}")
+    _check_size((nodes or 1) * 8, f"nodes={nodes}")
     return PRESETS[name](nodes)
 
 
 # --------------------------------------------------------- custom clusters
+# Larger than any cluster built so far (~100k GPUs), small enough to build at once: a
+# typo such as count: 1000000 fails at once instead of filling the memory.
+MAX_DEVICES = 2**17
+MIN_DEVICE_MEMORY = 2**20  # bytes: a device needs room for at least one small tensor
+
+
+def _check_size(devices, what):
+    """Refuse a cluster of more than :data:`MAX_DEVICES` devices, naming the field."""
+    if devices > MAX_DEVICES:
+        raise ValueError(f"{what}: the cluster would have {devices:,} devices, more than "
+                         f"the {MAX_DEVICES:,} a simulated cluster may have")
+
+
 def _positive(value, what, allow_zero=False):
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value < 0 or (value == 0 and not allow_zero):
@@ -247,8 +261,11 @@ def _device_from(d, where):
     if "float32" not in flops:
         raise ValueError(f"{where}: peak_tflops needs a float32 entry (other dtypes fall "
                          "back to it)")
-    return DeviceSpec(str(d.get("name", "custom")),
-                      int(_positive(d.get("memory_gb"), f"{where}: memory_gb") * GiB),
+    memory = int(_positive(d.get("memory_gb"), f"{where}: memory_gb") * GiB)
+    if memory < MIN_DEVICE_MEMORY:
+        raise ValueError(f"{where}: memory_gb must be at least 1 MiB (0.001 GiB), got "
+                         f"{d['memory_gb']!r}")
+    return DeviceSpec(str(d.get("name", "custom")), memory,
                       {k: v * TFLOPS for k, v in flops.items()},
                       _positive(d.get("hbm_gbps"), f"{where}: hbm_gbps") * GB)
 
@@ -262,7 +279,8 @@ def _link_from(d, where):
         raise ValueError(f"{where}: link must be a name or a dict, got {d!r}")
     _check_fields(d, {"name", "bandwidth_gbps", "latency_us", "efficiency"}, where)
     efficiency = d.get("efficiency", 1.0)
-    if not (isinstance(efficiency, (int, float)) and 0 < efficiency <= 1):
+    if not (isinstance(efficiency, (int, float)) and not isinstance(efficiency, bool)
+            and 0 < efficiency <= 1):
         raise ValueError(f"{where}: efficiency must be in (0, 1], got {efficiency!r}")
     return LinkSpec(str(d.get("name", "custom")),
                     _positive(d.get("bandwidth_gbps"), f"{where}: bandwidth_gbps") * GB,
@@ -297,6 +315,7 @@ def from_dict(d):
         count = g.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ValueError(f"{where}: count must be a positive integer, got {count!r}")
+        _check_size(sum(n.devices for n in nodes) + count * devices, f"{where}: count")
         nics = g.get("nics", devices)
         if not isinstance(nics, int) or isinstance(nics, bool) or nics < 0:
             raise ValueError(f"{where}: nics must be a non-negative integer, got {nics!r}")
@@ -319,8 +338,28 @@ def from_dict(d):
 
 
 def from_yaml(path):
-    """Build a :class:`ClusterSpec` from a YAML file with the fields of :func:`from_dict`."""
+    """Build a :class:`ClusterSpec` from a YAML file with the fields of :func:`from_dict`.
+
+    A key given twice in one mapping is an error (plain YAML keeps the last silently).
+    """
+    with open(path) as f:
+        return from_dict(_load_yaml(f))
+
+
+def _load_yaml(stream):
+    """``yaml.safe_load``, refusing duplicate keys with the line of the second one."""
     import yaml
 
-    with open(path) as f:
-        return from_dict(yaml.safe_load(f))
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise ValueError(f"{getattr(stream, 'name', 'YAML')}, line "
+                                     f"{key_node.start_mark.line + 1}: the key {key!r} is "
+                                     "given twice; keep one")
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(stream, Loader=UniqueKeyLoader)

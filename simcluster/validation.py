@@ -103,7 +103,7 @@ def check_numel(op, rank, tensor, name, expected, reason):
     if tensor.numel() != expected:
         raise ValueError(
             f"rank {rank}: {op}: {name} ({_describe(tensor)}) must hold {expected} "
-            f"elements ({reason}), got {tensor.numel()}.")
+            f"elements, got {tensor.numel()} ({reason}).")
 
 
 def check_contiguous(op, rank, tensor):
