@@ -10,8 +10,24 @@ import traceback
 import torch
 
 
+def _rebuild(cls, args, fields):
+    """Unpickle a simulator error without calling its ``__init__`` (see ``__reduce__``)."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
+
+
 class SimulationError(Exception):
-    """Base class of every error raised by a simulated run."""
+    """Base class of every error raised by a simulated run.
+
+    Errors pickle with their message and fields (so they cross process boundaries:
+    pytest-xdist, multiprocessing), although their ``__init__`` takes other arguments
+    than the message that Python's default pickling would pass back.
+    """
+
+    def __reduce__(self):
+        return _rebuild, (type(self), self.args, self.__dict__)
 
 
 class RankError(SimulationError):
