@@ -387,7 +387,7 @@ class SimProcessGroup(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts=None):
-        validation.tensors("broadcast", self._global_rank, tensors)
+        validation.broadcast(self._global_rank, tensors)
         self._check_root(_option(opts, "rootRank", 0), "source")
         spec = {"shape": _shapes(tensors), "dtype": _dtypes(tensors),
                 "root": _option(opts, "rootRank", 0)}

@@ -106,11 +106,17 @@ def check_numel(op, rank, tensor, name, expected, reason):
             f"elements, got {tensor.numel()} ({reason}).")
 
 
-def check_contiguous(op, rank, tensor):
-    """Point-to-point buffers are contiguous (gloo: "input tensor has to be contiguous")."""
+def check_contiguous(op, rank, tensor, what="tensor"):
+    """``tensor`` is contiguous, where gloo refuses or mangles a non-contiguous one.
+
+    gloo raises for send / recv ("input tensor has to be contiguous") and for
+    all_to_all_single's input ("Tensors must be contiguous"); into a non-contiguous
+    broadcast or scatter output it writes only part of the data, into all_to_all_single's
+    output it writes past the view. NCCL refuses them all.
+    """
     if not tensor.is_contiguous():
         raise ValueError(
-            f"rank {rank}: {op} needs a contiguous tensor, got a non-contiguous view "
+            f"rank {rank}: {op} needs a contiguous {what}, got a non-contiguous view "
             f"({_describe(tensor)}, stride {tensor.stride()}); pass a contiguous tensor "
             "(t.contiguous()) and copy it back into the view afterwards.")
 
@@ -128,9 +134,16 @@ def _same_kind(op, rank, reference, others, reference_name="the input"):
 
 # ------------------------------------------------- one entry point per operation
 def tensors(op, rank, tensor_list):
-    """all_reduce, broadcast, reduce: the tensors are read and written in place."""
+    """all_reduce, reduce: the tensors are read and written in place."""
     check_dtype(op, rank, tensor_list)
     check_same_device(op, rank, tensor_list)
+
+
+def broadcast(rank, tensor_list):
+    """broadcast: like :func:`tensors`, and contiguous (gloo writes part of a view)."""
+    tensors("broadcast", rank, tensor_list)
+    for t in tensor_list:
+        check_contiguous("broadcast", rank, t)
 
 
 def list_gather(op, rank, size, outputs, inp):
@@ -151,6 +164,7 @@ def gather(rank, size, is_root, outputs, inp):
 
 def scatter(rank, size, is_root, output, inputs):
     """scatter: the source's scatter_list holds one tensor per rank shaped like the output."""
+    check_contiguous("scatter", rank, output, "output")  # gloo fills part of a view
     if is_root:
         check_length("scatter", rank, inputs, size, "scatter_list")
         inputs = named("scatter_list", inputs)
@@ -189,8 +203,11 @@ def all_to_all(rank, size, outputs, inputs):
 
 
 def all_to_all_single(rank, output, inp, output_split_sizes, input_split_sizes):
-    """all_to_all_single: same dtype; without split sizes, as many elements out as in."""
+    """all_to_all_single: same dtype, contiguous buffers; without split sizes, as many
+    elements out as in."""
     _same_kind("all_to_all_single", rank, inp, [("the output", output)])
+    check_contiguous("all_to_all_single", rank, inp, "input")
+    check_contiguous("all_to_all_single", rank, output, "output")
     if not output_split_sizes and not input_split_sizes:
         check_numel("all_to_all_single", rank, output, "the output", inp.numel(),
                     f"as many as the input, {_describe(inp)}, without split sizes")
