@@ -126,6 +126,24 @@ def test_point_to_point_into_a_non_contiguous_view_is_refused(side):
     _raises_on_rank(fn, rank, ValueError, f"rank {rank}", side, "contiguous", "(4,)")
 
 
+@pytest.mark.parametrize("call, where", [
+    (lambda view: dist.broadcast(view, src=0), "broadcast needs a contiguous tensor"),
+    (lambda view: dist.scatter(view, [torch.ones(4)] * 2 if dist.get_rank() == 0 else None,
+                               src=0), "scatter needs a contiguous output"),
+    (lambda view: dist.all_to_all_single(torch.zeros(4), view),
+     "all_to_all_single needs a contiguous input"),
+    (lambda view: dist.all_to_all_single(view, torch.ones(4)),
+     "all_to_all_single needs a contiguous output"),
+], ids=["broadcast", "scatter", "all_to_all_single-input", "all_to_all_single-output"])
+def test_non_contiguous_buffers_gloo_mangles_are_refused(call, where):
+    """gloo fills only half of a strided broadcast or scatter output and writes past a
+    strided all_to_all_single output (seen with torch 2.13); NCCL refuses all three."""
+    def fn():
+        call(torch.zeros(4, 2)[:, 0])
+
+    _raises_on_rank(fn, 0, ValueError, where, "stride (2,)")
+
+
 def test_all_gather_into_a_non_contiguous_output_fills_it():
     """NCCL's numel rule: any output of the right size, here a transposed (3, 8) view."""
     def fn():
