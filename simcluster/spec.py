@@ -215,7 +215,6 @@ def preset(name, nodes=None):
 # Larger than any cluster built so far (~100k GPUs), small enough to build at once: a
 # typo such as count: 1000000 fails at once instead of filling the memory.
 MAX_DEVICES = 2**17
-MIN_DEVICE_MEMORY = 2**20  # bytes: a device needs room for at least one small tensor
 
 
 def _check_size(devices, what):
@@ -262,9 +261,8 @@ def _device_from(d, where):
         raise ValueError(f"{where}: peak_tflops needs a float32 entry (other dtypes fall "
                          "back to it)")
     memory = int(_positive(d.get("memory_gb"), f"{where}: memory_gb") * GiB)
-    if memory < MIN_DEVICE_MEMORY:
-        raise ValueError(f"{where}: memory_gb must be at least 1 MiB (0.001 GiB), got "
-                         f"{d['memory_gb']!r}")
+    if memory < 1:  # tiny devices are fine (to show an out-of-memory), 0 bytes is not
+        raise ValueError(f"{where}: memory_gb={d['memory_gb']!r} is less than one byte")
     return DeviceSpec(str(d.get("name", "custom")), memory,
                       {k: v * TFLOPS for k, v in flops.items()},
                       _positive(d.get("hbm_gbps"), f"{where}: hbm_gbps") * GB)

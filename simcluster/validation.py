@@ -247,7 +247,7 @@ def check_timeout(timeout):
         raise TypeError(f"timeout must be a positive number of seconds (or None), got "
                         f"{timeout!r}")
     if not (timeout > 0 and math.isfinite(timeout)):
-        raise ValueError(f"timeout must be a positive, finite number of seconds, got "
+        raise ValueError(f"timeout must be a positive number of seconds (and finite), got "
                          f"{timeout!r}; for no limit leave it out (timeout=None)")
 
 

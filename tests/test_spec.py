@@ -286,9 +286,9 @@ def _device(**fields):
     (_device(hbm_gbps=-1), r"nodes\[0\]: hbm_gbps must be a positive number, got -1"),
     (_device(memory_gb=float("inf")), r"nodes\[0\]: memory_gb must be a positive number"),
     (_device(memory_gb="80"), r"nodes\[0\]: memory_gb must be a positive number, got '80'"),
-    # a GPU whose memory rounds to 0 bytes (or nearly)
-    (_device(memory_gb=1e-12), r"nodes\[0\]: memory_gb must be at least 1 MiB"),
-    (_device(memory_gb=0.0001), r"nodes\[0\]: memory_gb must be at least 1 MiB"),
+    # a GPU whose memory rounds to 0 bytes
+    (_device(memory_gb=1e-12), r"nodes\[0\]: memory_gb=1e-12 is less than one byte"),
+    (_device(memory_gb=2**-31), r"nodes\[0\]: memory_gb=4.6\d+e-10 is less than one byte"),
     # absurd sizes: refused before a billion nodes are built
     (_nodes(count=10**9), r"nodes\[0\]: count: the cluster would have 4,000,000,000 "
                           r"devices, more than the 131,072"),

@@ -189,7 +189,8 @@ async def _coroutine():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    ({"timeout": float("inf")}, ValueError, "timeout must be a positive, finite"),
+    ({"timeout": float("inf")}, ValueError, r"timeout must be a positive number of "
+                                            r"seconds \(and finite\), got inf"),
     ({"timeout": float("nan")}, ValueError, "timeout"),
     ({"timeout": "10"}, TypeError, "timeout"),
     ({"link_factor": {"network": 0}}, ValueError, r"link_factor\['network'\] must be a "
