@@ -5,6 +5,7 @@ notebook can catch them all with one ``except``. Each message says what went wro
 which rank, in which operation, and what to try next.
 """
 
+import pickle
 import traceback
 
 import torch
@@ -61,6 +62,15 @@ class RankError(SimulationError):
             f"rank {rank} raised {type(original).__name__}: {message}\n"
             f"The other ranks were stopped. Traceback from rank {rank}:\n{shown}"
         )
+
+    def __reduce__(self):
+        rebuild, (cls, args, fields) = super().__reduce__()
+        try:
+            pickle.dumps(self.original)
+        except Exception:  # noqa: BLE001 — e.g. it holds a lock: keep its type and text
+            stand_in = RuntimeError(f"{type(self.original).__name__}: {self.original}")
+            fields = {**fields, "original": stand_in}
+        return rebuild, (cls, args, fields)
 
 
 class DeadlockError(SimulationError):

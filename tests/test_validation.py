@@ -11,6 +11,7 @@
 """
 
 import pickle
+import threading
 
 import pytest
 import torch
@@ -283,3 +284,15 @@ def test_a_rank_error_from_a_real_run_pickles():
     copy = pickle.loads(pickle.dumps(info.value))
     assert copy.rank == 1 and isinstance(copy.original, KeyError)
     assert "missing" in copy.traceback_text and str(copy) == str(info.value)
+
+
+def test_a_rank_error_whose_original_cannot_be_pickled_keeps_its_text():
+    class Unpicklable(Exception):
+        def __init__(self):
+            super().__init__("holds a lock")
+            self.lock = threading.Lock()
+
+    error = errors.RankError(2, _raised(Unpicklable()))
+    copy = pickle.loads(pickle.dumps(error))
+    assert str(copy) == str(error) and copy.rank == 2
+    assert str(copy.original) == "Unpicklable: holds a lock"
