@@ -3,19 +3,20 @@
 Two kinds of callers, one rule per small function:
 
 * the ``sim`` backend (:mod:`simcluster.backend`) checks each rank's buffers when the
-  rank calls an operation, as torch's real backends do: gloo's accepted dtypes, output
-  shapes and dtypes that fit the input, contiguous point-to-point buffers. A wrong call
-  raises ``ValueError`` on the calling rank, naming the operation, the rank and both
-  shapes, before it joins the collective — so no other rank gets a wrong result. (What
-  can only be checked once every rank has arrived, such as a scatter whose outputs do
-  not fit the source's list, is checked in :mod:`simcluster.collectives`.)
+  rank calls an operation, as torch's real backends do: dtypes gloo can communicate,
+  outputs whose dtype and shape fit the input, contiguous buffers where gloo needs them.
+  A wrong call raises ``ValueError`` on the calling rank, naming the operation, the rank
+  and both shapes, before it joins the collective — so no rank gets a wrong result.
+  (What only shows once every rank has arrived, such as meta tensors on some ranks
+  only, is checked in :mod:`simcluster.collectives`.)
 * :meth:`simcluster.Cluster.run` checks its arguments with :func:`run_arguments`, so a
   wrong ``timeout``, ``speed_factor`` or ``link_factor`` fails at the call with a
   ``TypeError`` / ``ValueError`` naming the argument, not later inside some rank.
 
-Where gloo and NCCL differ, we accept what either accepts as long as the result is
-defined (NCCL's numel rule for ``all_gather_into_tensor`` / ``reduce_scatter_tensor``,
-gloo's non-contiguous collective buffers) and reject what both reject.
+Where gloo and NCCL differ, we accept what either accepts with a well-defined result
+(NCCL's numel rule for ``all_gather_into_tensor`` / ``reduce_scatter_tensor``, gloo's
+non-contiguous buffers in most collectives) and refuse what both refuse or what gloo
+gets wrong (it writes only part of a non-contiguous broadcast or scatter output).
 """
 
 import inspect
