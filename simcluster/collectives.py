@@ -75,7 +75,11 @@ def _no_data(tensor):
 
 
 def _check_data(tensors):
-    """``tensors`` (one per rank, in rank order) all hold data, or none does."""
+    """``tensors`` (one per rank, in rank order) all hold data, or none does.
+
+    One tensor per rank is enough: a rank's own tensors were checked to be alike
+    (:func:`simcluster.validation.check_same_device`).
+    """
     empty = [r for r, t in enumerate(tensors) if _no_data(t)]
     if empty and len(empty) < len(tensors):
         full = [r for r in range(len(tensors)) if r not in empty]
@@ -97,7 +101,6 @@ def _check_numel(output, expected):
 
 
 def _write(dst, src):
-    _check_data([src, dst])
     _check_fits(dst, src)
     if _no_data(dst):
         return
@@ -124,6 +127,8 @@ def reduce(args, op, dst):
 
 def broadcast(args, src):
     """Every rank's tensors become copies of group rank ``src``'s."""
+    for i in range(len(args[src])):
+        _check_data([tensors[i] for tensors in args])
     for r, tensors in enumerate(args):
         if r != src:
             for dst, s in zip(tensors, args[src]):
@@ -132,6 +137,7 @@ def broadcast(args, src):
 
 def all_gather(args):
     """``args[r] = (outputs, input)``: ``outputs[j]`` on every rank gets rank j's input."""
+    _check_data([inp for _, inp in args])
     for outputs, _ in args:
         for j, (_, inp) in enumerate(args):
             _write(outputs[j], inp)
@@ -173,6 +179,7 @@ def reduce_scatter_single(args, op):
 
 def gather(args, dst):
     """``args[r] = (outputs, input)``; only group rank ``dst`` has outputs."""
+    _check_data([inp for _, inp in args])
     outputs = args[dst][0]
     for j, (_, inp) in enumerate(args):
         _write(outputs[j], inp)
@@ -180,6 +187,7 @@ def gather(args, dst):
 
 def scatter(args, src):
     """``args[r] = (output, inputs)``; rank i's output gets group rank ``src``'s ``inputs[i]``."""
+    _check_data([output for output, _ in args])
     inputs = args[src][1]
     for i, (output, _) in enumerate(args):
         _write(output, inputs[i])
@@ -187,6 +195,7 @@ def scatter(args, src):
 
 def all_to_all(args):
     """``args[r] = (outputs, inputs)``: rank i's ``outputs[j]`` gets rank j's ``inputs[i]``."""
+    _check_data([ins[0] for _, ins in args])
     # Snapshot the inputs first: an output may share memory with some rank's input.
     inputs = [[t.detach().clone() for t in ins] for _, ins in args]
     for i, (outputs, _) in enumerate(args):
@@ -206,6 +215,7 @@ def all_to_all_single(args):
     Returns an error message when the split sizes do not fit together, else None.
     """
     n = len(args)
+    _check_data([inp for _, inp, _, _ in args])
     outs, ins = [], []
     for r, (output, inp, out_splits, in_splits) in enumerate(args):
         o, i = _splits(output, out_splits, n), _splits(inp, in_splits, n)

@@ -58,32 +58,39 @@ def check_dtype(op, rank, tensors):
                 f"t.to(torch.int32) or t.float(). Supported: {names}.")
 
 
-def named(what, tensors):
-    """``[(name, tensor)]`` for the tensors of the list argument ``what``."""
-    return [(f"{what}[{i}]", t) for i, t in enumerate(tensors)]
+def _name(what, i, indexed):
+    """``what[i]`` for an element of the list argument ``what``, else ``what``."""
+    return f"{what}[{i}]" if indexed else what
 
 
-def check_same_dtype(op, rank, others, reference, reference_name="the input"):
-    """Every ``(name, tensor)`` of ``others`` has ``reference``'s dtype."""
-    for name, t in others:
+def check_same_dtype(op, rank, tensors, what, reference, reference_name="the input",
+                     indexed=True):
+    """Every tensor of ``tensors`` (the list argument ``what``) has ``reference``'s dtype.
+
+    ``indexed=False``: ``what`` names a single tensor, not a list.
+    """
+    for i, t in enumerate(tensors):
         if t.dtype != reference.dtype:
             raise ValueError(
-                f"rank {rank}: {op}: {name} ({_describe(t)}) must have the same dtype as "
-                f"{reference_name} ({_describe(reference)}); torch's backends do not "
-                "convert.")
+                f"rank {rank}: {op}: {_name(what, i, indexed)} ({_describe(t)}) must have "
+                f"the same dtype as {reference_name} ({_describe(reference)}); torch's "
+                "backends do not convert.")
 
 
-def check_same_shape(op, rank, others, reference, reference_name="the input"):
-    """Every ``(name, tensor)`` of ``others`` has ``reference``'s shape."""
-    for name, t in others:
+def check_same_shape(op, rank, tensors, what, reference, reference_name="the input"):
+    """Every tensor of the list argument ``what`` has ``reference``'s shape."""
+    for i, t in enumerate(tensors):
         if t.shape != reference.shape:
             raise ValueError(
-                f"rank {rank}: {op}: {name} ({_describe(t)}) must have the same shape as "
-                f"{reference_name} ({_describe(reference)}).")
+                f"rank {rank}: {op}: {what}[{i}] ({_describe(t)}) must have the same shape "
+                f"as {reference_name} ({_describe(reference)}).")
 
 
 def check_same_device(op, rank, tensors):
     """One call's tensors all live on the same device (all meta, all fake, or all real)."""
+    kind = (type(tensors[0]), tensors[0].device)
+    if all((type(t), t.device) == kind for t in tensors):
+        return  # the common case, without the slower look at each tensor
     places = {_where(t) for t in tensors}
     if len(places) > 1:
         shown = ", ".join(f"{_where(t)} ({_describe(t)})" for t in tensors)
@@ -122,15 +129,12 @@ def check_contiguous(op, rank, tensor, what="tensor"):
             "(t.contiguous()) and copy it back into the view afterwards.")
 
 
-def _same_kind(op, rank, reference, others, reference_name="the input"):
-    """Rules all buffers share: supported dtypes, ``reference``'s dtype, one device.
-
-    ``others`` is a list of ``(name, tensor)``.
-    """
-    tensor_list = [reference, *(t for _, t in others)]
-    check_dtype(op, rank, tensor_list)
-    check_same_dtype(op, rank, others, reference, reference_name)
-    check_same_device(op, rank, tensor_list)
+def _same_kind(op, rank, reference, others, what, reference_name="the input",
+               indexed=True):
+    """Rules all buffers share: a supported dtype, ``reference``'s dtype, one device."""
+    check_dtype(op, rank, [reference])
+    check_same_dtype(op, rank, others, what, reference, reference_name, indexed)
+    check_same_device(op, rank, [reference, *others])
 
 
 # ------------------------------------------------- one entry point per operation
@@ -150,9 +154,8 @@ def broadcast(rank, tensor_list):
 def list_gather(op, rank, size, outputs, inp):
     """all_gather (and gather's destination): ``size`` outputs shaped like the input."""
     check_length(op, rank, outputs, size, "output list")
-    outputs = named("output_tensor_list", outputs)
-    _same_kind(op, rank, inp, outputs)
-    check_same_shape(op, rank, outputs, inp)
+    _same_kind(op, rank, inp, outputs, "output_tensor_list")
+    check_same_shape(op, rank, outputs, "output_tensor_list", inp)
 
 
 def gather(rank, size, is_root, outputs, inp):
@@ -168,9 +171,8 @@ def scatter(rank, size, is_root, output, inputs):
     check_contiguous("scatter", rank, output, "output")  # gloo fills part of a view
     if is_root:
         check_length("scatter", rank, inputs, size, "scatter_list")
-        inputs = named("scatter_list", inputs)
-        _same_kind("scatter", rank, output, inputs, "the output")
-        check_same_shape("scatter", rank, inputs, output, "the output")
+        _same_kind("scatter", rank, output, inputs, "scatter_list", "the output")
+        check_same_shape("scatter", rank, inputs, "scatter_list", output, "the output")
     else:
         tensors("scatter", rank, [output])
 
@@ -178,9 +180,8 @@ def scatter(rank, size, is_root, output, inputs):
 def reduce_scatter(rank, size, output, inputs):
     """reduce_scatter: ``size`` inputs, each shaped like the output (gloo's rule)."""
     check_length("reduce_scatter", rank, inputs, size, "input list")
-    inputs = named("input_list", inputs)
-    _same_kind("reduce_scatter", rank, output, inputs, "the output")
-    check_same_shape("reduce_scatter", rank, inputs, output, "the output")
+    _same_kind("reduce_scatter", rank, output, inputs, "input_list", "the output")
+    check_same_shape("reduce_scatter", rank, inputs, "input_list", output, "the output")
 
 
 def into_tensor(op, rank, size, big, big_name, small, small_name):
@@ -189,7 +190,7 @@ def into_tensor(op, rank, size, big, big_name, small, small_name):
     NCCL checks the number of elements only, so a stacked ``(size, *shape)`` buffer is
     accepted as well as the concatenated one.
     """
-    _same_kind(op, rank, small, [(f"the {big_name}", big)], f"the {small_name}")
+    _same_kind(op, rank, small, [big], f"the {big_name}", f"the {small_name}", indexed=False)
     check_numel(op, rank, big, f"the {big_name}", size * small.numel(),
                 f"{size} ranks x the {small_name}'s {small.numel()}; the {small_name} has "
                 f"{_describe(small)}")
@@ -199,14 +200,16 @@ def all_to_all(rank, size, outputs, inputs):
     """all_to_all: one input and one output per rank, all of one dtype."""
     check_length("all_to_all", rank, outputs, size, "output list")
     check_length("all_to_all", rank, inputs, size, "input list")
-    others = named("input_tensor_list", inputs)[1:] + named("output_tensor_list", outputs)
-    _same_kind("all_to_all", rank, inputs[0], others, "input_tensor_list[0]")
+    first = "input_tensor_list[0]"
+    _same_kind("all_to_all", rank, inputs[0], inputs, "input_tensor_list", first)
+    check_same_dtype("all_to_all", rank, outputs, "output_tensor_list", inputs[0], first)
+    check_same_device("all_to_all", rank, [*inputs, *outputs])
 
 
 def all_to_all_single(rank, output, inp, output_split_sizes, input_split_sizes):
     """all_to_all_single: same dtype, contiguous buffers; without split sizes, as many
     elements out as in."""
-    _same_kind("all_to_all_single", rank, inp, [("the output", output)])
+    _same_kind("all_to_all_single", rank, inp, [output], "the output", indexed=False)
     check_contiguous("all_to_all_single", rank, inp, "input")
     check_contiguous("all_to_all_single", rank, output, "output")
     if not output_split_sizes and not input_split_sizes:
