@@ -5,7 +5,7 @@ fabric (NVLink/NVSwitch), and NICs onto the network between nodes (InfiniBand). 
 ranks fill the nodes in order: with 8 devices per node, ranks 0-7 live on node 0, ranks
 8-15 on node 1.
 
-Numbers are the data-sheet peaks of DESIGN.md §6; ``efficiency`` is the fraction of a
+Numbers are the data-sheet peaks listed in docs/reference-numbers.md; ``efficiency`` is the fraction of a
 link's peak that collectives really achieve (NVLink ~0.8, InfiniBand ~0.95).
 """
 

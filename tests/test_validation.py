@@ -169,6 +169,20 @@ def test_an_unsupported_dtype_says_so(dtype):
     _raises_on_rank(fn, 0, ValueError, "all_reduce does not support dtype", str(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.float8_e4m3fn])
+def test_send_and_recv_take_any_dtype(dtype):
+    """gloo sends the bytes, whatever the dtype: a float8 message arrives intact."""
+    def fn():
+        if dist.get_rank() == 0:
+            dist.send(torch.full((4,), 3.0).to(dtype), dst=1)
+            return None
+        got = torch.zeros(4).to(dtype)
+        dist.recv(got, src=0)
+        return got.float()
+
+    assert torch.equal(_run(fn)[1], torch.full((4,), 3.0))
+
+
 def test_an_unsupported_dtype_in_a_broadcast_says_so():
     def fn():
         dist.broadcast(torch.ones(4, dtype=torch.uint16), src=0)
