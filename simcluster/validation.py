@@ -58,6 +58,15 @@ def check_dtype(op, rank, tensors):
                 f"t.to(torch.int32) or t.float(). Supported: {names}.")
 
 
+def check_strided(op, rank, tensors):
+    """Every tensor is dense: sparse tensors are not simulated (they would not be reduced)."""
+    for t in tensors:
+        if t.layout != torch.strided:
+            raise ValueError(
+                f"rank {rank}: {op}: sparse tensors ({t.layout}) are not simulated; "
+                "communicate t.to_dense() and convert the result back (t.to_sparse()).")
+
+
 def _name(what, i, indexed):
     """``what[i]`` for an element of the list argument ``what``, else ``what``."""
     return f"{what}[{i}]" if indexed else what
@@ -131,7 +140,8 @@ def check_contiguous(op, rank, tensor, what="tensor"):
 
 def _same_kind(op, rank, reference, others, what, reference_name="the input",
                indexed=True):
-    """Rules all buffers share: a supported dtype, ``reference``'s dtype, one device."""
+    """Rules all buffers share: dense, a supported dtype, ``reference``'s dtype, one device."""
+    check_strided(op, rank, [reference, *others])
     check_dtype(op, rank, [reference])
     check_same_dtype(op, rank, others, what, reference, reference_name, indexed)
     check_same_device(op, rank, [reference, *others])
@@ -140,6 +150,7 @@ def _same_kind(op, rank, reference, others, what, reference_name="the input",
 # ------------------------------------------------- one entry point per operation
 def tensors(op, rank, tensor_list):
     """all_reduce, reduce: the tensors are read and written in place."""
+    check_strided(op, rank, tensor_list)
     check_dtype(op, rank, tensor_list)
     check_same_device(op, rank, tensor_list)
 
@@ -218,7 +229,8 @@ def all_to_all_single(rank, output, inp, output_split_sizes, input_split_sizes):
 
 
 def point_to_point(op, rank, tensor):
-    """send / recv: a contiguous buffer (of any dtype: gloo sends the bytes)."""
+    """send / recv: a dense, contiguous buffer (of any dtype: gloo sends the bytes)."""
+    check_strided(op, rank, [tensor])
     check_contiguous(op, rank, tensor)
 
 

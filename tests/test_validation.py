@@ -157,6 +157,22 @@ def test_all_gather_into_a_non_contiguous_output_fills_it():
         assert torch.equal(result, expected)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled")
+@pytest.mark.parametrize("call", [
+    lambda: dist.all_reduce(torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,))),
+    lambda: dist.broadcast(torch.ones(2, 2).to_sparse_csr(), src=0),
+    lambda: dist.send(torch.ones(4).to_sparse(), dst=1),
+], ids=["all_reduce-coo", "broadcast-csr", "send-coo"])
+def test_sparse_tensors_are_refused(call):
+    """A sparse all_reduce used to return each rank's own tensor, unreduced."""
+    def fn():
+        if dist.get_rank() == 0:
+            call()
+
+    _raises_on_rank(fn, 0, ValueError, "sparse tensors", "are not simulated", "to_dense()")
+
+
 # ============================================================ dtypes (item 9)
 @pytest.mark.parametrize("dtype", [torch.uint16, torch.int16, torch.uint32,
                                    torch.float8_e4m3fn])
