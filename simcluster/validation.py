@@ -97,6 +97,8 @@ def check_same_shape(op, rank, tensors, what, reference, reference_name="the inp
 
 def check_same_device(op, rank, tensors):
     """One call's tensors all live on the same device (all meta, all fake, or all real)."""
+    if not tensors:
+        return
     kind = (type(tensors[0]), tensors[0].device)
     if all((type(t), t.device) == kind for t in tensors):
         return  # the common case, without the slower look at each tensor
@@ -179,13 +181,13 @@ def gather(rank, size, is_root, outputs, inp):
 
 def scatter(rank, size, is_root, output, inputs):
     """scatter: the source's scatter_list holds one tensor per rank shaped like the output."""
-    check_contiguous("scatter", rank, output, "output")  # gloo fills part of a view
     if is_root:
         check_length("scatter", rank, inputs, size, "scatter_list")
         _same_kind("scatter", rank, output, inputs, "scatter_list", "the output")
         check_same_shape("scatter", rank, inputs, "scatter_list", output, "the output")
     else:
         tensors("scatter", rank, [output])
+    check_contiguous("scatter", rank, output, "output")  # gloo fills part of a view
 
 
 def reduce_scatter(rank, size, output, inputs):
