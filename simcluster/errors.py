@@ -110,11 +110,10 @@ class CollectiveMismatchError(SimulationError):
         self.values = values
         self.seq = seq
         shown = ", ".join(f"rank {r}: {v}" for r, v in sorted(values.items()))
-        message = (
-            f"collective mismatch in {op if seq is None else f'{op} #{seq}'} on group "
-            f"{group}: the {field} differs "
-            f"({shown})."
-        )
+        # Without values (known only once every rank arrived) the hint says what differs.
+        what = f"the {field} differs ({shown})" if values else f"the ranks' {field} do not fit"
+        message = (f"collective mismatch in {op if seq is None else f'{op} #{seq}'} on group "
+                   f"{group}: {what}.")
         super().__init__(message + (f"\nHint: {hint}" if hint else ""))
 
 
