@@ -15,7 +15,7 @@ from collections import defaultdict, deque
 import torch
 import torch.distributed as dist
 
-from . import accounting, collectives
+from . import accounting, collectives, validation
 from ._torch_internals import (WorkBase, backend_options_fields, on_side_stream, reduce_op_name,
                                register_backend)
 from .errors import CollectiveMismatchError, DeadlockError
@@ -376,6 +376,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     # --------------------------------------------------------------- collectives
     def allreduce(self, tensors, opts=None):
+        validation.tensors("all_reduce", self._global_rank, tensors)
         op = self._check_reduce(_option(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
         spec = {"shape": _shapes(tensors), "dtype": _dtypes(tensors), "reduce_op": op}
         return self._collective("all_reduce", spec, tensors,
@@ -386,6 +387,7 @@ class SimProcessGroup(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts=None):
+        validation.broadcast(self._global_rank, tensors)
         self._check_root(_option(opts, "rootRank", 0), "source")
         spec = {"shape": _shapes(tensors), "dtype": _dtypes(tensors),
                 "root": _option(opts, "rootRank", 0)}
@@ -394,6 +396,7 @@ class SimProcessGroup(dist.ProcessGroup):
                                 tensors, _nbytes(tensors))
 
     def reduce(self, tensors, opts=None):
+        validation.tensors("reduce", self._global_rank, tensors)
         self._check_root(_option(opts, "rootRank", 0), "destination")
         op = self._check_reduce(_option(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
         spec = {"shape": _shapes(tensors), "dtype": _dtypes(tensors),
@@ -404,14 +407,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs, inp = output_tensors[0], input_tensors[0]
-        if len(outputs) != self.size():
-            raise ValueError(f"rank {self._global_rank}: all_gather needs a list of "
-                             f"{self.size()} output tensors, got {len(outputs)}")
-        for t in outputs:
-            if t.shape != inp.shape or t.dtype != inp.dtype:
-                raise ValueError(
-                    f"rank {self._global_rank}: all_gather's output tensors must match the "
-                    f"input ({_shape(inp)}, {inp.dtype}); got {_shape(t)}, {t.dtype}")
+        validation.list_gather("all_gather", self._global_rank, self.size(), outputs, inp)
         spec = {"shape": _shape(inp), "dtype": inp.dtype}
         return self._collective("all_gather", spec, (outputs, inp),
                                 collectives.all_gather, output_tensors,
@@ -422,11 +418,8 @@ class SimProcessGroup(dist.ProcessGroup):
         return works[-1]
 
     def all_gather_single(self, output, inp, opts=None):
-        if output.numel() != inp.numel() * self.size():
-            raise ValueError(
-                f"rank {self._global_rank}: all_gather_into_tensor needs an output of "
-                f"{self.size()} x {inp.numel()} = {inp.numel() * self.size()} elements, "
-                f"got {output.numel()} (shape {_shape(output)})")
+        validation.into_tensor("all_gather_into_tensor", self._global_rank, self.size(),
+                               output, "output", inp, "input")
         spec = {"shape": _shape(inp), "dtype": inp.dtype}
         return self._collective("all_gather_into_tensor", spec, (output, inp),
                                 collectives.all_gather_single, [output], _nbytes([output]))
@@ -439,9 +432,8 @@ class SimProcessGroup(dist.ProcessGroup):
         self._check_root(_option(opts, "rootRank", 0), "destination")
         inp = input_tensors[0]
         outputs = output_tensors[0] if output_tensors else None
-        if self._group_rank == _option(opts, "rootRank", 0) and (not outputs or len(outputs) != self.size()):
-            raise ValueError(f"rank {self._global_rank}: gather's destination needs a "
-                             f"gather_list of {self.size()} tensors")
+        validation.gather(self._global_rank, self.size(),
+                          self._group_rank == _option(opts, "rootRank", 0), outputs, inp)
         spec = {"shape": _shape(inp), "dtype": inp.dtype, "root": _option(opts, "rootRank", 0)}
         return self._collective("gather", spec, (outputs, inp),
                                 lambda args: collectives.gather(args, _option(opts, "rootRank", 0)),
@@ -451,9 +443,8 @@ class SimProcessGroup(dist.ProcessGroup):
         self._check_root(_option(opts, "rootRank", 0), "source")
         out = output_tensors[0]
         inputs = input_tensors[0] if input_tensors else None
-        if self._group_rank == _option(opts, "rootRank", 0) and (not inputs or len(inputs) != self.size()):
-            raise ValueError(f"rank {self._global_rank}: scatter's source needs a "
-                             f"scatter_list of {self.size()} tensors")
+        validation.scatter(self._global_rank, self.size(),
+                           self._group_rank == _option(opts, "rootRank", 0), out, inputs)
         spec = {"shape": _shape(out), "dtype": out.dtype, "root": _option(opts, "rootRank", 0)}
         return self._collective("scatter", spec, (out, inputs),
                                 lambda args: collectives.scatter(args, _option(opts, "rootRank", 0)),
@@ -461,22 +452,17 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         out, inputs = output_tensors[0], input_lists[0]
+        validation.reduce_scatter(self._global_rank, self.size(), out, inputs)
         op = self._check_reduce(_option(opts, "reduceOp", dist.ReduceOp.SUM), [out])
-        if len(inputs) != self.size():
-            raise ValueError(f"rank {self._global_rank}: reduce_scatter needs a list of "
-                             f"{self.size()} input tensors, got {len(inputs)}")
         spec = {"shape": _shape(out), "dtype": out.dtype, "reduce_op": op}
         return self._collective("reduce_scatter", spec, (out, inputs),
                                 lambda args: collectives.reduce_scatter(args, op),
                                 output_tensors, _nbytes([out]) * self.size())
 
     def reduce_scatter_single(self, output, inp, opts=None):
+        validation.into_tensor("reduce_scatter_tensor", self._global_rank, self.size(),
+                               inp, "input", output, "output")
         op = self._check_reduce(_option(opts, "reduceOp", dist.ReduceOp.SUM), [output])
-        if inp.numel() != output.numel() * self.size():
-            raise ValueError(
-                f"rank {self._global_rank}: reduce_scatter_tensor needs an input of "
-                f"{self.size()} x {output.numel()} = {output.numel() * self.size()} "
-                f"elements, got {inp.numel()} (shape {_shape(inp)})")
         spec = {"shape": _shape(output), "dtype": output.dtype, "reduce_op": op}
         return self._collective("reduce_scatter_tensor", spec, (output, inp),
                                 lambda args: collectives.reduce_scatter_single(args, op),
@@ -488,10 +474,7 @@ class SimProcessGroup(dist.ProcessGroup):
         return works[-1]
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        n = self.size()
-        if len(output_tensors) != n or len(input_tensors) != n:
-            raise ValueError(f"rank {self._global_rank}: all_to_all needs {n} output and "
-                             f"{n} input tensors")
+        validation.all_to_all(self._global_rank, self.size(), output_tensors, input_tensors)
         spec = {"dtype": input_tensors[0].dtype}
 
         def finish(args):
@@ -508,6 +491,8 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def all_to_all_single(self, output, inp, output_split_sizes, input_split_sizes,
                           opts=None):
+        validation.all_to_all_single(self._global_rank, output, inp, output_split_sizes,
+                                     input_split_sizes)
         spec = {"dtype": inp.dtype}
         return self._collective(
             "all_to_all_single", spec,
@@ -535,6 +520,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def send(self, tensors, dst, tag):
         """Post a send; it completes when the matching receive is posted."""
+        validation.point_to_point("send", self._global_rank, tensors[0])
         world, me = self._world, self._global_rank
         dst = self._peer(dst, "send")
         msg = _Message(me, dst, tag, tensors[0], world.now(me))
@@ -554,6 +540,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def recv(self, tensors, src, tag):
         """Post a receive from group rank ``src``; it completes when the send arrives."""
+        validation.point_to_point("recv", self._global_rank, tensors[0])
         world, me = self._world, self._global_rank
         src = self._peer(src, "receive")
         msg = _Message(src, me, tag, tensors[0], world.now(me))
@@ -570,6 +557,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def recv_anysource(self, tensors, tag):
         """Post a receive from any rank of the group: the earliest posted send wins."""
+        validation.point_to_point("recv", self._global_rank, tensors[0])
         world, me = self._world, self._global_rank
         msg = _Message(None, me, tag, tensors[0], world.now(me))
         what = _Wait("recv", f"waiting in recv from any rank (tag {tag}): nobody sent one")

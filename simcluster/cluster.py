@@ -12,7 +12,7 @@ import sys
 
 import torch.distributed as dist
 
-from . import _torch_internals, backend, spec
+from . import _torch_internals, backend, spec, validation
 from . import accounting as _accounting
 from .costmodel import CostModel
 from .report import Run
@@ -87,7 +87,8 @@ class Cluster:
             RankError: ``fn`` raised on some rank.
             DeadlockError, CollectiveMismatchError: the ranks' communication does not fit.
         """
-        world_size = self._check_run_arguments(fn, world_size, args, kwargs, timeout)
+        world_size = validation.run_arguments(self, fn, world_size, args, kwargs, timeout,
+                                              speed_factor, link_factor)
         kwargs = dict(kwargs or {})
         results = [None] * world_size
         cost = CostModel(self.spec, algorithms)
@@ -129,31 +130,6 @@ class Cluster:
             _torch_internals.uninstall()
             sys.excepthook = excepthook
         return Run(self, world_size, results, world)
-
-    def _check_run_arguments(self, fn, world_size, args, kwargs, timeout):
-        if not callable(fn):
-            raise TypeError(f"cluster.run needs a function to run on every rank, got "
-                            f"{type(fn).__name__} {fn!r}")
-        if world_size is None:
-            world_size = self.world_size
-        if not isinstance(world_size, int) or isinstance(world_size, bool):
-            raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
-        if not 1 <= world_size <= self.world_size:
-            raise ValueError(f"world_size must be between 1 and {self.world_size} (the "
-                             f"devices in {self.spec.name}), got {world_size}")
-        if not isinstance(args, (tuple, list)):
-            raise TypeError(f"args must be a tuple, got {type(args).__name__}; "
-                            "for one argument write args=(x,)")
-        if kwargs is not None and not isinstance(kwargs, dict):
-            raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
-        if timeout is not None:
-            if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
-                raise TypeError(f"timeout must be a positive number of seconds, got "
-                                f"{timeout!r}")
-            if not timeout > 0:
-                raise ValueError(f"timeout must be a positive number of seconds, got "
-                                 f"{timeout!r}")
-        return world_size
 
 
 def _learner_init_process_group(backend_name, kwargs):

@@ -9,7 +9,12 @@ behind autograd's back, exactly as a real backend does.
 
 Meta and fake tensors hold no data: for them only the sizes are checked, and nothing is
 computed or written (a 7B model's FSDP all-gathers would otherwise run thousands of
-fake copies, each costing as much Python as a real one).
+fake copies, each costing as much Python as a real one). Either every rank passes such
+tensors or none does: a mix would leave the real ranks' tensors unreduced.
+
+Each rank's own buffers were checked when it called the operation
+(:mod:`simcluster.validation`); what only shows once every rank has arrived raises
+``RuntimeError`` here, and the backend reports it as a mismatch of the ranks' arguments.
 """
 
 import torch
@@ -40,6 +45,7 @@ def check_reduce_op(op_name, dtype, rank):
 def reduce_tensors(tensors, op):
     """Reduce ``tensors`` (rank order) with ``op`` into a new tensor."""
     name = reduce_op_name(op) if not isinstance(op, str) else op
+    _check_data(tensors)
     out = tensors[0].detach().clone()
     for t in tensors[1:]:
         t = t.detach()
@@ -68,8 +74,23 @@ def _no_data(tensor):
     return tensor.is_meta or is_fake(tensor)
 
 
+def _check_data(tensors):
+    """``tensors`` (one per rank, in rank order) all hold data, or none does.
+
+    One tensor per rank is enough: a rank's own tensors were checked to be alike
+    (:func:`simcluster.validation.check_same_device`).
+    """
+    empty = [r for r, t in enumerate(tensors) if _no_data(t)]
+    if empty and len(empty) < len(tensors):
+        full = [r for r in range(len(tensors)) if r not in empty]
+        raise RuntimeError(
+            f"rank {empty[0]} passes a meta or fake tensor (no data) but rank {full[0]} a "
+            "real one: either every rank uses sc.fake_tensors() / device='meta' for this "
+            "collective, or none does")
+
+
 def _check_fits(dst, src):
-    if torch.broadcast_shapes(dst.shape, src.shape) != dst.shape:
+    if dst.shape != src.shape:
         raise RuntimeError(f"cannot write a tensor of shape {tuple(src.shape)} into one of "
                            f"shape {tuple(dst.shape)}")
 
@@ -80,8 +101,8 @@ def _check_numel(output, expected):
 
 
 def _write(dst, src):
+    _check_fits(dst, src)
     if _no_data(dst):
-        _check_fits(dst, src)
         return
     # detach(): the copy is invisible to autograd, as a real backend's write is.
     dst.detach().copy_(src)
@@ -90,6 +111,7 @@ def _write(dst, src):
 def all_reduce(args, op):
     """``args[r]`` is rank r's list of tensors; every rank gets the reduction of each."""
     for i in range(len(args[0])):
+        _check_data([a[i] for a in args])
         if _no_data(args[0][i]):
             continue   # every rank's tensor has the same shape (checked on arrival)
         result = reduce_tensors([a[i] for a in args], op)
@@ -105,6 +127,8 @@ def reduce(args, op, dst):
 
 def broadcast(args, src):
     """Every rank's tensors become copies of group rank ``src``'s."""
+    for i in range(len(args[src])):
+        _check_data([tensors[i] for tensors in args])
     for r, tensors in enumerate(args):
         if r != src:
             for dst, s in zip(tensors, args[src]):
@@ -113,6 +137,7 @@ def broadcast(args, src):
 
 def all_gather(args):
     """``args[r] = (outputs, input)``: ``outputs[j]`` on every rank gets rank j's input."""
+    _check_data([inp for _, inp in args])
     for outputs, _ in args:
         for j, (_, inp) in enumerate(args):
             _write(outputs[j], inp)
@@ -120,13 +145,17 @@ def all_gather(args):
 
 def all_gather_single(args):
     """``args[r] = (output, input)``: the output is every rank's input, stacked on dim 0."""
+    inputs = [inp for _, inp in args]
+    _check_data(inputs)
+    if _no_data(inputs[0]):
+        for output in (output for output, _ in args):
+            _check_numel(output, len(args) * inputs[0].numel())
+        return
+    # Stacked once, then viewed as each output's shape: that works for any output of
+    # the right size, contiguous or not, and for inputs that are views into an output.
+    stacked = torch.stack([inp.detach() for inp in inputs])
     for output, _ in args:
-        if _no_data(output):
-            _check_numel(output, len(args) * args[0][1].numel())
-            continue
-        chunks = output.view(len(args), *args[0][1].shape) if output.dim() else None
-        for j, (_, inp) in enumerate(args):
-            _write(chunks[j], inp)
+        _write(output, stacked.view(output.shape))
 
 
 def reduce_scatter(args, op):
@@ -138,6 +167,7 @@ def reduce_scatter(args, op):
 def reduce_scatter_single(args, op):
     """``args[r] = (output, input)``: the input is split on dim 0 into one chunk per rank."""
     n = len(args)
+    _check_data([inp for _, inp in args])
     if _no_data(args[0][1]):
         for output, inp in args:
             _check_numel(inp, n * output.numel())
@@ -149,6 +179,7 @@ def reduce_scatter_single(args, op):
 
 def gather(args, dst):
     """``args[r] = (outputs, input)``; only group rank ``dst`` has outputs."""
+    _check_data([inp for _, inp in args])
     outputs = args[dst][0]
     for j, (_, inp) in enumerate(args):
         _write(outputs[j], inp)
@@ -156,6 +187,7 @@ def gather(args, dst):
 
 def scatter(args, src):
     """``args[r] = (output, inputs)``; rank i's output gets group rank ``src``'s ``inputs[i]``."""
+    _check_data([output for output, _ in args])
     inputs = args[src][1]
     for i, (output, _) in enumerate(args):
         _write(output, inputs[i])
@@ -163,6 +195,7 @@ def scatter(args, src):
 
 def all_to_all(args):
     """``args[r] = (outputs, inputs)``: rank i's ``outputs[j]`` gets rank j's ``inputs[i]``."""
+    _check_data([ins[0] for _, ins in args])
     # Snapshot the inputs first: an output may share memory with some rank's input.
     inputs = [[t.detach().clone() for t in ins] for _, ins in args]
     for i, (outputs, _) in enumerate(args):
@@ -182,6 +215,7 @@ def all_to_all_single(args):
     Returns an error message when the split sizes do not fit together, else None.
     """
     n = len(args)
+    _check_data([inp for _, inp, _, _ in args])
     outs, ins = [], []
     for r, (output, inp, out_splits, in_splits) in enumerate(args):
         o, i = _splits(output, out_splits, n), _splits(inp, in_splits, n)

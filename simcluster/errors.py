@@ -5,13 +5,30 @@ notebook can catch them all with one ``except``. Each message says what went wro
 which rank, in which operation, and what to try next.
 """
 
+import pickle
 import traceback
 
 import torch
 
 
+def _rebuild(cls, args, fields):
+    """Unpickle a simulator error without calling its ``__init__`` (see ``__reduce__``)."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
+
+
 class SimulationError(Exception):
-    """Base class of every error raised by a simulated run."""
+    """Base class of every error raised by a simulated run.
+
+    Errors pickle with their message and fields (so they cross process boundaries:
+    pytest-xdist, multiprocessing), although their ``__init__`` takes other arguments
+    than the message that Python's default pickling would pass back.
+    """
+
+    def __reduce__(self):
+        return _rebuild, (type(self), self.args, self.__dict__)
 
 
 class RankError(SimulationError):
@@ -45,6 +62,15 @@ class RankError(SimulationError):
             f"rank {rank} raised {type(original).__name__}: {message}\n"
             f"The other ranks were stopped. Traceback from rank {rank}:\n{shown}"
         )
+
+    def __reduce__(self):
+        rebuild, (cls, args, fields) = super().__reduce__()
+        try:
+            pickle.dumps(self.original)
+        except Exception:  # noqa: BLE001 — e.g. it holds a lock: keep its type and text
+            stand_in = RuntimeError(f"{type(self.original).__name__}: {self.original}")
+            fields = {**fields, "original": stand_in}
+        return rebuild, (cls, args, fields)
 
 
 class DeadlockError(SimulationError):
@@ -88,11 +114,10 @@ class CollectiveMismatchError(SimulationError):
         self.seq = seq
         self.hint = hint
         shown = ", ".join(f"rank {r}: {v}" for r, v in sorted(values.items()))
-        message = (
-            f"collective mismatch in {op if seq is None else f'{op} #{seq}'} on group "
-            f"{group}: the {field} differs "
-            f"({shown})."
-        )
+        # Without values (known only once every rank arrived) the hint says what differs.
+        what = f"the {field} differs ({shown})" if values else f"the ranks' {field} do not fit"
+        message = (f"collective mismatch in {op if seq is None else f'{op} #{seq}'} on group "
+                   f"{group}: {what}.")
         super().__init__(message + (f"\nHint: {hint}" if hint else ""))
 
 

@@ -262,10 +262,23 @@ def preset(name, nodes=None):
     if nodes is not None and (not isinstance(nodes, int) or isinstance(nodes, bool)
                               or nodes < 1):
         raise ValueError(f"nodes must be a positive integer, got {nodes!r}")
+    _check_size((nodes or 1) * 8, f"nodes={nodes}")
     return PRESETS[name](nodes)
 
 
 # --------------------------------------------------------- custom clusters
+# Larger than any cluster built so far (~100k GPUs), small enough to build at once: a
+# typo such as count: 1000000 fails at once instead of filling the memory.
+MAX_DEVICES = 2**17
+
+
+def _check_size(devices, what):
+    """Refuse a cluster of more than :data:`MAX_DEVICES` devices, naming the field."""
+    if devices > MAX_DEVICES:
+        raise ValueError(f"{what}: the cluster would have {devices:,} devices, more than "
+                         f"the {MAX_DEVICES:,} a simulated cluster may have")
+
+
 def _positive(value, what, allow_zero=False):
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value < 0 or (value == 0 and not allow_zero):
@@ -303,8 +316,10 @@ def _device_from(d, where):
     if "float32" not in flops:
         raise ValueError(f"{where}: peak_tflops needs a float32 entry (other dtypes fall "
                          "back to it)")
-    return DeviceSpec(str(d.get("name", "custom")),
-                      int(_positive(d.get("memory_gb"), f"{where}: memory_gb") * GiB),
+    memory = int(_positive(d.get("memory_gb"), f"{where}: memory_gb") * GiB)
+    if memory < 1:  # tiny devices are fine (to show an out-of-memory), 0 bytes is not
+        raise ValueError(f"{where}: memory_gb={d['memory_gb']!r} is less than one byte")
+    return DeviceSpec(str(d.get("name", "custom")), memory,
                       {k: v * TFLOPS for k, v in flops.items()},
                       _positive(d.get("hbm_gbps"), f"{where}: hbm_gbps") * GB,
                       _positive(d.get("compute_capability", 8.0), f"{where}: compute_capability"))
@@ -326,7 +341,8 @@ def _link_from(d, where, kind="nvlink"):
     _check_fields(d, {"name", "bandwidth_gbps", "latency_us", "efficiency", "kind",
                       "pair_bandwidth_gbps"}, where)
     efficiency = d.get("efficiency", 1.0)
-    if not (isinstance(efficiency, (int, float)) and 0 < efficiency <= 1):
+    if not (isinstance(efficiency, (int, float)) and not isinstance(efficiency, bool)
+            and 0 < efficiency <= 1):
         raise ValueError(f"{where}: efficiency must be in (0, 1], got {efficiency!r}")
     pair = d.get("pair_bandwidth_gbps")
     return LinkSpec(str(d.get("name", "custom")),
@@ -365,6 +381,7 @@ def from_dict(d):
         count = g.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ValueError(f"{where}: count must be a positive integer, got {count!r}")
+        _check_size(sum(n.devices for n in nodes) + count * devices, f"{where}: count")
         nics = g.get("nics", devices)
         if not isinstance(nics, int) or isinstance(nics, bool) or nics < 0:
             raise ValueError(f"{where}: nics must be a non-negative integer, got {nics!r}")
@@ -389,8 +406,28 @@ def from_dict(d):
 
 
 def from_yaml(path):
-    """Build a :class:`ClusterSpec` from a YAML file with the fields of :func:`from_dict`."""
+    """Build a :class:`ClusterSpec` from a YAML file with the fields of :func:`from_dict`.
+
+    A key given twice in one mapping is an error (plain YAML keeps the last silently).
+    """
+    with open(path) as f:
+        return from_dict(_load_yaml(f))
+
+
+def _load_yaml(stream):
+    """``yaml.safe_load``, refusing duplicate keys with the line of the second one."""
     import yaml
 
-    with open(path) as f:
-        return from_dict(yaml.safe_load(f))
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise ValueError(f"{getattr(stream, 'name', 'YAML')}, line "
+                                     f"{key_node.start_mark.line + 1}: the key {key!r} is "
+                                     "given twice; keep one")
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(stream, Loader=UniqueKeyLoader)

@@ -31,11 +31,12 @@ WORLD_SIZES = (2, 3, 4)
 
 # Further dtypes gloo supports, tried with fewer collectives (all_reduce, broadcast,
 # all_gather).
-EXTRA_DTYPES = (torch.float16, torch.complex64, torch.int32, torch.int8, torch.uint8,
-                torch.bool)
+EXTRA_DTYPES = (torch.float16, torch.complex64, torch.complex128, torch.int32, torch.int8,
+                torch.uint8, torch.bool)
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.int64: "i64",
                 torch.bfloat16: "bf16", torch.float16: "f16", torch.complex64: "c64",
+                torch.complex128: "c128",
                 torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8", torch.bool: "bool"}
 
 
@@ -43,7 +44,7 @@ _DTYPE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.int64: "i64",
 def make_input(case, rank, shape, dtype, tag=0):
     """A deterministic tensor, different for every (case, rank, tag).
 
-    * floats: standard normal values (float32 / float64; complex64: both parts);
+    * floats: standard normal values (float32 / float64; complex: both parts);
     * signed integers: in [-9, 9], small enough that a PRODUCT over 4 ranks cannot overflow;
     * uint8: in [0, 255], so that a SUM wraps around (both backends wrap modulo 256);
     * bool: random;
@@ -62,7 +63,7 @@ def make_input(case, rank, shape, dtype, tag=0):
         return torch.randint(0, 256, shape, generator=gen).to(dtype)
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=gen).to(dtype)
-    if dtype == torch.complex64:
+    if dtype.is_complex:
         parts = torch.randn((*shape, 2), generator=gen, dtype=torch.float64)
         return torch.view_as_complex(parts).to(dtype)
     if dtype in (torch.bfloat16, torch.float16):
@@ -577,6 +578,134 @@ def _p2p_across_collective(name, rank, n, groups):
     return [got, y]
 
 
+# --- non-contiguous buffers: gloo accepts them in these collectives, so the simulator must
+# give the same result. Each view is every other element of a base tensor; the case
+# returns the base, so an element written outside the view shows too. (gloo refuses them
+# in send / recv and as all_to_all_single's input; into a non-contiguous broadcast or
+# scatter output it writes only the first half, into all_to_all_single's output it writes
+# past the view: the simulator refuses all of those, see _wrong_cases below and
+# tests/test_validation.py.)
+def _strided(shape, dtype=torch.float32, fill=None, name=None, rank=None, tag=0):
+    """A view of every other element along the last dim; filled with -1 or an input."""
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    base = torch.full((*shape, 2), -1.0, dtype=dtype)
+    if fill == "input":
+        base[..., 0] = make_input(name, rank, shape, dtype, tag)
+    return base, base[..., 0]
+
+
+def _all_gather_non_contiguous(name, rank, n, groups):
+    _, inp = _strided(7, fill="input", name=name, rank=rank)
+    outs = [_strided(7) for _ in range(n)]
+    dist.all_gather([view for _, view in outs], inp)
+    return [base for base, _ in outs]
+
+
+def _all_gather_into_tensor_non_contiguous(name, rank, n, groups):
+    _, inp = _strided(5, fill="input", name=name, rank=rank)
+    base, out = _strided(5 * n)
+    dist.all_gather_into_tensor(out, inp)
+    return base
+
+
+def _reduce_scatter_tensor_non_contiguous(name, rank, n, groups):
+    _, inp = _strided(5 * n, fill="input", name=name, rank=rank)
+    base, out = _strided(5)
+    dist.reduce_scatter_tensor(out, inp)
+    return base
+
+
+def _gather_non_contiguous(name, rank, n, groups):
+    _, inp = _strided(4, fill="input", name=name, rank=rank)
+    outs = [_strided(4) for _ in range(n)] if rank == n - 1 else None
+    dist.gather(inp, [view for _, view in outs] if outs else None, dst=n - 1)
+    return [base for base, _ in outs] if outs else None
+
+
+def _all_to_all_non_contiguous(name, rank, n, groups):
+    inputs = [_strided(3, fill="input", name=name, rank=rank, tag=j)[1] for j in range(n)]
+    outs = [_strided(3) for _ in range(n)]
+    dist.all_to_all([view for _, view in outs], inputs)
+    return [base for base, _ in outs]
+
+
+# --- wrong calls that gloo rejects on every rank, before anything is sent: the simulator
+# must reject them too (each rank raises; the message may differ). Calls that gloo
+# rejects on one rank only (a scatter_list that does not fit the source's output) leave
+# the other ranks waiting until gloo's timeout: tests/test_validation.py has those.
+RAISED = "raised"
+
+
+def _wrong(call):
+    """A case that makes every rank ``call(rank, n)``; returns RAISED if it raised."""
+    def case(name, rank, n, groups):
+        try:
+            call(rank, n)
+        except (RuntimeError, ValueError, TypeError):
+            return RAISED
+        return "returned"
+    return case
+
+
+def _wrong_cases():
+    """``[(name, call)]``: each call is wrong on every rank."""
+    def send_non_contiguous(rank, n):
+        dist.isend(torch.ones(4, 2)[:, 0], dst=(rank + 1) % n).wait()
+
+    def recv_non_contiguous(rank, n):
+        dist.irecv(torch.zeros(4, 2)[:, 0], src=(rank - 1) % n).wait()
+
+    def f64(k):
+        return torch.zeros(k, dtype=torch.float64)
+
+    return [
+        ("reduce_scatter-larger-output",
+         lambda r, n: dist.reduce_scatter(torch.zeros(4), [torch.ones(1)] * n)),
+        ("reduce_scatter-smaller-output",
+         lambda r, n: dist.reduce_scatter(torch.zeros(1), [torch.ones(4)] * n)),
+        ("reduce_scatter-f64-output",
+         lambda r, n: dist.reduce_scatter(f64(4), [torch.ones(4)] * n)),
+        ("all_gather_into_tensor-f64-output-wrong-size",
+         lambda r, n: dist.all_gather_into_tensor(f64(3 * n), torch.ones(4))),
+        ("all_gather_into_tensor-f64-output",
+         lambda r, n: dist.all_gather_into_tensor(f64(4 * n), torch.ones(4))),
+        ("all_gather_into_tensor-wrong-size",
+         lambda r, n: dist.all_gather_into_tensor(torch.zeros(3 * n), torch.ones(4))),
+        ("all_gather-larger-outputs",
+         lambda r, n: dist.all_gather([torch.zeros(5) for _ in range(n)], torch.ones(4))),
+        ("all_gather-f64-outputs",
+         lambda r, n: dist.all_gather([f64(4) for _ in range(n)], torch.ones(4))),
+        ("reduce_scatter_tensor-f64-output",
+         lambda r, n: dist.reduce_scatter_tensor(f64(4), torch.ones(4 * n))),
+        ("reduce_scatter_tensor-wrong-size",
+         lambda r, n: dist.reduce_scatter_tensor(torch.zeros(4), torch.ones(3 * n))),
+        ("all_to_all-f64-outputs",
+         lambda r, n: dist.all_to_all([f64(4) for _ in range(n)],
+                                      [torch.ones(4) for _ in range(n)])),
+        ("all_to_all_single-f64-output",
+         lambda r, n: dist.all_to_all_single(f64(4 * n), torch.ones(4 * n))),
+        ("all_to_all_single-wrong-size",
+         lambda r, n: dist.all_to_all_single(torch.zeros(3 * n), torch.ones(4 * n))),
+        ("all_reduce-int16", lambda r, n: dist.all_reduce(torch.ones(4, dtype=torch.int16))),
+        ("all_reduce-uint16",
+         lambda r, n: dist.all_reduce(torch.ones(4, dtype=torch.uint16))),
+        ("all_reduce-uint32",
+         lambda r, n: dist.all_reduce(torch.ones(4, dtype=torch.uint32))),
+        ("all_reduce-float8",
+         lambda r, n: dist.all_reduce(torch.ones(4).to(torch.float8_e4m3fn))),
+        ("broadcast-uint16",
+         lambda r, n: dist.broadcast(torch.ones(4, dtype=torch.uint16), src=0)),
+        ("all_gather-int16",
+         lambda r, n: dist.all_gather([torch.zeros(4, dtype=torch.int16) for _ in range(n)],
+                                      torch.ones(4, dtype=torch.int16))),
+        ("all_to_all_single-non-contiguous-input",
+         lambda r, n: dist.all_to_all_single(torch.zeros(4 * n),
+                                             torch.ones(4 * n, 2)[:, 0])),
+        ("send-non-contiguous", send_non_contiguous),
+        ("recv-non-contiguous", recv_non_contiguous),
+    ]
+
+
 def case_list(n):
     """``[(name, fn)]`` for world size ``n``, in the order :func:`all_cases` runs them.
 
@@ -616,6 +745,13 @@ def case_list(n):
     add("all_reduce-SUM-f64-0d", _all_reduce("SUM", torch.float64, ()))
     add("all_reduce-async-many", _all_reduce_async_many)
     add("all_reduce-noncontiguous", _all_reduce_noncontiguous)
+    add("all_gather-noncontiguous", _all_gather_non_contiguous)
+    add("all_gather_into_tensor-noncontiguous", _all_gather_into_tensor_non_contiguous)
+    add("reduce_scatter_tensor-noncontiguous", _reduce_scatter_tensor_non_contiguous)
+    add("gather-noncontiguous", _gather_non_contiguous)
+    add("all_to_all-noncontiguous", _all_to_all_non_contiguous)
+    for name, call in _wrong_cases():
+        add(f"wrong-{name}", _wrong(call))
 
     for src in _roots(n):
         for dt in DTYPES:

@@ -13,6 +13,12 @@ dst1-SUM-f32]``. Both runs happen once per module (a module-scoped fixture), so 
 whole file costs one simulated run per world size plus one spawn of 4 gloo processes
 (each serves world sizes 2, 3 and 4 in turn).
 
+Cases named ``wrong-...`` make a call that gloo rejects on every rank (an output of the
+wrong shape or dtype, an unsupported dtype, a non-contiguous send or receive buffer):
+each backend records whether the call raised, so the test demands that sim raises too
+(the messages differ). Cases named ``...-noncontiguous`` pass views that gloo accepts:
+sim must give the same result.
+
 Where gloo cannot run a case as written (uneven all_to_all lists, stacked shapes for
 all_gather_into_tensor / reduce_scatter_tensor), the gloo side runs an equivalent composed
 from what gloo has; see the comments in ``_differential_cases.py``. Cases where gloo's own

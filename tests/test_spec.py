@@ -314,6 +314,8 @@ def _device(**fields):
      r"nodes\[0\]: efficiency must be in \(0, 1\], got 1.5"),
     (_nodes(fabric={"bandwidth_gbps": 300, "efficiency": 0}),
      r"nodes\[0\]: efficiency must be in \(0, 1\], got 0"),
+    (_nodes(fabric={"bandwidth_gbps": 300, "efficiency": True}),
+     r"nodes\[0\]: efficiency must be in \(0, 1\], got True"),
     ({"nodes": [{"devices": 4}], "network": {"nic": {"bandwidth_gbps": -25}}},
      "network: bandwidth_gbps must be a positive number, got -25"),
     (_device(hbm_gbps=-1), r"nodes\[0\]: hbm_gbps must be a positive number, got -1"),
@@ -326,6 +328,15 @@ def _device(**fields):
      r"nodes\[0\]: pair_bandwidth_gbps must be a positive number, got -1"),
     (_device(memory_gb=float("inf")), r"nodes\[0\]: memory_gb must be a positive number"),
     (_device(memory_gb="80"), r"nodes\[0\]: memory_gb must be a positive number, got '80'"),
+    # a GPU whose memory rounds to 0 bytes
+    (_device(memory_gb=1e-12), r"nodes\[0\]: memory_gb=1e-12 is less than one byte"),
+    (_device(memory_gb=2**-31), r"nodes\[0\]: memory_gb=4.6\d+e-10 is less than one byte"),
+    # absurd sizes: refused before a billion nodes are built
+    (_nodes(count=10**9), r"nodes\[0\]: count: the cluster would have 4,000,000,000 "
+                          r"devices, more than the 131,072"),
+    (_nodes(devices=10**6), r"nodes\[0\]: count: the cluster would have 1,000,000 devices"),
+    ({"nodes": [{"devices": 8, "count": 10000}, {"devices": 8, "count": 10000}]},
+     r"nodes\[1\]: count: the cluster would have 160,000 devices"),
     # unknown dtype in peak_tflops, bad peaks
     (_device(peak_tflops={"fp8": 1979}),
      r"nodes\[0\]: unknown dtype 'fp8' in peak_tflops; known: float64, float32, tf32, "
@@ -369,6 +380,27 @@ def test_validation_error_from_yaml_names_the_field(tmp_path):
     path.write_text("nodes:\n  - devices: 4\n    fabric: {bandwidth_gbps: -1}\n")
     with pytest.raises(ValueError, match=r"nodes\[0\]: bandwidth_gbps must be a positive"):
         sc.Cluster.from_yaml(path)
+
+
+@pytest.mark.parametrize("text, line, key", [
+    ("nodes:\n  - devices: 4\n    devices: 8\n", 3, "devices"),
+    ("name: a\nnodes:\n  - devices: 4\nname: b\n", 4, "name"),
+    ("nodes:\n  - devices: 4\n    fabric: {bandwidth_gbps: 1, bandwidth_gbps: 2}\n", 3,
+     "bandwidth_gbps"),
+])
+def test_duplicate_yaml_keys_are_an_error(tmp_path, text, line, key):
+    """Plain YAML keeps the last value silently: which one the author meant is unknown."""
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"dup.yaml, line {line}: the key '{key}' is given "
+                                         "twice"):
+        sc.Cluster.from_yaml(path)
+
+
+def test_absurd_preset_node_counts_are_an_error():
+    with pytest.raises(ValueError, match="nodes=1000000: the cluster would have 8,000,000"):
+        sc.Cluster.preset("dgx-h100", nodes=10**6)
+    assert sc.Cluster.preset("dgx-a100", nodes=256).world_size == 2048
 
 
 def test_unknown_field_in_a_node_group_is_an_error():
