@@ -1,4 +1,4 @@
-"""Scale: 1,024 simulated ranks in one process (DESIGN.md §5).
+"""Scale: 1,024 simulated ranks in one process (goal: docs/reference-numbers.md).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_scale.py             # 1,024 ranks
     PYTHONPATH=. .venv/bin/python benchmarks/bench_scale.py --ranks 256

@@ -196,17 +196,3 @@ def _three_calls():
 def test_collectives_called_lists_every_call_by_name():
     results = sc.Cluster.preset("dgx-a100").run(_three_calls, world_size=2).results
     assert results == [["barrier", "all_reduce", "barrier"]] * 2
-
-
-# -------------------------------------------------------------- benchmark
-@pytest.mark.slow
-def test_bench_import_quick():
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmarks import bench_import
-
-    r = bench_import.main(quick=True, verbose=False)
-    assert r["modules"]["torch"]["over_torch"] == pytest.approx(1.0)
-    assert r["modules"]["simcluster"]["wall"] > 0
-    assert isinstance(r["goal_met"], bool)
