@@ -1,6 +1,9 @@
 """Every use of a private PyTorch internal lives here, so a torch upgrade touches one file.
 
-Tested with torch 2.13 (pinned in pyproject.toml). What we rely on, and why:
+Tested with torch 2.13 (pinned in pyproject.toml); ``import simcluster`` warns once when
+another version is installed (:func:`warn_if_untested`). Importing changes nothing in
+torch: :func:`install` patches what a run needs when it starts, :func:`uninstall` puts it
+back. What we rely on, and why:
 
 * ``torch.distributed.distributed_c10d._world`` holds the process-wide registry of process
   groups. Our ranks are threads of one process, so each thread needs its own registry:
