@@ -182,14 +182,14 @@ class SimWorld:
         self.sends = defaultdict(deque)      # (src, dst, tag) -> posted sends
         self.recvs = defaultdict(deque)      # (src, dst, tag) -> posted receives
         self.any_recvs = defaultdict(deque)  # (dst, tag) -> receives from any source
-        # every collective each rank called, oldest first: (name, "name #seq (group)")
+        # every collective each rank called, oldest first: (name, seq, group label)
         self.calls = [[] for _ in range(world_size)]
         self.bytes_sent = [0] * world_size     # point-to-point payload bytes, per sender
         self.messages_sent = [0] * world_size  # point-to-point messages, per sender
 
     def collectives_called(self, rank):
         """The names of the collectives global ``rank`` has called, oldest first."""
-        return [name for name, _ in self.calls[rank]]
+        return [name for name, _, _ in self.calls[rank]]
 
     def clock(self, rank):
         """Global ``rank``'s simulated clock, or None when accounting is off."""
@@ -218,7 +218,8 @@ class SimWorld:
             else:
                 waits[rank] = self.scheduler.waiting_for(rank)
                 pending[rank] = str(waits[rank])
-        recent = {r: [text for _, text in self.calls[r][-FLIGHT_RECORDER_LENGTH:]]
+        recent = {r: [f"{name} #{seq} ({label})"
+                      for name, seq, label in self.calls[r][-FLIGHT_RECORDER_LENGTH:]]
                   for r in range(self.world_size)}
         mismatch = self._group_mismatch(waits)
         if mismatch:
@@ -309,7 +310,7 @@ class SimProcessGroup(dist.ProcessGroup):
         _tag_as_communication(result)
         calls = world.calls[self._global_rank]
         call_index = len(calls)
-        calls.append((name, f"{name} #{seq} ({group.label})"))
+        calls.append((name, seq, group.label))
         if len(coll.args) == len(group.ranks):
             self._charge(coll, nbytes)
             with accounting.paused():
