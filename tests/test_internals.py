@@ -65,7 +65,7 @@ def _accounting_mode_type():
 def test_accounting_mode_does_not_import_dynamo():
     """torch wraps a dispatch mode's every op in torch._dynamo.disable unless told not to."""
     mode = sc.Cluster.preset("dgx-a100").run(_accounting_mode_type, world_size=1).results[0]
-    assert issubclass(mode, torch.utils._python_dispatch.TorchDispatchMode)
+    assert issubclass(mode, _torch_internals.TorchDispatchMode)
     assert mode._should_skip_dynamo() is False
     assert "__dynamo_disable" not in dir(mode.__torch_dispatch__)
 

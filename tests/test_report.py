@@ -26,6 +26,7 @@ from simcluster import plots  # noqa: E402
 from simcluster.accounting import Recorder  # noqa: E402
 from simcluster.memory import CATEGORIES  # noqa: E402
 from simcluster.spec import preset  # noqa: E402
+from simcluster.trace import trace_events  # noqa: E402
 
 # 2 nodes x 2 GPUs: 4 ranks with a node boundary between ranks 1 and 2.
 SMALL = {"name": "two-by-two", "nodes": [{"devices": 2, "count": 2}]}
@@ -342,6 +343,20 @@ def test_save_trace_structure(run, tmp_path):
     assert reduce["args"]["bytes"] > 0 and reduce["args"]["algorithm"]
     assert any(e["cat"] == "idle" for e in complete)
     assert trace["otherData"]["world_size"] == 4
+
+
+def test_trace_names_the_protocol_of_a_collective_when_the_cost_model_gives_one():
+    spec = preset("dgx-a100", nodes=1)
+    rec = Recorder(spec, 2, cost=None)
+    for r in range(2):
+        rec.clocks[r].run_comm(0.0, 1e-5, "all_reduce #0")
+        rec.clocks[r].run_comm(1e-5, 3e-5, "broadcast #1")
+    rec.record_collective("all_reduce", "ring", (0, 1), 64, 0.0, 1e-5, protocol="LL128")
+    rec.record_collective("broadcast", "tree", (0, 1), 64, 1e-5, 3e-5)
+    args = [e["args"] for e in trace_events(rec, spec) if e["ph"] == "X" and e["args"]["rank"] == 0]
+    assert args == [{"rank": 0, "algorithm": "ring", "bytes": 64, "ranks": [0, 1],
+                     "protocol": "LL128"},
+                    {"rank": 0, "algorithm": "tree", "bytes": 64, "ranks": [0, 1]}]
 
 
 def _without_end_of_run_memory(text, elapsed):
