@@ -537,14 +537,17 @@ class ModuleStack(ModuleTracker):
 
     def innermost(self):
         """The label of the module running now: the deepest one, or "(backward)"."""
-        if in_backward():
+        if _graph_task_id() != -1:   # in_backward(), inlined: this runs for every op
             return "(backward)"
         return self._innermost
 
 
+_graph_task_id = torch._C._current_graph_task_id
+
+
 def in_backward():
     """True while autograd runs a backward pass on the calling thread."""
-    return torch._C._current_graph_task_id() != -1
+    return _graph_task_id() != -1
 
 
 def storage_key(tensor):
