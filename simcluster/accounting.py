@@ -48,7 +48,7 @@ class RankAccounting(DispatchMode):
         self.clock = recorder.clocks[rank]
         self.memory = recorder.memories[rank]
         self.modules = ModuleStack()
-        self.phase = None        # "optimizer" or "communication" while inside those
+        self.in_optimizer_step = False   # what is allocated now is optimizer state
         self._paused = False     # True while the simulator computes a collective's result
         self.module_time = recorder.module_time[rank]
         self._fake_types = fake_tensor_types()
@@ -65,10 +65,8 @@ class RankAccounting(DispatchMode):
 
     def category(self):
         """The category of memory allocated right now."""
-        if self.phase == "optimizer":
+        if self.in_optimizer_step:
             return "optimizer state"
-        if self.phase == "communication":
-            return "communication buffers"
         if in_backward():
             return "gradients"
         if self.modules.inside_module and torch.is_grad_enabled():
@@ -226,14 +224,14 @@ def on_optimizer_pre(optimizer, args, kwargs):
     """An optimizer step starts: what it allocates is optimizer state."""
     acc = current()
     if acc is not None:
-        acc.phase = "optimizer"
+        acc.in_optimizer_step = True
 
 
 def on_optimizer_post(optimizer, args, kwargs):
     """An optimizer step has ended."""
     acc = current()
     if acc is not None:
-        acc.phase = None
+        acc.in_optimizer_step = False
         # Gradients that the optimizer reads were created during backward; state it
         # created is already "optimizer state". Parameters stay parameters.
 
