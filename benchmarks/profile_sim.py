@@ -11,9 +11,8 @@ Three parts:
    DDP on 4 separate 1-rank runs (DDP's own Python and bucket-copy cost, no switching),
    the 4-rank DDP run with accounting off and RNG save/restore stubbed out, with accounting
    off, and the default. Each row adds one mechanism; the differences are its cost.
-   Two what-if rows prototype fixes by monkeypatching: accounting scanning op arguments
-   with a flat loop instead of ``torch.utils._pytree.tree_flatten``, and (a lower bound
-   for any Python dispatch mode) a mode that only runs the op.
+   A what-if row gives a lower bound for any Python dispatch mode by monkeypatching the
+   accounting mode into one that only runs the op.
 2. **Counts and unit costs**: baton hand-overs and dispatched aten ops per step; the cost
    of one ``_ProcessState`` save + restore and of one thread hand-over (Event ping-pong).
 3. **cProfile of the default run**, every rank thread profiled with ``time.thread_time``
@@ -79,51 +78,20 @@ def counting():
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(scheduler.RankScheduler, "_hand_over", counted_hand_over))
         stack.enter_context(patched(scheduler.RankScheduler, "wait_until", counted_wait_until))
-        try:
-            from simcluster import accounting
-        except ImportError:
-            accounting = None
-        if accounting is not None and hasattr(accounting, "RankAccounting"):
-            dispatch = accounting.RankAccounting.__torch_dispatch__
+        from simcluster import accounting
 
-            def counted_dispatch(self, func, types, args=(), kwargs=None):
-                counts["dispatched_ops"] += 1
-                return dispatch(self, func, types, args, kwargs)
+        dispatch = accounting.RankAccounting.__torch_dispatch__
 
-            stack.enter_context(patched(accounting.RankAccounting, "__torch_dispatch__",
-                                        counted_dispatch))
+        def counted_dispatch(self, func, types, args=(), kwargs=None):
+            counts["dispatched_ops"] += 1
+            return dispatch(self, func, types, args, kwargs)
+
+        stack.enter_context(patched(accounting.RankAccounting, "__torch_dispatch__",
+                                    counted_dispatch))
         yield counts
 
 
-# ------------------------------------------------ what-ifs: prototypes of fixes
-def _leaves(x, out):
-    if isinstance(x, (tuple, list)):
-        for y in x:
-            _leaves(y, out)
-    elif isinstance(x, dict):
-        for y in x.values():
-            _leaves(y, out)
-    else:
-        out.append(x)
-
-
-def flat_tree_flatten(tree):
-    """What accounting needs from ``tree_flatten``: the leaves of aten-op arguments,
-    which are flat (tensors, lists of tensors, scalars) — no TreeSpec, no namedtuple
-    checks."""
-    out = []
-    _leaves(tree, out)
-    return out, None
-
-
-@contextlib.contextmanager
-def flat_arg_scan():
-    """Prototype fix: accounting scans op arguments without torch's pytree."""
-    from simcluster import accounting
-    with patched(accounting, "tree_flatten", flat_tree_flatten):
-        yield
-
-
+# ------------------------------------------------ what-if: a lower bound
 @contextlib.contextmanager
 def bare_dispatch_mode():
     """Lower bound: the accounting dispatch mode runs each op and does nothing else."""
@@ -136,21 +104,12 @@ def bare_dispatch_mode():
         yield
 
 
-def _has_accounting_mode():
-    try:
-        from simcluster import accounting
-    except ImportError:
-        return False
-    return hasattr(accounting, "RankAccounting") and hasattr(accounting, "tree_flatten")
-
-
 # ------------------------------------------------------------------------ variants
 def serial_in_sim(cfg, data, accounting):
     """The serial floor's loop, run inside a 1-rank cluster.run (no DDP, no switching)."""
     import simcluster as sc
-    options = bd.sim_run_options(accounting) or {}
     run = sc.Cluster.preset("dgx-a100").run(bd.run_serial, world_size=1, args=(cfg, data),
-                                            **options)
+                                            accounting=accounting)
     loop, _, cpu = run.results[0]
     return loop, cpu
 
@@ -178,26 +137,21 @@ def ddp_one_rank_runs(cfg, data):
 
 
 def variants(cfg, data):
-    can_turn_off = bd.sim_run_options(False) is not None
-    rows = [("serial floor", lambda: serial(cfg, data))]
-    if can_turn_off:
-        rows.append(("serial compute in 1-rank cluster.run, accounting off",
-                     lambda: serial_in_sim(cfg, data, False)))
-    rows.append(("serial compute in 1-rank cluster.run, accounting on",
-                 lambda: serial_in_sim(cfg, data, True)))
-    if can_turn_off:
-        rows += [("DDP in 4 separate 1-rank runs, accounting off (summed)",
-                  lambda: ddp_one_rank_runs(cfg, data)),
-                 ("4-rank DDP sim, accounting off, no RNG save/restore",
-                  lambda: sim(cfg, data, False, no_rng_switching)),
-                 ("4-rank DDP sim, accounting off", lambda: sim(cfg, data, False))]
-    rows.append(("4-rank DDP sim (default cluster.run)", lambda: sim(cfg, data)))
-    if _has_accounting_mode():
-        rows += [("  what-if: default, flat arg scan instead of tree_flatten",
-                  lambda: sim(cfg, data, True, flat_arg_scan)),
-                 ("  what-if: default, dispatch mode that only runs the op",
-                  lambda: sim(cfg, data, True, bare_dispatch_mode))]
-    return rows
+    return [
+        ("serial floor", lambda: serial(cfg, data)),
+        ("serial compute in 1-rank cluster.run, accounting off",
+         lambda: serial_in_sim(cfg, data, False)),
+        ("serial compute in 1-rank cluster.run, accounting on",
+         lambda: serial_in_sim(cfg, data, True)),
+        ("DDP in 4 separate 1-rank runs, accounting off (summed)",
+         lambda: ddp_one_rank_runs(cfg, data)),
+        ("4-rank DDP sim, accounting off, no RNG save/restore",
+         lambda: sim(cfg, data, False, no_rng_switching)),
+        ("4-rank DDP sim, accounting off", lambda: sim(cfg, data, False)),
+        ("4-rank DDP sim (default cluster.run)", lambda: sim(cfg, data)),
+        ("  what-if: default, dispatch mode that only runs the op",
+         lambda: sim(cfg, data, True, bare_dispatch_mode)),
+    ]
 
 
 def ablation(cfg, data, repeats, out):

@@ -9,12 +9,17 @@ Ranks are threads of this Python process, scheduled one at a time in a fixed ord
 every run is deterministic, and a deadlock is reported instead of hanging.
 """
 
+from . import _torch_internals
+from .clock import ClockEvent, CollectiveRecord
 from .cluster import Cluster
 from .errors import (CollectiveMismatchError, DeadlockError, OutOfMemoryError, RankError,
                      SimulationError,
                      SimulationTimeout)
 from .report import Run, Summary
 from .spec import PRESETS, ClusterSpec, DeviceSpec, LinkSpec, NetworkSpec, NodeSpec
+
+_torch_internals.warn_if_untested()
+
 
 def collectives_called():
     """Inside a rank: the collectives this rank has called so far, oldest first.
@@ -28,7 +33,7 @@ def collectives_called():
     world = current_world()
     if world is None:
         raise RuntimeError("collectives_called() only works inside cluster.run")
-    return list(world.calls[world.scheduler.rank])
+    return world.collectives_called(world.scheduler.rank)
 
 
 def memory_in_use():
@@ -71,5 +76,5 @@ __all__ = [
     "NetworkSpec", "PRESETS",
     "SimulationError", "RankError", "DeadlockError", "CollectiveMismatchError",
     "SimulationTimeout", "OutOfMemoryError", "fake_tensors", "collectives_called",
-    "memory_in_use", "reset_peak_memory",
+    "memory_in_use", "reset_peak_memory", "CollectiveRecord", "ClockEvent",
 ]

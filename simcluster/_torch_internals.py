@@ -1,6 +1,9 @@
 """Every use of a private PyTorch internal lives here, so a torch upgrade touches one file.
 
-Tested with torch 2.13 (pinned in pyproject.toml). What we rely on, and why:
+Tested with torch 2.13 (pinned in pyproject.toml); ``import simcluster`` warns once when
+another version is installed (:func:`warn_if_untested`). Importing changes nothing in
+torch: :func:`install` patches what a run needs when it starts, :func:`uninstall` puts it
+back. What we rely on, and why:
 
 * ``torch.distributed.distributed_c10d._world`` holds the process-wide registry of process
   groups. Our ranks are threads of one process, so each thread needs its own registry:
@@ -18,26 +21,62 @@ Tested with torch 2.13 (pinned in pyproject.toml). What we rely on, and why:
   one for the whole process: each rank keeps its own (:func:`cpu_stream`,
   :func:`set_cpu_stream`), and a collective waited on while a side stream is selected
   does not stall the compute stream (:func:`on_side_stream`), as with NCCL.
-* ``dist.init_process_group`` is wrapped so that a learner's own call inside a rank
-  function (as in a ``torchrun`` script) is accepted: the simulator has already
-  initialised the default group, and torch would otherwise refuse a second one.
+* ``dist.init_process_group`` is wrapped, while a run is active, so that a learner's own
+  call inside a rank function (as in a ``torchrun`` script) is accepted: the simulator has
+  already initialised the default group, and torch would otherwise refuse a second one.
+* ``torch.utils._python_dispatch.TorchDispatchMode`` is the base of the per-rank
+  accounting mode (:class:`DispatchMode`). Its ``_should_skip_dynamo`` hook is turned off:
+  torch would otherwise wrap every op the mode sees in ``torch._dynamo.disable``, which
+  imports ``torch._dynamo`` (1-4 s) on the first op and costs ~0.5 µs per op after.
+* ``torch.utils.module_tracker.ModuleTracker``'s ``_get_mod_name`` names modules the way
+  torch's own tools do ("Sequential.0"); :class:`ModuleStack` reuses it.
+* ``torch._C._current_graph_task_id`` tells whether autograd is running a backward pass
+  on this thread (:func:`in_backward`).
+* ``UntypedStorage._cdata``, the address of a storage's C++ object, identifies the memory
+  behind a tensor (:func:`storage_key`) for memory accounting.
+* ``torch.utils.flop_counter.flop_registry`` holds torch's FLOP formulas; whether one was
+  registered with ``get_raw=True`` shows only in its missing ``__wrapped__``
+  (:func:`flop_formula`).
+* ``nn.Module._parameters`` holds a module's own parameters (:func:`own_parameters`),
+  read on every module call without the cost of ``named_parameters``.
+* numpy's ``np.random.mtrand._rand._bit_generator`` is the legacy global generator; its
+  ctypes view gives its raw Mersenne Twister words cheaply (:func:`numpy_rng_words`).
 """
 
+import ctypes
 import threading
+import warnings
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.utils import flop_counter
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.module_tracker import ModuleTracker
 
 TESTED_TORCH = "2.13"
 
-# Dispatch modes import torch._dynamo the first time they run (about 4 s). Pay that once,
-# here, rather than inside the first simulated run, where it would look like a hang.
-import torch._dynamo  # noqa: E402,F401
-
 _original_world = c10d._world
 _original_init_process_group = dist.init_process_group
+_warned_version = False
+
+
+def warn_if_untested(version=None):
+    """Warn, once per process, when torch ``version`` (default: the installed one) is not
+    the version simcluster was tested with. Returns True if it warned."""
+    global _warned_version
+    version = torch.__version__ if version is None else version
+    if _warned_version or version.split("+")[0].split(".")[:2] == TESTED_TORCH.split("."):
+        return False
+    _warned_version = True
+    warnings.warn(
+        f"simcluster was tested with torch {TESTED_TORCH}, but torch {version} is installed. "
+        f"The simulator relies on private parts of torch (listed in "
+        f"simcluster/_torch_internals.py) that may have changed: if runs fail or numbers "
+        f"look wrong, install the tested version (pip install 'torch=={TESTED_TORCH}.*').",
+        RuntimeWarning, stacklevel=2)
+    return True
 
 
 class _RankWorld(c10d._World):
@@ -97,13 +136,16 @@ def _fsdp_param_module():
     return _fsdp_param
 
 
-def install(on_storage_resize, on_parameter):
+def install(on_storage_resize, on_parameter, on_init_process_group):
     """Make process-group state per-thread, and report what accounting cannot see.
 
-    FSDP2 frees and refills unsharded parameters with ``UntypedStorage.resize_``, which
-    bypasses the dispatcher, and installs sharded parameters without
-    ``register_parameter``: ``on_storage_resize(storage, nbytes)`` and
-    ``on_parameter(module, name, param)`` hear of both. Nested calls are counted.
+    Called when a run starts (importing simcluster changes nothing in torch). FSDP2 frees
+    and refills unsharded parameters with ``UntypedStorage.resize_``, which bypasses the
+    dispatcher, and installs sharded parameters without ``register_parameter``:
+    ``on_storage_resize(storage, nbytes)`` and ``on_parameter(module, name, param)`` hear
+    of both. ``dist.init_process_group`` first asks ``on_init_process_group(backend,
+    kwargs)``, which returns True when it has handled the call (see
+    :func:`_init_process_group`). Nested calls are counted.
     """
     global _installed, _original_setattr_param
     with _install_lock:
@@ -125,6 +167,7 @@ def install(on_storage_resize, on_parameter):
                 return result
 
             torch.UntypedStorage.resize_ = resize_
+            _set_init_process_group(_init_process_group(on_init_process_group))
         _installed += 1
 
 
@@ -138,6 +181,30 @@ def uninstall():
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
             torch.UntypedStorage.resize_ = _original_storage_resize
             _fsdp_param_module().unsafe_setattr_param = _original_setattr_param
+            _set_init_process_group(_original_init_process_group)
+
+
+def _init_process_group(in_simulated_rank):
+    """``dist.init_process_group`` that a rank function may call as it would under torchrun.
+
+    ``in_simulated_rank(backend, kwargs)`` is called on every call; it returns True when it
+    has handled the call (the thread is a simulated rank whose default group already
+    exists), or False to fall through to torch's own function.
+    """
+
+    def init_process_group(backend=None, *args, **kwargs):
+        if in_simulated_rank(backend, kwargs):
+            return None
+        return _original_init_process_group(backend, *args, **kwargs)
+
+    init_process_group.__doc__ = _original_init_process_group.__doc__
+    init_process_group.__wrapped__ = _original_init_process_group
+    return init_process_group
+
+
+def _set_init_process_group(function):
+    dist.init_process_group = function
+    c10d.init_process_group = function
 
 
 def fake_tensor_mode():
@@ -412,25 +479,6 @@ def backend_options_fields(options):
     )
 
 
-def patch_init_process_group(in_simulated_rank):
-    """Let a rank function call ``dist.init_process_group`` as it would under torchrun.
-
-    ``in_simulated_rank(kwargs)`` is called on every call; it returns True when it has
-    handled the call (the thread is a simulated rank whose default group already
-    exists), or False to fall through to torch's own function.
-    """
-
-    def init_process_group(backend=None, *args, **kwargs):
-        if in_simulated_rank(backend, kwargs):
-            return None
-        return _original_init_process_group(backend, *args, **kwargs)
-
-    init_process_group.__doc__ = _original_init_process_group.__doc__
-    init_process_group.__wrapped__ = _original_init_process_group
-    dist.init_process_group = init_process_group
-    c10d.init_process_group = init_process_group
-
-
 def init_default_group(rank, world_size, store):
     """Initialise the calling rank's default group on the ``sim`` backend."""
     _original_init_process_group("sim", rank=rank, world_size=world_size, store=store)
@@ -443,3 +491,144 @@ def reduce_op_name(op) -> str:
 
 
 WorkBase = torch._C._distributed_c10d.Work
+
+
+# ------------------------------------------------------------- for accounting
+class DispatchMode(TorchDispatchMode):
+    """``TorchDispatchMode`` without torch's ``torch._dynamo.disable`` wrapper around each op.
+
+    torch wraps a mode's ``__torch_dispatch__`` so that ``torch.compile`` skips its frames;
+    the wrapper imports ``torch._dynamo`` on the first op (1-4 s, which would look like a
+    hang in the first run) and costs about 0.5 µs on every op after. The simulator's
+    modes run eagerly anyway.
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls):
+        return False
+
+
+class ModuleStack(ModuleTracker):
+    """Which ``nn.Module`` is running now, fed one rank's forward calls by :meth:`enter` and
+    :meth:`leave`, with names as torch's ``ModuleTracker`` gives them ("Sequential.0").
+
+    It follows modules through the forward pass only: torch's tracker also hooks the
+    backward pass with multi-grad hooks, which break ``torch.autograd.grad`` on leaf
+    inputs (as torch.distributed.pipelining calls it). Backward time is labelled
+    "(backward)" instead.
+    """
+
+    _innermost = "Global"   # the deepest module running now, kept as parents change
+
+    def enter(self, module):
+        """``module``'s forward starts."""
+        self.parents.add(self._get_mod_name(module))
+        self._innermost = max(self.parents, key=len)
+
+    def leave(self, module):
+        """``module``'s forward has returned."""
+        self.parents.discard(self._get_mod_name(module))
+        self._innermost = max(self.parents, key=len)
+
+    @property
+    def inside_module(self):
+        """True while some module's forward is running."""
+        return len(self.parents) > 1
+
+    def innermost(self):
+        """The label of the module running now: the deepest one, or "(backward)"."""
+        if _graph_task_id() != -1:   # in_backward(), inlined: this runs for every op
+            return "(backward)"
+        return self._innermost
+
+
+_graph_task_id = torch._C._current_graph_task_id
+
+
+def in_backward():
+    """True while autograd runs a backward pass on the calling thread."""
+    return _graph_task_id() != -1
+
+
+def storage_key(tensor):
+    """A stable identity for the memory behind ``tensor`` (None if it has none)."""
+    try:
+        return tensor.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+
+
+def key_of_storage(storage):
+    """The identity of an ``UntypedStorage``, as :func:`storage_key` gives it for a tensor."""
+    return storage._cdata
+
+
+def own_parameters(module):
+    """The parameters ``module`` holds itself (not its children's); entries may be None."""
+    return module._parameters.values()
+
+
+def fake_tensor_types():
+    """The tensor subclasses that carry no data: FakeTensor and FunctionalTensor."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return (FakeTensor, FunctionalTensor)
+
+
+def _shapes(value):
+    """``value`` with every tensor replaced by its shape, and lists by tuples (hashable)."""
+    if isinstance(value, torch.Tensor):
+        return value.shape
+    if isinstance(value, (list, tuple)):
+        return tuple(_shapes(v) for v in value)
+    return value
+
+
+def flop_formula(packet):
+    """``count(args, kwargs, out) -> FLOPs`` for an aten op (packet), or None if unknown.
+
+    The formulas of ``torch.utils.flop_counter``, whose pytree mapping of arguments costs
+    30-50 µs a call (a nested one for addmm): results are remembered per shapes, so
+    a training loop pays it once per distinct matmul.
+    """
+    counter = flop_counter.flop_registry.get(packet)
+    if counter is None:
+        return None
+    if not hasattr(counter, "__wrapped__"):
+        # registered with get_raw=True: it may read tensor values (variable-length
+        # attention's offsets), so shapes alone cannot stand for its arguments
+        return lambda args, kwargs, out: counter(*args, **kwargs, out_val=out)
+    known = {}
+
+    def count(args, kwargs, out):
+        try:
+            key = (_shapes(args), _shapes(tuple(kwargs.items())), _shapes(out))
+            return known[key]
+        except KeyError:
+            flops = known[key] = counter(*args, **kwargs, out_val=out)
+            return flops
+        except TypeError:   # an unhashable argument: count without remembering
+            return counter(*args, **kwargs, out_val=out)
+
+    return count
+
+
+# ------------------------------------------------------------------ for numpy
+_NUMPY_MT_SIZE = 624 * 4 + 4   # mt19937_state: uint32 key[624], int pos
+_numpy_mt_address = None
+
+
+def numpy_rng_words():
+    """The raw Mersenne Twister words of numpy's global RNG (2.5 kB), read in about 1 µs.
+
+    ``np.random.get_state()`` costs about 50 µs; while these words are unchanged, no
+    number was drawn. (A cached second Gaussian from the legacy ``randn`` is handed out
+    without moving the words: check ``get_state()[3]`` for one.)
+    """
+    global _numpy_mt_address
+    if _numpy_mt_address is None:
+        import numpy as np
+
+        _numpy_mt_address = np.random.mtrand._rand._bit_generator.ctypes.state_address
+    return ctypes.string_at(_numpy_mt_address, _NUMPY_MT_SIZE)

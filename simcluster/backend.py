@@ -114,11 +114,11 @@ def _rank_list(ranks):
 class SimWork(WorkBase):
     """The ``Work`` handle returned by every operation of the sim backend."""
 
-    def __init__(self, world, pending, result, what, clock):
+    def __init__(self, world, pending, result, what, clock, group_ranks=None):
         super().__init__()
         self._world, self._pending, self._result, self._what = world, pending, result, what
         self._clock = clock  # the waiting rank's simulated clock (None: no accounting)
-        self._source = None  # for receives: returns the sender's group rank
+        self._group_ranks = group_ranks  # receives: the group's global ranks, sender lookup
 
     def wait(self, timeout=None):
         """Block this rank (letting the others run) until the operation has completed.
@@ -139,7 +139,7 @@ class SimWork(WorkBase):
     def _ready_when_read(self):
         """The compute stream waits for this work only when an op reads its result."""
         for t in accounting.tensors_in(self._result):
-            self._clock.ready_at[accounting.storage_key(t)] = self._pending.end
+            self._clock.ready_when_read(accounting.storage_key(t), self._pending.end)
 
     def is_completed(self):
         return self._pending.done
@@ -165,8 +165,9 @@ class SimWork(WorkBase):
         return future
 
     def _source_rank(self):
+        """The group rank a completed receive came from (``recv(src=None)`` returns it)."""
         self.wait()
-        return self._source()
+        return self._group_ranks.index(self._pending.src)
 
 
 class SimWorld:
@@ -181,11 +182,14 @@ class SimWorld:
         self.sends = defaultdict(deque)      # (src, dst, tag) -> posted sends
         self.recvs = defaultdict(deque)      # (src, dst, tag) -> posted receives
         self.any_recvs = defaultdict(deque)  # (dst, tag) -> receives from any source
-        self.recent = [deque(maxlen=FLIGHT_RECORDER_LENGTH) for _ in range(world_size)]
-        self.call_count = [0] * world_size
-        self.calls = [[] for _ in range(world_size)]  # every collective each rank called
+        # every collective each rank called, oldest first: (name, seq, group label)
+        self.calls = [[] for _ in range(world_size)]
         self.bytes_sent = [0] * world_size     # point-to-point payload bytes, per sender
         self.messages_sent = [0] * world_size  # point-to-point messages, per sender
+
+    def collectives_called(self, rank):
+        """The names of the collectives global ``rank`` has called, oldest first."""
+        return [name for name, _, _ in self.calls[rank]]
 
     def clock(self, rank):
         """Global ``rank``'s simulated clock, or None when accounting is off."""
@@ -214,7 +218,9 @@ class SimWorld:
             else:
                 waits[rank] = self.scheduler.waiting_for(rank)
                 pending[rank] = str(waits[rank])
-        recent = {r: list(self.recent[r]) for r in range(self.world_size)}
+        recent = {r: [f"{name} #{seq} ({label})"
+                      for name, seq, label in self.calls[r][-FLIGHT_RECORDER_LENGTH:]]
+                  for r in range(self.world_size)}
         mismatch = self._group_mismatch(waits)
         if mismatch:
             return mismatch
@@ -302,13 +308,12 @@ class SimProcessGroup(dist.ProcessGroup):
         coll.args[me] = arg
         coll.arrivals[me] = world.now(self._global_rank)
         _tag_as_communication(result)
-        world.recent[self._global_rank].append(f"{coll.name} #{seq} ({group.label})")
-        call_index = world.call_count[self._global_rank]
-        world.call_count[self._global_rank] += 1
-        world.calls[self._global_rank].append(name)
+        calls = world.calls[self._global_rank]
+        call_index = len(calls)
+        calls.append((name, seq, group.label))
         if len(coll.args) == len(group.ranks):
             self._charge(coll, nbytes)
-            with _paused_accounting():
+            with accounting.paused():
                 try:
                     error = finish([coll.args[r] for r in range(len(group.ranks))])
                 except RuntimeError as exc:  # e.g. an output tensor of the wrong size
@@ -340,8 +345,8 @@ class SimProcessGroup(dist.ProcessGroup):
         label = f"{coll.name} #{coll.seq}"
         for r in ranks:
             recorder.clocks[r].run_comm(start, coll.end, label)
-        recorder.collectives.append((coll.name, charge.algorithm, tuple(ranks), nbytes, start,
-                                     coll.end))
+        recorder.record_collective(coll.name, charge.algorithm, ranks, nbytes, start, coll.end,
+                                   protocol=charge.protocol)
         # Rooted collectives (broadcast, reduce, gather, scatter) flow to or from the root.
         root = coll.spec.get("root", 0)
         rooted = list(ranks[root:]) + list(ranks[:root])
@@ -551,9 +556,7 @@ class SimProcessGroup(dist.ProcessGroup):
             world.recvs[key].append(msg)
         what = _Wait("recv", f"waiting in recv from rank {src} (tag {tag}, shape "
                              f"{_shape(tensors[0])}): rank {src} has not sent it")
-        work = SimWork(world, msg, tensors, what, world.clock(me))
-        work._source = lambda: self._group.ranks.index(msg.src)
-        return work
+        return SimWork(world, msg, tensors, what, world.clock(me), self._group.ranks)
 
     def recv_anysource(self, tensors, tag):
         """Post a receive from any rank of the group: the earliest posted send wins."""
@@ -561,7 +564,7 @@ class SimProcessGroup(dist.ProcessGroup):
         world, me = self._world, self._global_rank
         msg = _Message(None, me, tag, tensors[0], world.now(me))
         what = _Wait("recv", f"waiting in recv from any rank (tag {tag}): nobody sent one")
-        work = SimWork(world, msg, tensors, what, world.clock(me))
+        work = SimWork(world, msg, tensors, what, world.clock(me), self._group.ranks)
         for src in self._group.ranks:
             key = (src, me, tag)
             if world.sends[key]:
@@ -569,7 +572,6 @@ class SimProcessGroup(dist.ProcessGroup):
                 break
         else:
             world.any_recvs[(me, tag)].append(msg)
-        work._source = lambda: self._group.ranks.index(msg.src)
         return work
 
     recvAnysource = recv_anysource
@@ -581,7 +583,7 @@ class SimProcessGroup(dist.ProcessGroup):
                                 recv.dst: f"receives {_shape(recv.tensor)} {recv.tensor.dtype}"},
                 None, self._group.label, "send/recv",
                 "the receiving tensor must have the same shape and dtype as the sent one."))
-        with torch.no_grad(), _paused_accounting():
+        with torch.no_grad(), accounting.paused():
             recv.tensor.detach().copy_(send.tensor)
         recv.src = send.src
         send.done = recv.done = True
@@ -602,22 +604,8 @@ def _tag_as_communication(tensors):
     if acc is not None:
         for t in tensors:
             key = accounting.storage_key(t)
-            entry = acc.memory.live.get(key)
-            if entry is not None and entry[1] == "other":
+            if acc.memory.category_of(key) == "other":
                 acc.memory.retag(key, "communication buffers")
-
-
-class _paused_accounting:
-    """Don't charge the calling rank for the simulator's own work (copies, reductions)."""
-
-    def __enter__(self):
-        self.acc = accounting.current()
-        if self.acc is not None:
-            self.was, self.acc.paused = self.acc.paused, True
-
-    def __exit__(self, *exc):
-        if self.acc is not None:
-            self.acc.paused = self.was
 
 
 class _LazyText:

@@ -121,7 +121,8 @@ class Cluster:
         # init_process_group prefixes sys.excepthook with "[rankN]" in every rank: keep
         # the notebook's own hook.
         excepthook = sys.excepthook
-        _torch_internals.install(_accounting.on_storage_resize, _accounting.on_parameter)
+        _torch_internals.install(_accounting.on_storage_resize, _accounting.on_parameter,
+                                 _learner_init_process_group)
         _accounting.install_hooks()
         try:
             scheduler.run(rank_main)
@@ -151,5 +152,3 @@ def _learner_init_process_group(backend_name, kwargs):
         _torch_internals.init_default_group(rank, world.world_size, world.store)
     return True
 
-
-_torch_internals.patch_init_process_group(_learner_init_process_group)

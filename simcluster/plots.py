@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .accounting import CATEGORIES
+from .memory import CATEGORIES
 
 # Colours of the three lanes of a rank's timeline (colour-blind friendly).
 LANE_COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#C8C8C8"}
@@ -141,9 +141,9 @@ def draw_timeline(recorder, spec, ax=None, ranks=None, max_labels=100, title=Non
     comm_bars = []   # (row, start, end, name)
     for row, clock in enumerate(clocks):
         by_lane = {"compute": [], "idle": [], "comm": []}
-        for lane, start, end, label in clock.events:
-            if end > start:
-                by_lane[lane].append((start, end, label))
+        for e in clock.events:
+            if e.end > e.start:
+                by_lane[e.lane].append((e.start, e.end, e.label))
         for lane, intervals in by_lane.items():
             for start, end, names in _merge(intervals, eps):
                 lanes[lane].append((row, start * scale, end * scale))

@@ -1,7 +1,5 @@
 """``Run`` — the record of one finished run: results, simulated time, memory, traffic."""
 
-from .accounting import CATEGORIES
-
 
 class Summary:
     """Per-rank totals of a run; prints as a text table, renders as HTML in a notebook."""
@@ -43,8 +41,8 @@ def _fmt_seconds(s):
 
 def _overlap(events):
     """Seconds of communication that ran while the compute stream was busy."""
-    compute = sorted((s, e) for lane, s, e, _ in events if lane == "compute")
-    comm = sorted((s, e) for lane, s, e, _ in events if lane == "comm")
+    compute = sorted((e.start, e.end) for e in events if e.lane == "compute")
+    comm = sorted((e.start, e.end) for e in events if e.lane == "comm")
     total, i = 0.0, 0
     for cs, ce in comm:
         while i < len(compute) and compute[i][1] <= cs:
@@ -89,12 +87,20 @@ class Run:
         return max(c.end for c in self._need_accounting().clocks)
 
     @property
+    def collectives(self):
+        """Every collective of the run, a :class:`~simcluster.CollectiveRecord` (op,
+        algorithm, protocol, ranks, nbytes, start, end, duration), in the order they
+        completed."""
+        return list(self._need_accounting().collectives)
+
+    @property
     def traffic(self):
         """``{(src, dst): bytes}`` every rank sent to every other, by algorithm and p2p."""
         return dict(self._need_accounting().traffic)
 
     def clock(self, rank):
-        """Rank ``rank``'s simulated clock (compute, comm, idle totals and events)."""
+        """Rank ``rank``'s :class:`~simcluster.clock.RankClock`: compute, comm and idle
+        totals, and its :class:`~simcluster.ClockEvent` list ``events``."""
         return self._need_accounting().clocks[rank]
 
     def peak_memory(self, rank):
@@ -111,11 +117,6 @@ class Run:
                          "idle_s": clock.idle, "overlap_s": _overlap(clock.events),
                          "peak_memory_GiB": rec.memories[r].peak / 2**30})
         return Summary(rows)
-
-    @property
-    def memory_categories(self):
-        """The memory categories, in the order plots and tables use."""
-        return CATEGORIES
 
     # ------------------------------------------------------------ pictures and traces
     def timeline(self, ax=None, ranks=None, max_labels=100):

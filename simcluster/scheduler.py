@@ -21,7 +21,7 @@ import time
 import numpy as np
 import torch
 
-from ._torch_internals import cpu_stream, default_cpu_stream, set_cpu_stream
+from ._torch_internals import cpu_stream, default_cpu_stream, numpy_rng_words, set_cpu_stream
 from .errors import RankError, SimulationError, SimulationTimeout
 
 # Unseeded ranks start from fixed seeds (torch's historical default, and 0), so that even
@@ -36,24 +36,6 @@ class Abort(BaseException):
     It derives from BaseException so that a learner's ``except Exception`` does not
     swallow it.
     """
-
-
-class _NumpyWords:
-    """A cheap look at numpy's global RNG: the raw Mersenne Twister words (2.5 kB).
-
-    ``np.random.get_state()`` and ``set_state()`` cost about 50 µs each, and ranks hand
-    over the baton thousands of times per run. Reading the generator's words through its
-    ctypes view costs about 1 µs: while they are unchanged, no number was drawn and a
-    saved state still holds. (A cached second Gaussian from the legacy ``randn`` is handed
-    out without moving the words, so a state holding one is always read in full.)
-    """
-
-    _address = np.random.mtrand._rand._bit_generator.ctypes.state_address
-    _SIZE = 624 * 4 + 4   # mt19937_state: uint32 key[624], int pos
-
-    @classmethod
-    def read(cls):
-        return ctypes.string_at(cls._address, cls._SIZE)
 
 
 class _ProcessState:
@@ -74,7 +56,7 @@ class _ProcessState:
         torch.set_default_dtype(torch.float32)
         set_cpu_stream(default_cpu_stream())
         self.state = _ProcessState.capture()
-        self.numpy_words = _NumpyWords.read()
+        self.numpy_words = numpy_rng_words()
         _ProcessState.apply(saved)
 
     @staticmethod
@@ -94,7 +76,7 @@ class _ProcessState:
     def save(self):
         """Remember the rank's state as it hands over the baton."""
         np_rng = self.state[2]
-        words = _NumpyWords.read()
+        words = numpy_rng_words()
         if words != self.numpy_words or np_rng[3]:   # [3]: a cached Gaussian
             np_rng, self.numpy_words = np.random.get_state(), words
         self.state = (torch.get_rng_state(), random.getstate(), np_rng,

@@ -15,10 +15,9 @@ so two traces can be compared with ``diff``.
 
 import json
 
-from .accounting import CATEGORIES
+from .memory import CATEGORIES
 
 US = 1e6   # microseconds per second
-LANE_CATEGORY = {"compute": "compute", "comm": "comm", "idle": "idle"}
 
 
 def _us(seconds):
@@ -47,25 +46,27 @@ def trace_events(recorder, spec):
                 meta.append({"ph": "M", "name": "thread_sort_index", "pid": node, "tid": tid,
                              "args": {"sort_index": tid}})
 
-    details = {}      # (op, start, end) -> [(ranks, algorithm, nbytes)]
-    for op, algorithm, ranks, nbytes, start, end in recorder.collectives:
-        details.setdefault((op, start, end), []).append((ranks, algorithm, nbytes))
+    details = {}      # (op, start, end) -> [CollectiveRecord]
+    for record in recorder.collectives:
+        details.setdefault((record.op, record.start, record.end), []).append(record)
 
     for rank in range(recorder.world_size):
         node, local = spec.placement(rank)
         events = sorted(recorder.clocks[rank].events,
-                        key=lambda e: (e[0] == "comm", e[1], e[2], e[0], e[3]))
-        for lane, start, end, label in events:
-            ts = _us(start)
-            event = {"ph": "X", "name": label, "cat": LANE_CATEGORY[lane], "pid": node,
-                     "tid": 2 * local + (lane == "comm"), "ts": ts,
-                     "dur": round(_us(end) - ts, 3), "args": {"rank": rank}}
-            if lane == "comm":
-                op = label.split(" #")[0]
-                for ranks, algorithm, nbytes in details.get((op, start, end), ()):
-                    if rank in ranks:
-                        event["args"].update(algorithm=algorithm, bytes=nbytes,
-                                             ranks=list(ranks))
+                        key=lambda e: (e.lane == "comm", e.start, e.end, e.lane, e.label))
+        for e in events:
+            ts = _us(e.start)
+            event = {"ph": "X", "name": e.label, "cat": e.lane, "pid": node,
+                     "tid": 2 * local + (e.lane == "comm"), "ts": ts,
+                     "dur": round(_us(e.end) - ts, 3), "args": {"rank": rank}}
+            if e.lane == "comm":
+                op = e.label.split(" #")[0]
+                for record in details.get((op, e.start, e.end), ()):
+                    if rank in record.ranks:
+                        event["args"].update(algorithm=record.algorithm, bytes=record.nbytes,
+                                             ranks=list(record.ranks))
+                        if record.protocol is not None:
+                            event["args"]["protocol"] = record.protocol
                         break
             work.append(event)
         memory = recorder.memories[rank]
@@ -75,13 +76,13 @@ def trace_events(recorder, spec):
     return meta + work + counters
 
 
-def save_trace(recorder, spec, path, cluster_name=None):
+def save_trace(recorder, spec, path):
     """Write the run's trace to ``path`` (JSON, one event per line); return ``path``."""
     events = trace_events(recorder, spec)
     peaks = {str(r): {**{c: recorder.memories[r].peak_by_category[c] for c in CATEGORIES},
                       "total": recorder.memories[r].peak}
              for r in range(recorder.world_size)}
-    other = {"cluster": cluster_name or spec.name, "world_size": recorder.world_size,
+    other = {"cluster": spec.name, "world_size": recorder.world_size,
              "time_unit": "microseconds of simulated time", "peak_memory_bytes": peaks}
     lines = ["{", '"displayTimeUnit": "ms",',
              f'"otherData": {json.dumps(other, sort_keys=True)},', '"traceEvents": [']

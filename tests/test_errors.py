@@ -550,7 +550,9 @@ def test_reduce_op_that_does_not_fit_the_dtype(cluster, op_name, dtype, message)
 
 
 def _train_directly():
-    dist.init_process_group("sim")
+    # Outside a run dist.init_process_group is torch's own (simcluster patches nothing
+    # until a run starts), so give it what torchrun would, to reach the backend.
+    dist.init_process_group("sim", rank=0, world_size=1, store=dist.HashStore())
 
 
 def test_init_process_group_sim_outside_a_run_says_use_cluster_run(cluster):

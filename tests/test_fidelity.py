@@ -101,9 +101,9 @@ def _all_reduce(nbytes, dtype=torch.float32):
 
 def _collective_seconds(run, op="all_reduce"):
     """(seconds, algorithm) of the run's only collective."""
-    (name, algorithm, ranks, nbytes, start, end), = run.recorder.collectives
-    assert name == op and len(ranks) == run.world_size
-    return end - start, algorithm
+    (record,) = run.collectives
+    assert record.op == op and len(record.ranks) == run.world_size
+    return record.duration, record.algorithm
 
 
 def _charge(cluster, op, p, nbytes, algorithms=None):
@@ -399,8 +399,8 @@ def test_the_default_picks_only_nccls_algorithms(nodes):
     world = 8 * nodes
     sizes = [2**k * 1024 for k in range(0, 21, 2)]  # 1 KiB .. 1 GiB, all divisible by world
     run = cluster.run(_sweep, world_size=world, args=(sizes,))
-    used = {(op, algorithm) for op, algorithm, *_ in run.recorder.collectives}
-    assert len(run.recorder.collectives) == 3 * len(sizes)
+    used = {(c.op, c.algorithm) for c in run.collectives}
+    assert len(run.collectives) == 3 * len(sizes)
     assert {a for _, a in used} <= {"ring", "tree"}, used
     # and every group the cost model may see, straight from it: 2 .. all ranks, every size
     cost = sc.costmodel.CostModel(cluster.spec)
@@ -441,9 +441,9 @@ def _halving_doubling(p, n, link, family="all_reduce"):
 def test_forced_halving_doubling_matches_thakur_also_off_powers_of_two(node, op, p):
     n = 48 * MiB  # divisible by 6 and 8 ranks
     run = node.run(_collective, world_size=p, args=(op, n), algorithms={op: "halving_doubling"})
-    (name, algorithm, ranks, nbytes, start, end), = run.recorder.collectives
-    assert algorithm == "halving_doubling" and nbytes == n and len(ranks) == p
-    assert end - start == pytest.approx(_halving_doubling(p, n, NVLINK, op), rel=REL)
+    (c,) = run.collectives
+    assert c.algorithm == "halving_doubling" and c.nbytes == n and len(c.ranks) == p
+    assert c.duration == pytest.approx(_halving_doubling(p, n, NVLINK, op), rel=REL)
 
 
 def test_halving_doubling_on_8_ranks_is_rabenseifner():
@@ -642,7 +642,7 @@ def test_rank_clock_stretches_compute_inside_communication():
     """The clock's rule, by hand, with a slowdown of 2: compute inside a busy
     communication span does half the work per second; compute charged before the span was
     known is charged the work it missed afterwards."""
-    from simcluster.accounting import RankClock
+    from simcluster.clock import RankClock
 
     ahead = RankClock(overlap_slowdown=2.0)
     ahead.run_comm(1.0, 3.0, "all_reduce")
@@ -680,7 +680,7 @@ def test_a_straggler_makes_every_other_rank_wait_in_the_next_collective(node):
             assert grew == pytest.approx(compute, rel=1e-6), f"rank {r}"
     assert slow.elapsed - base.elapsed == pytest.approx(compute, rel=1e-6)
     # the collective started when the straggler arrived
-    start = slow.recorder.collectives[-1][4]
+    start = slow.collectives[-1].start
     assert start == pytest.approx(2 * compute, rel=REL)
 
 
@@ -707,19 +707,19 @@ def test_ddp_overlaps_gradient_all_reduce_with_backward(node):
     width, layers = 1024, 4
     run = node.run(_ddp_steps, world_size=4, args=(width, layers, 256, 4, 2))
     bucket = 4 * (width * width + width)
-    all_reduces = [c for c in run.recorder.collectives if c[0] == "all_reduce"]
+    all_reduces = [c for c in run.collectives if c.op == "all_reduce"]
     # step 1: one bucket of everything; step 2: one bucket per layer
-    assert [c[3] for c in all_reduces] == [layers * bucket] + [bucket] * layers
+    assert [c.nbytes for c in all_reduces] == [layers * bucket] + [bucket] * layers
     last_step = all_reduces[1:]
-    hidden = sum(end - start for *_, start, end in last_step[:-1])
+    hidden = sum(c.duration for c in last_step[:-1])
     for row in run.summary().rows:
         assert row["overlap_s"] > 0
         assert row["overlap_s"] >= 0.99 * hidden
     # the buckets' all-reduces start during backward, one per layer, not all at the end
-    starts = [start for *_, start, _ in last_step]
+    starts = [c.start for c in last_step]
     assert all(b - a > 0 for a, b in zip(starts, starts[1:]))
     backward_end = max(e for lane, s, e, label in run.clock(0).events
-                       if lane == "compute" and s < last_step[-1][5])
+                       if lane == "compute" and s < last_step[-1].end)
     assert starts[0] < backward_end
 
 

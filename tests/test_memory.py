@@ -12,7 +12,7 @@ import torch.nn as nn
 
 import simcluster as sc
 from simcluster import accounting
-from simcluster.accounting import CATEGORIES
+from simcluster.memory import CATEGORIES
 
 GiB, MiB = 2**30, 2**20
 F32 = 4  # bytes per float32 element

@@ -89,7 +89,7 @@ def test_fsdp2_backward_prefetch_and_reduce_scatter_overlap_compute():
     run = cluster.run(_fsdp_step, args=(8192,), world_size=16)
     row = run.summary().rows[0]
     # each layer is gathered in forward and again in backward, then reduce-scattered
-    collectives = [c[0] for c in run.recorder.collectives]
+    collectives = [c.op for c in run.collectives]
     assert collectives.count("all_gather_into_tensor") == 8
     assert collectives.count("reduce_scatter_tensor") == 4
     # The forward all-gathers are waited on at once (nothing prefetches them); in

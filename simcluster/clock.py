@@ -1,0 +1,190 @@
+"""Simulated time: each rank's clock, the events on it, and the record of collectives.
+
+A rank has two streams, as a GPU has: the compute stream runs the torch ops the rank
+issues, one after another, and the communication stream runs its collectives and
+point-to-point transfers. Each :class:`RankClock` keeps when each stream is next free,
+totals per kind of work, and a list of :class:`ClockEvent` for timelines and traces.
+Every collective a run completes is kept as a :class:`CollectiveRecord`
+(``run.collectives``).
+"""
+
+import bisect
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class ClockEvent(NamedTuple):
+    """A span of simulated time on one rank's stream.
+
+    ``lane`` is ``"compute"`` (an op, or several of the same module in a row), ``"idle"``
+    (the compute stream waits, e.g. for communication) or ``"comm"`` (the communication
+    stream transfers); ``label`` says what ran: a module's name, ``"all_reduce #3"``,
+    ``"send 0->1"``, ``"wait for communication"``. Times are simulated seconds.
+    """
+
+    lane: str
+    start: float
+    end: float
+    label: str
+
+    @property
+    def duration(self):
+        """Simulated seconds the event lasted."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveRecord:
+    """One collective as it ran on the simulated network.
+
+    Attributes:
+        op: its name, e.g. ``"all_reduce"``, ``"reduce_scatter_tensor"``.
+        algorithm: the algorithm the cost model chose (or was told to use), e.g.
+            ``"ring"``, ``"tree"``.
+        protocol: NCCL's protocol (``"Simple"``, ``"LL"``, ``"LL128"``), or None when the
+            cost model does not model protocols.
+        ranks: the global ranks of the group, in group order.
+        nbytes: the buffer size the cost model charged, in bytes.
+        start, end: simulated seconds; it starts when the last rank of the group arrives.
+    """
+
+    op: str
+    algorithm: str
+    protocol: str | None = None
+    ranks: tuple
+    nbytes: int
+    start: float
+    end: float
+
+    @property
+    def duration(self):
+        """Simulated seconds the collective took."""
+        return self.end - self.start
+
+
+class RankClock:
+    """One rank's simulated time: a compute stream and a communication stream.
+
+    Compute that runs while the communication stream is busy takes ``overlap_slowdown``
+    times as long: NCCL's kernels occupy SMs and HBM bandwidth of the same GPU
+    (:data:`simcluster.costmodel.OVERLAP_SLOWDOWN` says where the figure comes from).
+
+    Attributes:
+        now: when the compute stream is next free.
+        comm_free: when the communication stream is next free.
+        compute, comm, idle: simulated seconds spent computing, communicating, and
+            waiting on the compute stream.
+        flops: floating-point operations the rank's compute performed.
+        events: the :class:`ClockEvent` list, in the order they were recorded.
+    """
+
+    def __init__(self, overlap_slowdown=1.0):
+        self.now = 0.0
+        self.comm_free = 0.0
+        self.compute = 0.0
+        self.comm = 0.0
+        self.idle = 0.0
+        self.flops = 0
+        self.events = []
+        self.overlap_slowdown = overlap_slowdown
+        self._ready_at = {}   # storage key -> time an async collective finishes writing it
+        self._busy_starts, self._busy_ends = [], []  # communication spans, sorted, disjoint
+
+    def run_compute(self, seconds, label):
+        """Run ``seconds`` of full-speed compute in ``label`` on the compute stream; return
+        how long it took, slowed where the communication stream is busy."""
+        if seconds <= 0:
+            return 0.0
+        start, self.now = self.now, self._compute_end(self.now, seconds)
+        self.compute += self.now - start
+        events = self.events
+        last = events[-1] if events else None
+        if last and last.lane == "compute" and last.label == label and last.end == start:
+            # consecutive ops of one module are one event: timelines stay small
+            events[-1] = ClockEvent("compute", last.start, self.now, label)
+        else:
+            events.append(ClockEvent("compute", start, self.now, label))
+        return self.now - start
+
+    def _compute_end(self, t, work):
+        """When ``work`` seconds of full-speed compute started at ``t`` end."""
+        ends = self._busy_ends
+        if not ends or ends[-1] <= t:   # the usual case: no communication ahead
+            return t + work
+        i = bisect.bisect_right(ends, t)   # the first busy span ending after t
+        for begin, end in zip(self._busy_starts[i:], ends[i:]):
+            if begin > t:
+                if work <= begin - t:
+                    return t + work
+                work -= begin - t
+                t = begin
+            if work * self.overlap_slowdown <= end - t:
+                return t + work * self.overlap_slowdown
+            work -= (end - t) / self.overlap_slowdown
+            t = end
+        return t + work
+
+    def run_comm(self, start, end, label):
+        """Record that the communication stream was busy from ``start`` to ``end``.
+
+        Compute charged before this was known ran at full speed where it overlaps: the work
+        it could not have done in that time is charged now, after it.
+        """
+        self.comm_free = max(self.comm_free, end)
+        self.comm += end - start
+        self.events.append(ClockEvent("comm", start, end, label))
+        if self.overlap_slowdown == 1.0:
+            return
+        fresh = self._mark_busy(start, end)
+        overlap = 0.0
+        for event in reversed(self.events):
+            if event.lane == "compute":
+                if event.end <= start:
+                    break   # compute events are in time order: nothing earlier overlaps
+                overlap += sum(max(0.0, min(event.end, b) - max(event.start, a))
+                               for a, b in fresh)
+        self.run_compute(overlap * (1 - 1 / self.overlap_slowdown), "(slowed by communication)")
+
+    def _mark_busy(self, start, end):
+        """Add ``[start, end)`` to the busy spans; return its parts that were not busy."""
+        starts, ends = self._busy_starts, self._busy_ends
+        i = j = bisect.bisect_right(ends, start)
+        fresh, t = [], start
+        while j < len(starts) and starts[j] < end:
+            if starts[j] > t:
+                fresh.append((t, starts[j]))
+            t = max(t, ends[j])
+            j += 1
+        if t < end:
+            fresh.append((t, end))
+        starts[i:j] = [min([start] + starts[i:j])]
+        ends[i:j] = [max([end] + ends[i:j])]
+        return fresh
+
+    def wait_until(self, t, label):
+        """The compute stream waits (idle) until simulated time ``t``."""
+        if t > self.now:
+            self.events.append(ClockEvent("idle", self.now, t, label))
+            self.idle += t - self.now
+            self.now = t
+
+    def ready_when_read(self, key, t):
+        """Storage ``key`` is written by communication until ``t``: the compute stream
+        waits for that only when an op reads it (as a CUDA stream waits on an event)."""
+        self._ready_at[key] = t
+
+    @property
+    def has_pending_reads(self):
+        """True while some storage is marked by :meth:`ready_when_read` and not yet read."""
+        return bool(self._ready_at)
+
+    def wait_for_read(self, key):
+        """An op reads storage ``key``: wait until communication has finished writing it."""
+        ready = self._ready_at.pop(key, None)
+        if ready is not None:
+            self.wait_until(ready, "wait for communication")
+
+    @property
+    def end(self):
+        """When this rank's last work, compute or communication, finished."""
+        return max(self.now, self.comm_free)

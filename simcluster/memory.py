@@ -1,0 +1,111 @@
+"""Simulated device memory: bytes in use on each rank's device, by category.
+
+Accounting (:mod:`simcluster.accounting`) tells a rank's :class:`MemoryAccount` about
+every storage torch creates, resizes or frees, and what it is for; the account keeps the
+total, the peak, a history over simulated time, and raises
+:class:`~simcluster.OutOfMemoryError` beyond the device's capacity.
+"""
+
+import weakref
+
+from .errors import OutOfMemoryError
+
+CATEGORIES = ("parameters", "gradients", "optimizer state", "activations",
+              "communication buffers", "other")
+
+
+class MemoryAccount:
+    """Bytes in use on one simulated device, by category, with peak and history.
+
+    Attributes:
+        capacity: the device's memory in bytes.
+        in_use: ``{category: bytes}`` held now.
+        total: bytes held now.
+        peak, peak_by_category: the largest total so far, and ``in_use`` at that moment.
+        history: ``[(simulated time, total bytes)]``, one entry per time the total changed.
+    """
+
+    def __init__(self, rank, device, clock):
+        self.rank, self.device, self.clock = rank, device, clock
+        self.capacity = device.memory
+        self.in_use = dict.fromkeys(CATEGORIES, 0)
+        self.total = 0
+        self.peak = 0
+        self.peak_by_category = dict(self.in_use)
+        self.history = [(0.0, 0)]
+        self._live = {}          # storage key -> [nbytes, category, weak reference]
+        self._closed = False     # the rank has finished: the record is final
+
+    def holds(self, key):
+        """True if storage ``key`` is counted now."""
+        return key in self._live
+
+    def category_of(self, key):
+        """The category storage ``key`` is counted in, or None if it is not counted."""
+        entry = self._live.get(key)
+        return None if entry is None else entry[1]
+
+    def reset_peak(self):
+        """Make the current total the peak, as torch.cuda.reset_peak_memory_stats does."""
+        self.peak = self.total
+        self.peak_by_category = dict(self.in_use)
+
+    def close(self):
+        """Freeze the record: storages freed after the rank returned change nothing."""
+        self._closed = True
+
+    def allocate(self, key, nbytes, category, storage):
+        """Count a new storage; raise :class:`OutOfMemoryError` beyond capacity.
+
+        It is forgotten when torch frees ``storage``.
+        """
+        if key in self._live or nbytes == 0:
+            return
+        if self.total + nbytes > self.capacity:
+            raise OutOfMemoryError(self.rank, self.device, nbytes, self.total,
+                                   dict(self.in_use), category)
+        # A weak reference whose callback runs when torch frees the storage.
+        self._live[key] = [nbytes, category,
+                           weakref.ref(storage, lambda _, k=key: self.free(k))]
+        self._change(category, nbytes)
+
+    def free(self, key):
+        """Forget storage ``key`` (torch freed it)."""
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            self._change(entry[1], -entry[0])
+
+    def retag(self, key, category):
+        """Move a live storage to ``category`` (e.g. once we learn it is a parameter)."""
+        entry = self._live.get(key)
+        if entry is not None and entry[1] != category and not self._closed:
+            self.in_use[entry[1]] -= entry[0]
+            self.in_use[category] += entry[0]
+            entry[1] = category
+
+    def resize(self, key, nbytes, storage):
+        """A storage was resized in place (FSDP2 frees and refills parameters this way)."""
+        entry = self._live.get(key)
+        if entry is None:
+            self.allocate(key, nbytes, "other", storage)
+            return
+        grow = nbytes - entry[0]
+        if grow > 0 and self.total + grow > self.capacity:
+            raise OutOfMemoryError(self.rank, self.device, grow, self.total,
+                                   dict(self.in_use), entry[1])
+        entry[0] = nbytes
+        self._change(entry[1], grow)
+
+    def _change(self, category, delta):
+        if self._closed:
+            return
+        self.in_use[category] += delta
+        self.total += delta
+        if self.total > self.peak:
+            self.peak = self.total
+            self.peak_by_category = dict(self.in_use)
+        t = self.clock.now
+        if self.history[-1][0] == t:
+            self.history[-1] = (t, self.total)
+        else:
+            self.history.append((t, self.total))
