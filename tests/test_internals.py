@@ -109,7 +109,7 @@ def test_run_collectives_are_named_records():
     assert (first.op, first.ranks, first.nbytes) == ("all_reduce", (0, 1, 2, 3), 4096)
     assert (second.op, second.nbytes) == ("broadcast", 4096)
     assert first.algorithm in sc.costmodel.ALGORITHMS["all_reduce"]
-    assert first.protocol is None
+    assert first.protocol in sc.costmodel.PROTOCOLS   # NCCL's algorithms carry a protocol
     assert 0 < first.start < first.end <= second.start < second.end
     assert first.duration == first.end - first.start
     with pytest.raises(dataclasses.FrozenInstanceError):
