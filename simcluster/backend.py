@@ -303,6 +303,9 @@ class SimWorld:
         if returned and kinds <= {"send", "recv"}:
             return (f"{_ranks_named(returned)} returned while others still wait to exchange "
                     "messages with it: every send needs a matching recv on the other side.")
+        tags = self._tag_mismatch()
+        if tags and kinds <= {"send", "recv"}:
+            return tags
         if kinds == {"recv"}:
             return ("every waiting rank is receiving and nobody is sending: make one side "
                     "send first, or use isend/irecv.")
@@ -313,6 +316,20 @@ class SimWorld:
                     "and odd ranks receive first.")
         return ("the ranks are waiting for each other in different places: compare the "
                 "operations above, and make every rank reach them in the same order.")
+
+
+    def _tag_mismatch(self):
+        """A hint for a send and a receive between the same ranks that differ only in tag."""
+        for (src, dst, send_tag), sends in self.sends.items():
+            receives = [tag for (s, d, tag), posted in self.recvs.items()
+                        if posted and (s, d) == (src, dst) and tag != send_tag]
+            receives += [tag for (d, tag), posted in self.any_recvs.items()
+                         if posted and d == dst and tag != send_tag]
+            if sends and receives:
+                return (f"rank {src} sends to rank {dst} with tag {send_tag}, but rank {dst} "
+                        f"receives with tag {receives[0]}: a message goes to the receive "
+                        "with the same source and tag, so give both sides the same tag.")
+        return None
 
 
 class SimProcessGroup(dist.ProcessGroup):

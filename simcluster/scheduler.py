@@ -232,6 +232,7 @@ class RankScheduler:
         """
         if self._abandoned and self.rank is not None:
             if self.rank in self._told_to_unwind:
+                threading.current_thread().name = f"abandoned-sim-rank-{self.rank}"
                 threading.Event().wait()
             self._told_to_unwind.add(self.rank)
             raise Abort()
@@ -379,7 +380,8 @@ class RankScheduler:
         self._record(error, refines)
         self.aborting = True
         self._abandoned = True
-        _withdraw_stop(self._threads[rank])
+        self._interrupt(rank)
+        _stop_when_it_wakes(self._threads[rank])
         _silence(self._threads[rank])
         # The other ranks wait for a baton that will never come: let them unwind. Give
         # them (and the stuck rank, if one of them held what it waits for) a moment to
@@ -615,16 +617,17 @@ class _Consumed(BaseException):
     """Raised in a throwaway thread to reset CPython's pending-stop flag."""
 
 
-def _withdraw_stop(thread):
-    """Take back a stop that ``thread`` (stuck in C code) will never raise.
+def _stop_when_it_wakes(thread):
+    """Leave a stop pending on ``thread`` (stuck in C code): it raises it as it wakes up.
 
-    CPython 3.11 checks, on every instruction of every thread, for a pending asynchronous
-    exception until some thread raises one. A stop that the stuck thread never raises
-    would slow the whole kernel down for good, so withdraw it and let a throwaway thread
-    raise one in its place, which resets the flag.
+    A thread that returns from a blocking call checks for a pending asynchronous exception
+    as it takes the GIL back, so an abandoned rank unwinds right there and runs at most
+    the one call it was blocked in. But until some thread raises one, CPython 3.11 checks
+    for a pending exception on every instruction of every thread, which would slow the
+    whole kernel down for as long as the thread stays stuck: let a throwaway thread raise
+    one, which resets that flag and leaves ``thread``'s own stop in place.
     """
     set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-    set_async_exc(ctypes.c_ulong(thread.ident), None)
 
     def wait_for_it():
         try:

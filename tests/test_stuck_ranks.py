@@ -16,8 +16,8 @@ _HELD = threading.Lock()   # held by the test: a rank that takes it blocks in C
 
 def _deadlock_on_a_python_lock():
     if torch.distributed.get_rank() == 0:
-        _HELD.acquire()  # blocks in C: no Python exception can be delivered here
-        _HELD.release()
+        with _HELD:  # blocks in C: no Python exception can be delivered here
+            pass
     torch.distributed.barrier()
 
 
