@@ -50,7 +50,7 @@ _CHECK_INTERVAL_S = 0.05
 
 # Once a run is failing, how long the other ranks get to unwind on their own before they
 # are interrupted (a rank that catches BaseException in a loop never unwinds).
-_ABORT_GRACE_S = 1.0
+_ABORT_GRACE_S = 3.0
 
 # A rank that polls ``work.is_completed()`` while no other rank can run is waiting for
 # something that will never happen, unless its loop itself unblocks another rank. After
@@ -209,9 +209,11 @@ class RankScheduler:
         rank can run are counted; after :data:`IDLE_POLL_LIMIT` of them in a row the poll
         waits, so that an operation that can never complete is reported as a deadlock.
         """
-        self._check_not_stopped()
         rank = self.rank
-        if rank is None or ready():
+        if rank is None:   # a thread that is not a rank (DDP's C++ side) only looks
+            return ready()
+        self._check_not_stopped()
+        if ready():
             return True
         if self._next_runnable(rank) != rank:
             self._idle_polls = 0
@@ -298,7 +300,8 @@ class RankScheduler:
             self._watch()
         except KeyboardInterrupt:
             self._record(SimulationError("interrupted by the user"))
-            self._stop(self.current)
+            if not self._abandoned:   # (a Ctrl-C during a stop has abandoned the run)
+                self._stop(self.current)
             raise
         if not self._abandoned:
             for thread in self._threads:
@@ -384,14 +387,16 @@ class RankScheduler:
         _stop_when_it_wakes(self._threads[rank])
         _silence(self._threads[rank])
         # The other ranks wait for a baton that will never come: let them unwind. Give
-        # them (and the stuck rank, if one of them held what it waits for) a moment to
-        # finish, so that they run no code after the notebook has moved on.
+        # them a moment to finish, so that they run no code after the notebook has moved
+        # on; so does the stuck rank, if one of them held the lock it waits for.
+        others = [t for other, t in enumerate(self._threads) if other != rank]
         for other, go in enumerate(self._go):
             if other != rank:
                 go.set()
         deadline = time.monotonic() + _ABORT_GRACE_S
-        for thread in self._threads:
+        for thread in others:
             thread.join(max(0.0, deadline - time.monotonic()))
+        self._threads[rank].join(0.1)
         for thread in self._threads:
             if thread.is_alive():
                 _silence(thread)
