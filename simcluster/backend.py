@@ -317,7 +317,6 @@ class SimWorld:
         return ("the ranks are waiting for each other in different places: compare the "
                 "operations above, and make every rank reach them in the same order.")
 
-
     def _tag_mismatch(self):
         """A hint for a send and a receive between the same ranks that differ only in tag."""
         for (src, dst, send_tag), sends in self.sends.items():
