@@ -18,12 +18,15 @@ Why threads that take turns, instead of threads that run freely?
   never put in its place.
 """
 
+import ast
 import ctypes
+import functools
 import inspect
 import linecache
 import random
 import re
 import sys
+import textwrap
 import threading
 import time
 
@@ -548,13 +551,49 @@ def _stuck_where(rank, threads):
                 "time.sleep?), and while a rank waits there no other rank can run: wait "
                 "with torch.distributed operations instead.")
     name, obj = lock
-    owner = re.search(r"owner=(\d+)", repr(obj))   # an RLock knows its owner
-    holders = [r for r, t in enumerate(threads) if owner and t.ident == int(owner[1])]
-    holder = f"rank {holders[0]} holds" if holders else "is held (by another rank?)"
+    holder = _holder_of(name, obj, rank, threads)
+    holder = f"rank {holder} holds" if holder is not None else "is held (by another rank?)"
     return (f"{where} It is blocked on the lock `{name}`, which {holder}. Every rank is a "
             "thread of one Python process, so a lock created at module level is shared "
             "by all ranks (under torchrun each process has its own): create the lock "
             "inside the rank's function, or do not hold it across torch.distributed calls.")
+
+
+def _holder_of(name, lock, stuck, threads):
+    """The rank that holds ``lock``, as far as can be told, or None.
+
+    An RLock knows its owner. For a plain Lock, look for a rank (other than ``stuck``)
+    whose code is inside a ``with <name>:`` block.
+    """
+    owner = re.search(r"owner=(\d+)", repr(lock))
+    frames = sys._current_frames()
+    for rank, thread in enumerate(threads):
+        if owner:
+            if thread.ident == int(owner[1]):
+                return rank
+            continue
+        frame = frames.get(thread.ident) if rank != stuck else None
+        while frame is not None:
+            if frame.f_lineno in _lines_inside_with(frame.f_code, name):
+                return rank
+            frame = frame.f_back
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _lines_inside_with(code, name):
+    """The line numbers of ``code`` inside the body of a ``with <name>:`` statement."""
+    try:
+        lines, first = inspect.getsourcelines(code)
+        first = max(first, 1)   # a module's code starts at line 0
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return frozenset()
+    return frozenset(
+        line + first - 1
+        for node in ast.walk(tree) if isinstance(node, ast.With)
+        and any(ast.unparse(item.context_expr) == name for item in node.items)
+        for line in range(node.body[0].lineno, node.end_lineno + 1))
 
 
 def _locked_lock_on(line, frame):

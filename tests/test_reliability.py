@@ -90,7 +90,7 @@ def test_a_lock_held_across_a_collective_ends_the_run_with_a_diagnosis(cluster, 
     message = str(err)
     assert message.startswith("rank 1 made no progress for 1 s")
     assert "test_reliability.py" in message and "`with LOCK:`" in message
-    assert "blocked on the lock `LOCK`" in message
+    assert "blocked on the lock `LOCK`, which rank 0 holds" in message
     assert not LOCK.locked()   # rank 0 unwound and let go of it
     assert cluster.run(lambda: 7, world_size=2).results == [7, 7]
 
