@@ -151,7 +151,8 @@ READY, BLOCKED, DONE = "ready", "blocked", "done"
 class RankScheduler:
     """Runs ``target(rank)`` for every rank, one rank at a time, deterministically.
 
-    Ranks call :meth:`wait_until` whenever they must wait; everything else is internal.
+    Ranks call :meth:`wait_until` whenever they must wait, and :meth:`poll` when they
+    check on something without waiting for it; everything else is internal.
     ``on_deadlock()`` is called (on a rank's thread) when no rank can make progress and
     must return the :class:`SimulationError` to raise from :meth:`run`.
     """
