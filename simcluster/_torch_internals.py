@@ -112,10 +112,21 @@ class _ThreadLocalWorld:
     """
 
     _local = threading.local()
+    outside = None   # during a run: the thread that started it (the notebook's)
 
     @staticmethod
     def _current():
-        return getattr(_ThreadLocalWorld._local, "world", _original_world)
+        world = getattr(_ThreadLocalWorld._local, "world", None)
+        if world is not None:
+            return world
+        if _ThreadLocalWorld.outside not in (None, threading.get_ident()):
+            raise RuntimeError(
+                "torch.distributed was used from a thread that is not a rank (a thread a "
+                "rank started?). Every simulated rank is a thread with process groups of "
+                "its own, which other threads cannot see: call dist.get_rank() and the "
+                "collectives on the rank's own thread, and pass what a helper thread "
+                "needs (the rank, tensors) to it as arguments.")
+        return _original_world
 
     def __getattr__(self, name):
         return getattr(self._current(), name)
@@ -159,6 +170,7 @@ def install(on_storage_resize, on_parameter, on_init_process_group):
 
             fsdp_param.unsafe_setattr_param = unsafe_setattr_param
             c10d._world = _ThreadLocalWorld()
+            _ThreadLocalWorld.outside = threading.get_ident()
             torch._C._distributed_c10d._set_thread_isolation_mode(True)
 
             def resize_(storage, nbytes):
@@ -178,6 +190,7 @@ def uninstall():
         _installed -= 1
         if _installed == 0:
             c10d._world = _original_world
+            _ThreadLocalWorld.outside = None
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
             torch.UntypedStorage.resize_ = _original_storage_resize
             _fsdp_param_module().unsafe_setattr_param = _original_setattr_param

@@ -142,7 +142,10 @@ class SimWork(WorkBase):
             self._clock.ready_when_read(accounting.storage_key(t), self._pending.end)
 
     def is_completed(self):
-        return self._pending.done
+        """Whether the operation has completed. A scheduling point: a rank that polls
+        (``while not work.is_completed(): ...``) lets the other ranks run, so that they
+        can complete it."""
+        return self._world.scheduler.poll(lambda: self._pending.done, self._what)
 
     def is_success(self):
         return self._pending.done
@@ -179,6 +182,12 @@ class SimWorld:
         self.world_size = world_size
         self.store = dist.HashStore()  # torch wants one; the sim backend never uses it
         self.groups = {}
+        # Group creation, matched like a collective: for each group torch names by its
+        # counter, the first rank's ranks, and who has created it; per rank, how often it
+        # created each group named by a hash of its ranks.
+        self.creations = {}
+        self.created = defaultdict(set)
+        self.hashed_names = [defaultdict(int) for _ in range(world_size)]
         self.sends = defaultdict(deque)      # (src, dst, tag) -> posted sends
         self.recvs = defaultdict(deque)      # (src, dst, tag) -> posted receives
         self.any_recvs = defaultdict(deque)  # (dst, tag) -> receives from any source
@@ -200,13 +209,56 @@ class SimWorld:
         clock = self.clock(rank)
         return max(clock.now, clock.comm_free) if clock else 0.0
 
-    def group(self, name, ranks):
-        """The shared state of group ``name``, created by the first rank that asks."""
-        if name not in self.groups:
+    def group(self, name, ranks, key=None):
+        """The shared state of group ``name``, created by the first rank that asks.
+
+        ``key`` tells apart groups that torch gave the same name (default: ``name``).
+        """
+        key = name if key is None else key
+        if key not in self.groups:
             is_default = not ranks
-            self.groups[name] = _GroupState(name, ranks or list(range(self.world_size)),
-                                            is_default)
-        return self.groups[name]
+            self.groups[key] = _GroupState(name, ranks or list(range(self.world_size)),
+                                           is_default)
+        return self.groups[key]
+
+    def create_group(self, rank, name, ranks):
+        """Join the creation of group ``name`` of global ``ranks`` as ``rank``.
+
+        Checked like a collective. Torch names a group by a counter that each rank keeps
+        for itself, so every rank of the world must create every group, in the same order
+        and with the same ranks, members or not: a rank that skips one names its next
+        group like the others' skipped one, and would end up in the wrong group. Groups
+        created with ``use_local_synchronization=True`` are named by a hash of their ranks
+        instead (40 hex digits; all decimal by chance about once in 10^8) and created by
+        their members only. Members wait for each other, as in gloo's rendezvous.
+
+        Returns the group's shared state, or None when ``rank`` is not a member.
+        """
+        counted = name.isdigit()
+        if counted:
+            key = name
+            first_rank, first_ranks = self.creations.setdefault(name, (rank, ranks))
+            if first_ranks != ranks:
+                self.scheduler.fail(CollectiveMismatchError(
+                    "rank list", {first_rank: first_ranks, rank: ranks}, int(name), "WORLD",
+                    "new_group",
+                    "torch numbers groups with a counter on each rank, so every rank must "
+                    "call dist.new_group for every group, in the same order and with the "
+                    "same ranks, also the ranks that are not members of it (or create the "
+                    "group on its members only, with use_local_synchronization=True)."))
+        else:
+            self.hashed_names[rank][name] += 1
+            key = (name, self.hashed_names[rank][name])
+        self.created[key].add(rank)
+        if rank not in ranks:
+            return None
+        missing = lambda: [r for r in ranks if r not in self.created[key]]  # noqa: E731
+        label = f"new_group #{name}" if counted else "new_group"
+        what = _Wait("new_group", _LazyText(
+            lambda: f"waiting in {label} (ranks {_rank_list(ranks)}): "
+                    f"{_ranks_phrase(missing())} not called it yet"))
+        self.scheduler.wait_until(lambda: not missing(), what)
+        return self.group(name, ranks, key)
 
     # ----------------------------------------------------------------- deadlocks
     def explain_deadlock(self):
@@ -248,12 +300,18 @@ class SimWorld:
     def _deadlock_hint(self, pending, waits):
         kinds = {w.kind for w in waits.values() if w is not None}
         returned = [r for r, p in pending.items() if p == "returned from its function"]
+        if "new_group" in kinds:
+            return ("the members of a group wait for each other in dist.new_group: every "
+                    "rank must create every group, in the same order, with the same ranks.")
         if returned and "collective" in kinds:
             return (f"{_ranks_named(returned)} returned while others wait in a "
                     "collective: every rank of a group must call each of its collectives.")
         if returned and kinds <= {"send", "recv"}:
             return (f"{_ranks_named(returned)} returned while others still wait to exchange "
                     "messages with it: every send needs a matching recv on the other side.")
+        tags = self._tag_mismatch()
+        if tags and kinds <= {"send", "recv"}:
+            return tags
         if kinds == {"recv"}:
             return ("every waiting rank is receiving and nobody is sending: make one side "
                     "send first, or use isend/irecv.")
@@ -264,6 +322,19 @@ class SimWorld:
                     "and odd ranks receive first.")
         return ("the ranks are waiting for each other in different places: compare the "
                 "operations above, and make every rank reach them in the same order.")
+
+    def _tag_mismatch(self):
+        """A hint for a send and a receive between the same ranks that differ only in tag."""
+        for (src, dst, send_tag), sends in self.sends.items():
+            receives = [tag for (s, d, tag), posted in self.recvs.items()
+                        if posted and (s, d) == (src, dst) and tag != send_tag]
+            receives += [tag for (d, tag), posted in self.any_recvs.items()
+                         if posted and d == dst and tag != send_tag]
+            if sends and receives:
+                return (f"rank {src} sends to rank {dst} with tag {send_tag}, but rank {dst} "
+                        f"receives with tag {receives[0]}: a message goes to the receive "
+                        "with the same source and tag, so give both sides the same tag.")
+        return None
 
 
 class SimProcessGroup(dist.ProcessGroup):
@@ -276,6 +347,20 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self):
         return "sim"
+
+    def new_group(self, ranks, timeout=None, pg_options=None, group_name=None,
+                  group_desc=None):
+        """Create a sub-group; torch's ``dist.new_group`` asks the default group for it.
+
+        Every rank that calls ``dist.new_group`` gets here (see
+        :meth:`SimWorld.create_group` for how creations are matched). Returns None on a
+        rank that is not a member, as torch expects.
+        """
+        ranks = list(ranks)
+        state = self._world.create_group(self._global_rank, group_name, ranks)
+        if state is None:
+            return None
+        return SimProcessGroup(self._world, state, ranks.index(self._global_rank))
 
     @property
     def group_name(self):

@@ -9,12 +9,14 @@ backend, so ordinary ``torch.distributed`` code runs unchanged.
 """
 
 import sys
+import threading
 
 import torch.distributed as dist
 
 from . import _torch_internals, backend, spec, validation
 from . import accounting as _accounting
 from .costmodel import CostModel
+from .errors import SimulationError
 from .report import Run
 from .scheduler import RankScheduler
 
@@ -74,6 +76,9 @@ class Cluster:
                 rank must not share).
             timeout: wall-clock seconds after which a rank that is still running
                 (an infinite loop) is stopped with :class:`~simcluster.SimulationTimeout`.
+                Without one, a run is stopped only when it makes no progress for
+                :data:`simcluster.scheduler.STALL_LIMIT_S` (a rank blocked on a lock that
+                another rank holds); a rank that computes is never stopped.
             accounting: charge simulated time and memory (turn off for raw speed).
             algorithms: force collective algorithms, e.g. ``{"all_reduce": "ring"}``
                 (see :data:`simcluster.costmodel.ALGORITHMS`); default: the fastest of
@@ -86,9 +91,23 @@ class Cluster:
         Raises:
             RankError: ``fn`` raised on some rank.
             DeadlockError, CollectiveMismatchError: the ranks' communication does not fit.
+            SimulationTimeout: the run timed out or stopped making progress.
+            SimulationError: another run is active (one run at a time per process, and
+                not from inside a rank).
         """
         world_size = validation.run_arguments(self, fn, world_size, args, kwargs, timeout,
                                               speed_factor, link_factor)
+        if not _one_run_at_a_time.acquire(blocking=False):
+            raise SimulationError(_second_run_refused())
+        try:
+            return self._run(fn, world_size, args, kwargs, timeout, accounting, algorithms,
+                             speed_factor, link_factor)
+        finally:
+            _one_run_at_a_time.release()
+
+    def _run(self, fn, world_size, args, kwargs, timeout, accounting, algorithms,
+             speed_factor, link_factor):
+        """:meth:`run`, once its arguments are checked and no other run is active."""
         kwargs = dict(kwargs or {})
         results = [None] * world_size
         cost = CostModel(self.spec, algorithms)
@@ -131,6 +150,23 @@ class Cluster:
             _torch_internals.uninstall()
             sys.excepthook = excepthook
         return Run(self, world_size, results, world)
+
+
+# The ranks of a run share process-wide state with the process (torch.distributed's hooks,
+# the random generators they take turns with), so one run is active at a time.
+_one_run_at_a_time = threading.Lock()
+
+
+def _second_run_refused():
+    """Why ``cluster.run`` cannot start now: the message of the error it raises."""
+    if backend.current_world() is not None:
+        return ("cluster.run was called inside a rank of a running simulation; a run "
+                "cannot start another one. The rank's function already runs on every "
+                "rank: call the inner function directly, or run it after this run returns.")
+    return ("another cluster.run is still running in this process (started from another "
+            "thread); simcluster runs one simulation at a time, because the ranks of a run "
+            "take turns with the process's random state and torch.distributed hooks. "
+            "Wait for it to return, then run again.")
 
 
 def _learner_init_process_group(backend_name, kwargs):

@@ -10,11 +10,23 @@ Why threads that take turns, instead of threads that run freely?
   when a rank hands over the baton and restored when it gets it back.
 * **Never hang.** The scheduler always knows which ranks are waiting and for what. When
   no rank can make progress it raises :class:`~simcluster.DeadlockError` at once, instead
-  of hanging the kernel the way a real cluster would.
+  of hanging the kernel the way a real cluster would. A rank blocked where the scheduler
+  cannot see it (a ``threading.Lock`` that another rank holds, a socket) is found by a
+  watchdog: see :data:`STALL_LIMIT_S`.
+* **The first failure wins.** Once a rank has failed, what happens while the others are
+  being stopped (a timeout, a rank that will not stop) is added to that error as a note,
+  never put in its place.
 """
 
+import ast
 import ctypes
+import functools
+import inspect
+import linecache
 import random
+import re
+import sys
+import textwrap
 import threading
 import time
 
@@ -28,6 +40,25 @@ from .errors import RankError, SimulationError, SimulationTimeout
 # a program that never calls manual_seed gives the same results every run.
 TORCH_DEFAULT_SEED = 67280421310721
 PY_DEFAULT_SEED = 0
+
+# A run whose ranks make no progress at all for this long is stopped, also without a
+# timeout. Progress is measured, not total run time: the rank holding the baton either
+# reaches a scheduling point or uses CPU time. A rank that computes for minutes inside one
+# op keeps using CPU, so it is never stopped; only a rank blocked outside the simulator
+# (a lock another rank holds, time.sleep, a socket) lets the limit run out.
+STALL_LIMIT_S = 30.0
+
+# How often the notebook's thread checks on a run (the timeout, the stall watchdog).
+_CHECK_INTERVAL_S = 0.05
+
+# Once a run is failing, how long the other ranks get to unwind on their own before they
+# are interrupted (a rank that catches BaseException in a loop never unwinds).
+_ABORT_GRACE_S = 3.0
+
+# A rank that polls ``work.is_completed()`` while no other rank can run is waiting for
+# something that will never happen, unless its loop itself unblocks another rank. After
+# this many such polls in a row, the poll becomes a wait, so a deadlock is reported.
+IDLE_POLL_LIMIT = 1000
 
 
 class Abort(BaseException):
@@ -102,7 +133,8 @@ READY, BLOCKED, DONE = "ready", "blocked", "done"
 class RankScheduler:
     """Runs ``target(rank)`` for every rank, one rank at a time, deterministically.
 
-    Ranks call :meth:`wait_until` whenever they must wait; everything else is internal.
+    Ranks call :meth:`wait_until` whenever they must wait, and :meth:`poll` when they
+    check on something without waiting for it; everything else is internal.
     ``on_deadlock()`` is called (on a rank's thread) when no rank can make progress and
     must return the :class:`SimulationError` to raise from :meth:`run`.
     """
@@ -123,6 +155,11 @@ class RankScheduler:
         self.failure = None
         self.aborting = False
         self._abandoned = False  # a rank stuck in C code was left behind
+        self._own_timeout = None  # the SimulationTimeout this scheduler reported, if any
+        self._told_to_unwind = set()  # ranks of an abandoned run that got their Abort
+        self._idle_polls = 0
+        self._switches = 0  # scheduling points so far: the watchdog's measure of progress
+        self._cpu_clocks = [None] * world_size  # each rank thread's CPU-time clock
         self._in_learner_code = [False] * world_size  # may a stop be raised in it now?
         self._stop_lock = threading.Lock()
 
@@ -141,18 +178,62 @@ class RankScheduler:
 
     def wait_until(self, ready, what):
         """Let other ranks run until ``ready()`` is true. ``what`` describes the wait."""
-        if self.aborting:
-            raise Abort()
+        self._check_not_stopped()
         if ready():
             return
         rank = self.rank
         self._state[rank] = BLOCKED
         self._ready_when[rank] = ready
         self._waiting_for[rank] = what
+        self._switch(rank)
+
+    def poll(self, ready, what):
+        """Return ``ready()``, letting the other ranks run first if it is false.
+
+        A rank that polls (``while not work.is_completed(): ...``) would otherwise keep
+        the baton forever and the ranks it waits for would never run. Polls while no other
+        rank can run are counted; after :data:`IDLE_POLL_LIMIT` of them in a row the poll
+        waits, so that an operation that can never complete is reported as a deadlock.
+        """
+        rank = self.rank
+        if rank is None:   # a thread that is not a rank (DDP's C++ side) only looks
+            return ready()
+        self._check_not_stopped()
+        if ready():
+            return True
+        if self._next_runnable(rank) != rank:
+            self._idle_polls = 0
+            self._switch(rank)   # stays READY: it runs again after the others had a turn
+        else:
+            self._idle_polls += 1
+            if self._idle_polls > IDLE_POLL_LIMIT:
+                self._idle_polls = 0
+                self.wait_until(ready, what)
+        return ready()
+
+    def _check_not_stopped(self):
+        """Raise Abort in a rank that calls the scheduler while its run is being stopped.
+
+        A rank of a run that is over (abandoned) and comes back anyway has caught the
+        Abort that was meant to unwind it (``except BaseException`` in a loop): park it
+        for good, so that it can no longer print or draw random numbers into later runs.
+        """
+        if self._abandoned and self.rank is not None:
+            if self.rank in self._told_to_unwind:
+                threading.current_thread().name = f"abandoned-sim-rank-{self.rank}"
+                threading.Event().wait()
+            self._told_to_unwind.add(self.rank)
+            raise Abort()
+        if self.aborting:
+            raise Abort()
+
+    def _switch(self, rank):
+        """Hand the baton on and wait until ``rank`` gets it back."""
         self._hand_over(rank)
         self._go[rank].wait()
         self._go[rank].clear()
         if self._abandoned:   # the run ended without us: unwind, touching nothing shared
+            self._told_to_unwind.add(rank)
             raise Abort()
         self._take_over(rank)
         if self.aborting:
@@ -160,14 +241,27 @@ class RankScheduler:
 
     def fail(self, error):
         """Stop the run with ``error`` (raised from :meth:`run`); unwinds the calling rank."""
-        if self.failure is None:
-            self.failure = error
+        self._record(error)
         self.aborting = True
         raise Abort()
+
+    def _record(self, error, refines=False):
+        """Make ``error`` the run's failure, or a note on the failure that came first.
+
+        ``refines``: ``error`` is a better diagnosis of a timeout this scheduler reported
+        itself (a rank that did not stop turned out to be blocked outside the simulator),
+        so it takes that timeout's place.
+        """
+        first = self.failure
+        if first is None or (refines and first is self._own_timeout):
+            self.failure = error
+        elif error is not first:
+            first.add_note(f"Later, while the run was being stopped: {error}")
 
     # ------------------------------------------------------------------ for the run
     def run(self, target):
         """Run ``target(rank)`` on every rank; raise the run's failure, if any."""
+        _unsilence_if_done()
         live_numpy = [None]
         self._process = [_ProcessState(live_numpy) for _ in range(self.world_size)]
         notebook_state = _ProcessState.capture()
@@ -189,20 +283,53 @@ class RankScheduler:
 
     def _wait_for_ranks(self):
         try:
-            if not self._finished.wait(self.timeout):
-                stuck = self.current
-                self.failure = SimulationTimeout(
-                    f"rank {stuck} was still running after {self.timeout} s of wall-clock "
-                    f"time, so the run was stopped. Is there an infinite loop, or a "
-                    f"loop that waits for something no other rank will do?")
-                self._stop(stuck)
+            self._watch()
         except KeyboardInterrupt:
-            self.failure = self.failure or SimulationError("interrupted by the user")
-            self._stop(self.current)
+            self._record(SimulationError("interrupted by the user"))
+            if not self._abandoned:   # (a Ctrl-C during a stop has abandoned the run)
+                self._stop(self.current)
             raise
         if not self._abandoned:
             for thread in self._threads:
                 thread.join()
+
+    def _watch(self):
+        """Wait for the ranks; stop them on a timeout, a stall, or a failure they ignore."""
+        start = time.monotonic()
+        progress, progress_at = self._progress(), start
+        aborting_since = None
+        while not self._finished.wait(_CHECK_INTERVAL_S):
+            now = time.monotonic()
+            if self.aborting:   # a failure, but some rank does not unwind
+                aborting_since = aborting_since or now
+                if now - aborting_since > _ABORT_GRACE_S:
+                    self._stop(self.current)
+                    return
+            if self.timeout is not None and now - start >= self.timeout:
+                stuck = self.current
+                self._own_timeout = SimulationTimeout(
+                    f"rank {stuck} was still running after {self.timeout:g} s of "
+                    "wall-clock time (the run's timeout), so the run was stopped. Is there "
+                    "an infinite loop, or a loop that waits for something no other rank "
+                    "will do?")
+                self._record(self._own_timeout)
+                self._stop(stuck)
+                return
+            if self._progress() != progress:
+                progress, progress_at = self._progress(), now
+            elif now - progress_at >= STALL_LIMIT_S:
+                stuck = self.current
+                self._abandon(stuck, SimulationTimeout(
+                    f"rank {stuck} made no progress for {STALL_LIMIT_S:g} s: it reached "
+                    "no scheduling point and used no CPU time, so the run was stopped. "
+                    f"{_stuck_where(stuck, self._threads)}"))
+                return
+
+    def _progress(self):
+        """What changes while a run makes progress: scheduling points, and CPU time used
+        by the rank holding the baton."""
+        clock = self._cpu_clocks[self.current]
+        return self._switches, _cpu_time(clock)
 
     def _stop(self, rank, patience=5.0):
         """Raise Abort inside ``rank``'s function until the run unwinds.
@@ -211,27 +338,54 @@ class RankScheduler:
         the stop is re-delivered every 10 ms, because Python drops an asynchronous
         exception that lands inside a finalizer. A rank blocked inside C code (an
         ordinary ``threading.Lock``, a socket) never sees it: after ``patience`` seconds
-        its thread is abandoned, so that at least the notebook goes on.
+        its thread is abandoned, so that at least the notebook goes on. So is a rank that
+        goes on after being stopped (it catches BaseException), and, at once, every rank
+        when the user interrupts the stop too (a second Ctrl-C).
         """
         self.aborting = True
         deadline = time.monotonic() + patience
-        while True:
-            self._interrupt(rank)
-            if self._finished.wait(0.01):
-                return
-            if time.monotonic() > deadline:
-                self._abandoned = True
-                _withdraw_stop(self._threads[rank])
-                # Let the other ranks' threads unwind (they wait for a baton that will
-                # never come), so that they do not keep their models alive.
-                for other, go in enumerate(self._go):
-                    if other != rank:
-                        go.set()
-                self.failure = SimulationTimeout(
-                    f"rank {rank} is blocked outside the simulator (a threading.Lock, a "
-                    "queue, a socket?) and cannot be stopped; its thread was abandoned. "
-                    "Wait with torch.distributed operations instead.")
-                return
+        cpu_before = _cpu_time(self._cpu_clocks[rank])
+        try:
+            while True:
+                self._interrupt(rank)
+                if self._finished.wait(0.01):
+                    return
+                if time.monotonic() > deadline:
+                    break
+        except KeyboardInterrupt:
+            self._abandon(rank, SimulationError("interrupted by the user"))
+            raise
+        if _cpu_time(self._cpu_clocks[rank]) == cpu_before:
+            why = (f"rank {rank} is blocked outside the simulator and cannot be stopped; "
+                   f"its thread was abandoned. {_stuck_where(rank, self._threads)}")
+        else:
+            why = (f"rank {rank} went on running after it was told to stop (does it catch "
+                   "BaseException in a loop?); its thread was abandoned.")
+        self._abandon(rank, SimulationTimeout(why), refines=True)
+
+    def _abandon(self, rank, error, refines=False):
+        """End the run without ``rank``, which is stuck: report ``error``, let the other
+        ranks unwind (so that they free their memory), and silence ``rank`` for good."""
+        self._record(error, refines)
+        self.aborting = True
+        self._abandoned = True
+        self._interrupt(rank)
+        _stop_when_it_wakes(self._threads[rank])
+        _silence(self._threads[rank])
+        # The other ranks wait for a baton that will never come: let them unwind. Give
+        # them a moment to finish, so that they run no code after the notebook has moved
+        # on; so does the stuck rank, if one of them held the lock it waits for.
+        others = [t for other, t in enumerate(self._threads) if other != rank]
+        for other, go in enumerate(self._go):
+            if other != rank:
+                go.set()
+        deadline = time.monotonic() + _ABORT_GRACE_S
+        for thread in others:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._threads[rank].join(0.1)
+        for thread in self._threads:
+            if thread.is_alive():
+                _silence(thread)
 
     def _interrupt(self, rank):
         """Raise Abort in ``rank``'s thread if it is still inside the learner's function."""
@@ -259,6 +413,7 @@ class RankScheduler:
     # -------------------------------------------------------------------- internals
     def _rank_main(self, rank, target):
         self._local.rank = rank
+        self._cpu_clocks[rank] = _thread_cpu_clock()
         self._go[rank].wait()
         self._go[rank].clear()
         if self._abandoned:   # the run ended before this rank started
@@ -286,6 +441,7 @@ class RankScheduler:
             self._hand_over(rank)
 
     def _take_over(self, rank):
+        self._switches += 1
         self.current = rank
         self._state[rank] = READY
         self._ready_when[rank] = None
@@ -338,20 +494,167 @@ def _simulation_error_in(exc):
     return None
 
 
+def _thread_cpu_clock():
+    """The calling thread's CPU-time clock id, or None where there is none (macOS)."""
+    try:
+        return time.pthread_getcpuclockid(threading.get_ident())
+    except (AttributeError, OSError):
+        return None
+
+
+def _cpu_time(clock):
+    """CPU seconds used by the thread of ``clock`` (by the whole process without one)."""
+    if clock is None:
+        return time.process_time()
+    try:
+        return time.clock_gettime(clock)
+    except OSError:   # the thread has ended
+        return None
+
+
+_LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
+_STDLIB_WAITS = ("threading.py", "queue.py")
+
+
+def _stuck_where(rank, threads):
+    """Where ``rank``'s thread is blocked and, if it can be told, on what: for a message."""
+    frame = sys._current_frames().get(threads[rank].ident)
+    # Report the learner's line, not the inside of threading.Condition or queue.Queue.
+    while frame is not None and frame.f_back is not None and \
+            frame.f_code.co_filename.endswith(_STDLIB_WAITS):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    where = (f"It is at {frame.f_code.co_filename}:{frame.f_lineno} in "
+             f"{frame.f_code.co_name}: `{line}`.")
+    lock = _locked_lock_on(line, frame)
+    if lock is None:
+        return (f"{where} That is code outside the simulator (a lock, a queue, a socket, "
+                "time.sleep?), and while a rank waits there no other rank can run: wait "
+                "with torch.distributed operations instead.")
+    name, obj = lock
+    holder = _holder_of(name, obj, rank, threads)
+    holder = f"rank {holder} holds" if holder is not None else "is held (by another rank?)"
+    return (f"{where} It is blocked on the lock `{name}`, which {holder}. Every rank is a "
+            "thread of one Python process, so a lock created at module level is shared "
+            "by all ranks (under torchrun each process has its own): create the lock "
+            "inside the rank's function, or do not hold it across torch.distributed calls.")
+
+
+def _holder_of(name, lock, stuck, threads):
+    """The rank that holds ``lock``, as far as can be told, or None.
+
+    An RLock knows its owner. For a plain Lock, look for a rank (other than ``stuck``)
+    whose code is inside a ``with <name>:`` block.
+    """
+    owner = re.search(r"owner=(\d+)", repr(lock))
+    frames = sys._current_frames()
+    for rank, thread in enumerate(threads):
+        if owner:
+            if thread.ident == int(owner[1]):
+                return rank
+            continue
+        frame = frames.get(thread.ident) if rank != stuck else None
+        while frame is not None:
+            if frame.f_lineno in _lines_inside_with(frame.f_code, name):
+                return rank
+            frame = frame.f_back
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _lines_inside_with(code, name):
+    """The line numbers of ``code`` inside the body of a ``with <name>:`` statement."""
+    try:
+        lines, first = inspect.getsourcelines(code)
+        first = max(first, 1)   # a module's code starts at line 0
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return frozenset()
+    return frozenset(
+        line + first - 1
+        for node in ast.walk(tree) if isinstance(node, ast.With)
+        and any(ast.unparse(item.context_expr) == name for item in node.items)
+        for line in range(node.body[0].lineno, node.end_lineno + 1))
+
+
+def _locked_lock_on(line, frame):
+    """``(name, lock)`` for a locked threading lock named on ``line`` of ``frame``, or None."""
+    for name in re.findall(r"[A-Za-z_][\w.]*", line):
+        first, *attributes = name.split(".")
+        obj = frame.f_locals.get(first, frame.f_globals.get(first))
+        for depth, attribute in enumerate([None] + attributes):
+            if attribute is not None:   # without running the learner's properties
+                obj = inspect.getattr_static(obj, attribute, None)
+            if isinstance(obj, _LOCK_TYPES):
+                if repr(obj).startswith("<locked"):
+                    return ".".join([first] + attributes[:depth]), obj
+                break
+    return None
+
+
+class _Silencing:
+    """Stands in for ``sys.stdout``/``sys.stderr``: drops what abandoned rank threads write.
+
+    An abandoned rank may wake up long after its run ended (the lock it waited for is
+    released); until it reaches the simulator and unwinds, it runs the learner's code,
+    which must not print into a later cell.
+    """
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        if threading.current_thread() in _silenced:
+            return len(text)
+        return self.stream.write(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+_silenced = set()   # the abandoned rank threads
+
+
+def _silence(thread):
+    """Drop everything ``thread`` writes to ``sys.stdout`` and ``sys.stderr`` from now on."""
+    _silenced.add(thread)
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(stream, _Silencing):
+            setattr(sys, name, _Silencing(stream))
+
+
+def _unsilence_if_done():
+    """Put the notebook's own streams back once every abandoned thread has ended."""
+    _silenced.difference_update([t for t in _silenced if not t.is_alive()])
+    if not _silenced:
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if isinstance(stream, _Silencing):
+                setattr(sys, name, stream.stream)
+
+
 class _Consumed(BaseException):
     """Raised in a throwaway thread to reset CPython's pending-stop flag."""
 
 
-def _withdraw_stop(thread):
-    """Take back a stop that ``thread`` (stuck in C code) will never raise.
+def _stop_when_it_wakes(thread):
+    """Leave a stop pending on ``thread`` (stuck in C code): it raises it as it wakes up.
 
-    CPython 3.11 checks, on every instruction of every thread, for a pending asynchronous
-    exception until some thread raises one. A stop that the stuck thread never raises
-    would slow the whole kernel down for good, so withdraw it and let a throwaway thread
-    raise one in its place, which resets the flag.
+    A thread that returns from a blocking call checks for a pending asynchronous exception
+    as it takes the GIL back, so an abandoned rank unwinds right there and runs at most
+    the one call it was blocked in. But until some thread raises one, CPython 3.11 checks
+    for a pending exception on every instruction of every thread, which would slow the
+    whole kernel down for as long as the thread stays stuck: let a throwaway thread raise
+    one, which resets that flag and leaves ``thread``'s own stop in place.
     """
     set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-    set_async_exc(ctypes.c_ulong(thread.ident), None)
 
     def wait_for_it():
         try:

@@ -116,6 +116,22 @@ def test_ddp_keeps_parameters_identical_on_every_rank(cluster):
     assert not torch.equal(results[0]["loss"], results[1]["loss"])
 
 
+def _draw_while_polling():
+    t = torch.full((3,), float(dist.get_rank()))
+    work = dist.all_reduce(t, async_op=True)
+    draws = []
+    while not work.is_completed():   # a scheduling point: the other ranks run meanwhile
+        draws.append(torch.rand(1))
+    return t, draws
+
+
+def test_polling_an_async_collective_is_deterministic(cluster):
+    first = cluster.run(_draw_while_polling, world_size=4, timeout=60).results
+    second = cluster.run(_draw_while_polling, world_size=4, timeout=60).results
+    _assert_identical(first, second)
+    assert all(torch.equal(t, torch.full((3,), 6.0)) for t, _ in first)
+
+
 def _unseeded_draws():
     return torch.randn(4), random.random(), np.random.rand(2), torch.randint(0, 1000, (3,))
 

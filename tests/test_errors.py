@@ -1,8 +1,8 @@
 """What a learner sees when their distributed program is wrong.
 
 Every case checks four things: the type of the error, what its message and attributes say
-(which rank, which op, which field), that it arrives quickly (the simulator knows when no
-rank can move, so it never waits for a timeout), and that the kernel is still usable: the
+(which rank, which op, which field), that it arrives without waiting for a timeout (the
+simulator knows when no rank can move), and that the kernel is still usable: the
 next ``cluster.run`` works, no rank thread is left behind and the notebook's thread has no
 process group.
 """
@@ -20,7 +20,11 @@ import torch.distributed as dist
 
 import simcluster as sc
 
-REPORT_BUDGET_S = 2.0
+# Reports come at once; the bound is generous so that a loaded two-core CI machine meets
+# it, yet below the stall watchdog's limit (scheduler.STALL_LIMIT_S, 30 s), which is what
+# a report that fails to come at once would wait for. A run that hangs instead is caught
+# by hang_guard.
+REPORT_BUDGET_S = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +32,7 @@ def cluster():
     _BASELINE.update(_process_wide_state())  # before this module's first run
     cluster = sc.Cluster.preset("dgx-a100", nodes=1)  # 8 devices
     # The first run of a process pays one-time imports (torch's dispatch-mode machinery);
-    # the budgets below are about reporting errors, so pay it here.
+    # the bounds below are about reporting errors, so pay it here.
     cluster.run(_sum_of_ranks, world_size=2)
     return cluster
 
@@ -73,7 +77,7 @@ def assert_kernel_usable(cluster):
 
 
 @contextlib.contextmanager
-def hang_guard(seconds=30):
+def hang_guard(seconds=90):
     """Turn a hung kernel into a crash with every thread's traceback, not a stuck test run."""
     faulthandler.dump_traceback_later(seconds, exit=True)
     try:
@@ -82,13 +86,14 @@ def hang_guard(seconds=30):
         faulthandler.cancel_dump_traceback_later()
 
 
-def expect_error(cluster, error_type, fn, world_size, budget=REPORT_BUDGET_S, **kwargs):
-    """Run ``fn``, expect ``error_type`` within ``budget`` seconds, check the kernel after."""
+def expect_error(cluster, error_type, fn, world_size, **kwargs):
+    """Run ``fn``, expect ``error_type`` within REPORT_BUDGET_S, check the kernel after."""
     start = time.perf_counter()
     with hang_guard(), pytest.raises(error_type) as info:
         cluster.run(fn, world_size=world_size, **kwargs)
     elapsed = time.perf_counter() - start
-    assert elapsed < budget, f"{error_type.__name__} took {elapsed:.2f} s (budget {budget} s)"
+    assert elapsed < REPORT_BUDGET_S, (
+        f"{error_type.__name__} took {elapsed:.2f} s (bound {REPORT_BUDGET_S} s)")
     assert isinstance(info.value, sc.SimulationError)
     assert_kernel_usable(cluster)
     return info.value
@@ -572,8 +577,7 @@ def _infinite_loop_on_rank_1():
 
 
 def test_infinite_loop_times_out(cluster):
-    err = expect_error(cluster, sc.SimulationTimeout, _infinite_loop_on_rank_1, 4,
-                       budget=3.0, timeout=1)
+    err = expect_error(cluster, sc.SimulationTimeout, _infinite_loop_on_rank_1, 4, timeout=1)
     message = str(err)
     assert message.startswith("rank 1 was still running after 1 s of wall-clock time")
     assert "infinite loop" in message
@@ -591,7 +595,7 @@ def _infinite_loop_that_catches_exceptions():
 
 def test_infinite_loop_with_except_exception_still_times_out(cluster):
     err = expect_error(cluster, sc.SimulationTimeout, _infinite_loop_that_catches_exceptions,
-                       2, budget=3.0, timeout=1)
+                       2, timeout=1)
     assert str(err).startswith("rank 0 was still running")
 
 
@@ -610,7 +614,7 @@ def _torch_ops_forever():
 def test_infinite_loop_of_torch_ops_times_out(cluster, accounting):
     # with accounting on, every op runs through the simulator's dispatch mode and every
     # freed storage through a weakref finalizer, where a single stop can get lost
-    err = expect_error(cluster, sc.SimulationTimeout, _torch_ops_forever, 4, budget=3.0,
+    err = expect_error(cluster, sc.SimulationTimeout, _torch_ops_forever, 4,
                        timeout=1, accounting=accounting)
     assert str(err).startswith("rank 2 was still running")
 
@@ -641,8 +645,9 @@ def test_timeout_is_not_lost_in_a_finalizer():
     # Python drops an asynchronous exception that lands inside __del__, and this rank
     # spends nearly all its time there: the scheduler re-delivers the stop every 10 ms,
     # and if every delivery is dropped it abandons the thread after 5 s of patience.
-    # Either way the run must come back (timeout 0.5 s + patience 5 s < 9 s).
-    assert "TIMED OUT" in _run_script_expecting_timeout(_LOST_TIMEOUT_SCRIPT, 9.0), (
+    # Either way the run must come back (timeout 0.5 s + patience 5 s, with room to spare
+    # for a loaded machine).
+    assert "TIMED OUT" in _run_script_expecting_timeout(_LOST_TIMEOUT_SCRIPT, 60.0), (
         "the run did not come back in time")
 
 
@@ -698,7 +703,9 @@ def _run_script_expecting_timeout(script, budget_s):
 
 
 def test_timeout_while_a_rank_wakes_up_slowly():
-    out = _run_script_expecting_timeout(_SLOW_WAKE_UP_SCRIPT, 3.0)
+    # the diagnosis tells a timely stop ("still running") from a stop that ran out of
+    # patience, so the bound only needs to catch a hang
+    out = _run_script_expecting_timeout(_SLOW_WAKE_UP_SCRIPT, 60.0)
     assert "TIMED OUT: rank 0 was still running" in out, (
         f"the run did not come back in time with the right diagnosis: {out!r}")
 
@@ -711,7 +718,7 @@ def _collectives_forever():
 
 def test_ranks_that_never_stop_communicating_time_out(cluster):
     # not a deadlock (every collective completes), so only the timeout can stop it
-    expect_error(cluster, sc.SimulationTimeout, _collectives_forever, 4, budget=3.0,
+    expect_error(cluster, sc.SimulationTimeout, _collectives_forever, 4,
                  timeout=1)
 
 
