@@ -55,6 +55,17 @@ def test_compare_runs_named_methods_and_the_workbooks_own_server():
     assert abs(results["fp16"]["loss"][-1] - results["tree"]["loss"][-1]) < 1e-2
 
 
+def test_compare_passes_a_specs_args_after_the_tensor():
+    """Hierarchical needs its ranks per node, which train() cannot know: ``"args"``."""
+    problem = agg.TinyMLP(features=8, hidden=8, classes=3, samples=256, seed=1)
+    results = agg.compare(CLUSTER, problem, {
+        "ring": {"aggregate": "ring"},
+        "hierarchical": {"aggregate": "hierarchical", "args": (4,)},
+    }, steps=2, batch=8)
+    assert results["hierarchical"]["loss"] == pytest.approx(results["ring"]["loss"], rel=1e-5)
+    assert results["hierarchical"]["seconds_per_step"] != results["ring"]["seconds_per_step"]
+
+
 def test_int8_and_topk_all_reduces_take_the_learners_pieces():
     calls = []
 

@@ -418,11 +418,22 @@ def ring_trace(cluster, world_size):
 
 
 def _aggregate_factory(spec):
-    """``(make_aggregate, leaves_mean)`` from a :func:`compare` method spec."""
+    """``(make_aggregate, leaves_mean)`` from a :func:`compare` method spec; the spec's
+    ``"args"`` are passed after the tensor on every call."""
     aggregate = spec["aggregate"]
     if isinstance(aggregate, str):
-        return _method(aggregate)
-    return aggregate, spec.get("mean", False)
+        make_aggregate, mean = _method(aggregate)
+    else:
+        make_aggregate, mean = aggregate, spec.get("mean", False)
+    extra = tuple(spec.get("args", ()))
+    if not extra:
+        return make_aggregate, mean
+    def make_with_args():
+        aggregate = make_aggregate()
+        # e.g. hierarchical's ranks per node, which train() cannot know
+        return lambda tensor: aggregate(tensor, *extra)
+
+    return make_with_args, mean
 
 
 def compare(cluster, problem, methods, steps=30, lr=0.5, batch=32, timed_steps=2,
@@ -432,7 +443,9 @@ def compare(cluster, problem, methods, steps=30, lr=0.5, batch=32, timed_steps=2
     ``methods`` maps a name to one of
     ``{"aggregate": make_aggregate}`` (data parallel, :func:`train`; add ``"mean": True``
     when the aggregate leaves the mean), or ``{"aggregate": name}`` with a name of
-    :data:`METHODS` (the workbook's own all-reduce or compressor),
+    :data:`METHODS` (the workbook's own all-reduce or compressor); add ``"args": (...)``
+    for arguments after the tensor (``{"aggregate": "hierarchical", "args": (4,)}``:
+    4 ranks per node),
     either with ``"sync_every": H`` (local SGD), or
     ``{"mode": mode, "speeds": [...]}`` (parameter server, rank 0 serves; add
     ``"server": cls`` for your class, else the workbook's own).
