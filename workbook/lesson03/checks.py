@@ -20,7 +20,7 @@ from workbook.checking import (Failure, check, first_difference, listed, num,
                                refuse_reference, seconds, simulate)
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 8)
-BUCKET_CAPS = (300, 1_100, 4_000)   # bytes: 3, 2 and 1 bucket(s) of the MLP's 1,936 bytes
+BUCKET_CAPS = (4_000, 1_100, 300)   # bytes: 1, 2 and 3 buckets of the MLP's 1,936 bytes
 STEPS = 2                           # the second step runs on DDP's rebuilt buckets
 PER_RANK = 4                        # samples per rank and step
 LR = 0.1
@@ -32,8 +32,8 @@ def _reference():
     return _reference
 
 
-def _cluster(world_size):
-    """One DGX node up to 8 ranks."""
+def _cluster():
+    """One DGX node: up to 8 ranks."""
     return sc.Cluster.preset("dgx-a100", nodes=1)
 
 
@@ -62,7 +62,7 @@ def _names(model):
 # ------------------------------------------------------ one step's gradients, by rank
 
 
-def _gradient_steps(world_size, prepare, after_backward, bucket_cap=None):
+def _gradient_steps(world_size, prepare, after_backward):
     """The body every rank runs: ``STEPS`` steps of forward on its shard, backward,
     ``after_backward(model)``, the gradients recorded, an SGD step. ``prepare(model)``
     returns the module to call (the model, or DDP around it)."""
@@ -100,7 +100,7 @@ def ddp_run(world_size, bucket_cap=None):
     if key not in _DDP_RUNS:
         kwargs = {} if bucket_cap is None else {"bucket_cap_mb": bucket_cap / 2**20}
         body = _gradient_steps(world_size, lambda m: DDP(m, **kwargs), lambda m: None)
-        _DDP_RUNS[key] = _cluster(world_size).run(body, world_size=world_size)
+        _DDP_RUNS[key] = _cluster().run(body, world_size=world_size)
     return _DDP_RUNS[key]
 
 
@@ -141,8 +141,8 @@ def _compare_gradients(where, run, expected_run, names, hints):
     p = run.world_size
     close = _close(p)
     loose = lambda e, g: torch.isclose(e, g, rtol=1e-4, atol=1e-6)  # noqa: E731
-    for rank in range(p):
-        for step in range(STEPS):
+    for step in range(STEPS):
+        for rank in range(p):
             got_step, exp_step = run.results[rank][step], expected_run.results[rank][step]
             for name, local, got, exp in zip(names, got_step["local"], got_step["grads"],
                                              exp_step["grads"]):
@@ -169,7 +169,7 @@ def _compare_gradients(where, run, expected_run, names, hints):
 
 
 def _run_learner(where, world_size, body, accounting=False):
-    return simulate(_cluster(world_size), body, world_size, lambda rank: where,
+    return simulate(_cluster(), body, world_size, lambda rank: where,
                     accounting=accounting)
 
 
@@ -197,21 +197,26 @@ def check_average_gradients(fn):
 # --------------------------------------------------------- exercise 2: buckets
 
 
-def _check_buckets(where, run, p, cap, hint):
-    """The learner's all-reduces per step match DDP's buckets in number and bytes."""
+def _check_buckets(where, run, p, cap, hint, next_step_hint=None):
+    """The learner's all-reduces per step match DDP's buckets in number and bytes
+    (``next_step_hint``: when only a step after the first is wrong)."""
     expected = ddp_buckets(p, cap)
     for step in range(STEPS):
         names = run.results[0][step]["collectives"]
         if names.count("all_reduce") != len(expected) or len(names) != len(expected):
             raise Failure(f"{where}, step {step + 1}: rank 0 called {len(names)} "
                           f"collective(s) ({listed(sorted(set(names))) or 'none'}); DDP "
-                          f"all-reduces {len(expected)} bucket(s)", hint)
+                          f"all-reduces {len(expected)} bucket(s)",
+                          next_step_hint if step and next_step_hint else hint)
     got = [c.nbytes for c in run.collectives if c.op == "all_reduce"][-len(expected):]
     if got != expected:
         raise Failure(f"{where}: your all-reduces carry {listed(got)} bytes; DDP's buckets "
                       f"carry {listed(expected)} bytes", hint)
 
 
+COPY_BACK_HINT = ("torch.cat makes a new tensor: after its all-reduce, copy each "
+                  "gradient's slice back (param.grad.copy_(...)), divided by the world "
+                  "size.")
 BUCKET_HINT = ("walk model.parameters() in REVERSE order, add each gradient to the "
                "current bucket, and close the bucket as soon as it holds at least "
                "bucket_cap_bytes; then one all_reduce per bucket, of the flattened "
@@ -223,7 +228,7 @@ def check_allreduce_in_buckets(fn):
     """``fn(model, bucket_cap_bytes)`` on every rank after ``backward()``: DDP's buckets,
     one all-reduce each; gradients compared with DDP, all-reduces counted and sized."""
     refuse_reference(fn, _reference().allreduce_in_buckets)
-    hints = {**AVERAGE_HINTS,
+    hints = {**AVERAGE_HINTS, "local": COPY_BACK_HINT,
              "values": "copy each bucket's all-reduced values back into the right "
                        "gradients, in the order you flattened them, divided by the world "
                        "size."}
@@ -292,7 +297,7 @@ def check_overlapped_ddp(cls):
     ``backward()``. Gradients and all-reduces compared with DDP, and communication must
     overlap backward on the simulator's record (``run.summary()``'s ``overlap``)."""
     refuse_reference(cls, _reference().OverlappedDDP, "class")
-    hints = {**AVERAGE_HINTS, "values": WAIT_HINT}
+    hints = {**AVERAGE_HINTS, "local": COPY_BACK_HINT, "values": WAIT_HINT}
     for p in WORLD_SIZES:
         for cap in BUCKET_CAPS:
             where = _case_text(p, cap)
@@ -306,13 +311,15 @@ def check_overlapped_ddp(cls):
                                    lambda m: wrappers[dist.get_rank()].finish())
             run = _run_learner(where, p, body, accounting=True)
             _compare_gradients(where, run, ddp_run(p, cap), _names(make_mlp()), hints)
-            _check_buckets(where, run, p, cap, BUCKET_HINT)
+            _check_buckets(where, run, p, cap, BUCKET_HINT,
+                           "finish() must also reset what counts each bucket's ready "
+                           "gradients: the hooks fire again in the next step's backward.")
     where = (f"world size {OVERLAP_WORLD}, four 256×256 layers, bucket cap {OVERLAP_CAP} "
              "bytes")
-    mine = simulate(_cluster(OVERLAP_WORLD),
+    mine = simulate(_cluster(),
                     _overlap_body(lambda m: (m, cls(m, OVERLAP_CAP).finish)),
                     OVERLAP_WORLD, lambda rank: where, accounting=True)
-    ddp = _cluster(OVERLAP_WORLD).run(
+    ddp = _cluster().run(
         _overlap_body(lambda m: (DDP(m, bucket_cap_mb=OVERLAP_CAP / 2**20), lambda: None)),
         world_size=OVERLAP_WORLD)
     hidden, ddp_hidden = _hidden(mine), _hidden(ddp)
