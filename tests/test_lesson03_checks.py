@@ -478,3 +478,22 @@ PLACEMENT_HINT = ("build 3 node(s) of 2 GPU(s) each: sc.Cluster(sc.ClusterSpec(n
 def test_distributed_trainer_mistakes(capsys, answer, message):
     expect(capsys, checks.check_distributed_trainer, answer, TRAINER + f"{SEED_CASE}: "
            + message)
+
+
+class WaitsInTheHook(OverlappedDDP):
+    """Right values and buckets, but each bucket's all-reduce blocks backward."""
+
+    def _grad_ready(self, param):
+        launched = len(self.pending)
+        super()._grad_ready(param)
+        if len(self.pending) > launched:
+            self.pending[-1][2].wait()
+
+
+def test_a_blocking_all_reduce_in_the_hook_hides_nothing(capsys):
+    expect(capsys, checks.check_overlapped_ddp, WaitsInTheHook, OVERLAP
+           + "world size 4, four 256×256 layers, bucket cap 65536 bytes: no communication "
+           "overlapped backward (hidden time 0; DDP hides 4.3 µs) — Hint: launch each "
+           "bucket's all-reduce from the hook (dist.all_reduce(flat, async_op=True)) as soon "
+           "as its last gradient is ready, not in finish(): then it runs while backward "
+           "computes the earlier layers.")
