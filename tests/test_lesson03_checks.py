@@ -497,3 +497,58 @@ def test_a_blocking_all_reduce_in_the_hook_hides_nothing(capsys):
            "bucket's all-reduce from the hook (dist.all_reduce(flat, async_op=True)) as soon "
            "as its last gradient is ready, not in finish(): then it runs while backward "
            "computes the earlier layers.")
+
+
+# ------------------------------------- one more that raises or deadlocks, per exercise
+
+
+def stacks_the_gradients(model, cap):
+    for bucket in MINE["bucket_parameters"](model.parameters(), cap):
+        flat = torch.stack([q.grad for q in bucket])
+        dist.all_reduce(flat)
+
+
+class Rank1SkipsTheFirstBucket(OverlappedDDP):
+    def _grad_ready(self, param):
+        if dist.get_rank() == 1 and self.bucket_of[param] == 0:
+            return
+        super()._grad_ready(param)
+
+
+def no_sync_without_parentheses(ddp_model, optimizer, micro_batches, loss_fn):
+    k = len(micro_batches)
+    with ddp_model.no_sync:
+        for x, y in micro_batches[:-1]:
+            (loss_fn(ddp_model(x), y) / k).backward()
+    x, y = micro_batches[-1]
+    (loss_fn(ddp_model(x), y) / k).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+class Rank0TakesAnExtraStep(DistributedTrainer):
+    def train(self, make_model, inputs, targets, loss_fn, lr, steps):
+        extra = 1 if dist.get_rank() == 0 else 0
+        return super().train(make_model, inputs, targets, loss_fn, lr, steps + extra)
+
+
+@pytest.mark.parametrize("check, answer, message", [
+    (checks.check_allreduce_in_buckets, stacks_the_gradients, "world size 1, bucket cap "
+     "4000 bytes: rank 0 raised RuntimeError: stack expects each tensor to be equal size, "
+     "but got [4] at entry 0 and [4, 16] at entry 1 — Hint: " + checking.HINTS["exception"]),
+    (checks.check_overlapped_ddp, Rank1SkipsTheFirstBucket, "world size 2, bucket cap 4000 "
+     "bytes: deadlock (rank 0: all_reduce #0 on group WORLD; rank 1: returned) — Hint: rank "
+     "1 returned while others wait in a collective: every rank of a group must call each "
+     "of its collectives."),
+    (checks.check_accumulation, no_sync_without_parentheses, "world size 1, 1 micro-batch "
+     "of 2: rank 0 raised TypeError: 'method' object does not support the context manager "
+     "protocol — Hint: " + checking.HINTS["exception"]),
+    (checks.check_distributed_trainer, Rank0TakesAnExtraStep, "DistributedTrainer(nodes=3, "
+     "gpus_per_node=2, batch_size=2, gradient_accumulation=2): deadlock (rank 0: "
+     "all_reduce #7 on group WORLD; rank 1: returned; rank 2: returned; rank 3: returned; "
+     "… (6 ranks)) — Hint: ranks 1-5 returned while others wait in a collective: every "
+     "rank of a group must call each of its collectives."),
+])
+def test_more_mistakes_that_raise_or_deadlock(capsys, short_timeout, check, answer,
+                                              message):
+    expect(capsys, check, answer, f"❌ {line_name(check)}: {message}")
