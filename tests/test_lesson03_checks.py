@@ -14,11 +14,12 @@ import simcluster as sc
 from workbook import checking, checks
 from workbook.lesson03 import _reference as R
 
-AVERAGE = "❌ average gradients: "
-BUCKETS = "❌ all-reduce in buckets: "
-OVERLAP = "❌ overlapped DDP: "
-ACCUMULATION = "❌ gradient accumulation: "
-TRAINER = "❌ DistributedTrainer: "
+NAMES = {checks.check_average_gradients: "average gradients",
+         checks.check_allreduce_in_buckets: "all-reduce in buckets",
+         checks.check_overlapped_ddp: "overlapped DDP",
+         checks.check_accumulation: "gradient accumulation",
+         checks.check_distributed_trainer: "DistributedTrainer"}   # as each check prints it
+AVERAGE, BUCKETS, OVERLAP, ACCUMULATION, TRAINER = (f"❌ {name}: " for name in NAMES.values())
 
 
 def line(capsys, check, answer):
@@ -75,16 +76,7 @@ OverlappedDDP, DistributedTrainer = MINE["OverlappedDDP"], MINE["DistributedTrai
      "(4, 1, 2, 2)"),
 ])
 def test_reference_passes(capsys, check, answer, text):
-    expect(capsys, check, answer, f"✅ {line_name(check)}: {text}")
-
-
-def line_name(check):
-    """The name a check prints, e.g. "average gradients"."""
-    return {"check_average_gradients": "average gradients",
-            "check_allreduce_in_buckets": "all-reduce in buckets",
-            "check_overlapped_ddp": "overlapped DDP",
-            "check_accumulation": "gradient accumulation",
-            "check_distributed_trainer": "DistributedTrainer"}[check.__name__]
+    expect(capsys, check, answer, f"✅ {NAMES[check]}: {text}")
 
 
 @pytest.mark.parametrize("check, reference, what", [
@@ -96,7 +88,7 @@ def line_name(check):
 ])
 def test_the_reference_itself_is_refused(capsys, check, reference, what):
     expect(capsys, check, reference,
-           f"❌ {line_name(check)}: this {what} is the workbook's own reference answer, not "
+           f"❌ {NAMES[check]}: this {what} is the workbook's own reference answer, not "
            "yours — Hint: the exercise is to write it yourself, in the cell above.")
 
 
@@ -551,4 +543,4 @@ class Rank0TakesAnExtraStep(DistributedTrainer):
 ])
 def test_more_mistakes_that_raise_or_deadlock(capsys, short_timeout, check, answer,
                                               message):
-    expect(capsys, check, answer, f"❌ {line_name(check)}: {message}")
+    expect(capsys, check, answer, f"❌ {NAMES[check]}: {message}")
