@@ -84,7 +84,8 @@ def _gradient_steps(world_size, prepare, after_backward):
             steps.append({"local": local, "grads": grads, "collectives": called})
             with torch.no_grad():
                 for p in model.parameters():
-                    p -= LR * p.grad
+                    if p.grad is not None:   # a None gradient is reported afterwards
+                        p -= LR * p.grad
             model.zero_grad()
         return steps
 
