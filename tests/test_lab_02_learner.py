@@ -1,4 +1,5 @@
-"""A learner works in lab 02, as `make progress`, `make labs` and `make test` see it.
+"""A learner works in lab 02 (and lab 03), as `make progress`, `make labs` and `make test`
+see it.
 
 1. One exercise filled in, in a freshly generated lab (never the learner's own labs/
    file): its check turns green, the others are "not started".
@@ -18,7 +19,7 @@ import pytest
 from workbook import labs, progress
 
 ROOT = Path(__file__).resolve().parents[1]
-NAME = "02_gradient_aggregation.ipynb"
+NAMES = ["02_gradient_aggregation.ipynb", "03_data_parallel.ipynb"]
 
 pytestmark = pytest.mark.slow
 
@@ -39,16 +40,22 @@ def fill_in(lab, solution, exercises):
     return lab
 
 
-def fresh_lab():
-    return nbformat.reads(labs.lab_text(ROOT / "solutions" / NAME), as_version=4)
+def fresh_lab(name):
+    return nbformat.reads(labs.lab_text(ROOT / "solutions" / name), as_version=4)
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def name(request):
+    """Each lab in turn: the same learner's steps apply to all of them."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def report(tmp_path_factory, name):
     folder = tmp_path_factory.mktemp("learner")
-    solution = nbformat.read(ROOT / "solutions" / NAME, as_version=4)
-    nbformat.write(fill_in(fresh_lab(), solution, {2}), folder / NAME)
-    return progress.run_lab(folder / NAME, timeout=300)
+    solution = nbformat.read(ROOT / "solutions" / name, as_version=4)
+    nbformat.write(fill_in(fresh_lab(name), solution, {2}), folder / name)
+    return progress.run_lab(folder / name, timeout=300)
 
 
 def test_the_filled_in_exercise_passes(report):
@@ -62,32 +69,32 @@ def test_the_other_exercises_are_not_started(report):
 
 
 @pytest.fixture(scope="module")
-def solved_in_place(tmp_path_factory):
+def solved_in_place(tmp_path_factory, name):
     """A checkout with the generated lab committed, then solved in place."""
     if shutil.which("git") is None:
         pytest.skip("needs git")
     root = tmp_path_factory.mktemp("checkout")
     (root / "solutions").mkdir()
-    shutil.copy(ROOT / "solutions" / NAME, root / "solutions" / NAME)
+    shutil.copy(ROOT / "solutions" / name, root / "solutions" / name)
     labs.build(root / "solutions", root / "labs", log=lambda _: None)
     for args in (["init", "-q"], ["add", "."],
                  ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "labs"]):
         subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
-    solution = nbformat.read(root / "solutions" / NAME, as_version=4)
-    lab = nbformat.read(root / "labs" / NAME, as_version=4)
+    solution = nbformat.read(root / "solutions" / name, as_version=4)
+    lab = nbformat.read(root / "labs" / name, as_version=4)
     numbers = {e["number"] for e in lab.metadata["workbook"]["exercises"]}
-    nbformat.write(fill_in(lab, solution, numbers), root / "labs" / NAME)
+    nbformat.write(fill_in(lab, solution, numbers), root / "labs" / name)
     return root
 
 
-def test_a_lab_solved_in_place_shows_every_exercise_passed(solved_in_place):
-    report = progress.run_lab(solved_in_place / "labs" / NAME, timeout=300)
+def test_a_lab_solved_in_place_shows_every_exercise_passed(solved_in_place, name):
+    report = progress.run_lab(solved_in_place / "labs" / name, timeout=300)
     assert report.exercises and all(e.status == "passed" for e in report.exercises), \
         progress.format_report([report])
 
 
-def test_make_labs_keeps_it_and_the_staleness_check_is_content(solved_in_place):
-    path = solved_in_place / "labs" / NAME
+def test_make_labs_keeps_it_and_the_staleness_check_is_content(solved_in_place, name):
+    path = solved_in_place / "labs" / name
     before = path.read_bytes()
     messages, notes = [], []
     assert labs.build(solved_in_place / "solutions", solved_in_place / "labs",

@@ -1,0 +1,546 @@
+"""Lab 03's checks (data parallelism): every check passes the reference answer, refuses
+the reference itself, and reports each mistake the lab is about — including ones that
+deadlock, mismatch or raise — as one exact ❌ line."""
+
+import inspect
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import simcluster as sc
+
+from workbook import checking, checks
+from workbook.lesson03 import _reference as R
+
+NAMES = {checks.check_average_gradients: "average gradients",
+         checks.check_allreduce_in_buckets: "all-reduce in buckets",
+         checks.check_overlapped_ddp: "overlapped DDP",
+         checks.check_accumulation: "gradient accumulation",
+         checks.check_distributed_trainer: "DistributedTrainer"}   # as each check prints it
+AVERAGE, BUCKETS, OVERLAP, ACCUMULATION, TRAINER = (f"❌ {name}: " for name in NAMES.values())
+
+
+def line(capsys, check, answer):
+    """Run ``check(answer)``; return (result, the one line it printed)."""
+    result = check(answer)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) == 1, out
+    assert result is lines[0].startswith("✅")
+    return result, lines[0]
+
+
+def expect(capsys, check, answer, message):
+    assert line(capsys, check, answer)[1] == message
+
+
+@pytest.fixture
+def short_timeout(monkeypatch):
+    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
+
+
+def learner_copy(*references):
+    """The reference answers as a learner would type them: the same source, their own
+    code (so that the checks do not refuse them as the workbook's)."""
+    namespace = dict(vars(R))
+    for reference in references:
+        exec(compile(inspect.getsource(reference), "<learner>", "exec"), namespace)
+    return namespace
+
+
+MINE = learner_copy(R.average_gradients, R.allreduce_in_buckets, R.OverlappedDDP,
+                    R.train_with_accumulation, R.DistributedTrainer)
+OverlappedDDP, DistributedTrainer = MINE["OverlappedDDP"], MINE["DistributedTrainer"]
+
+
+# ------------------------------------------------------------ the reference passes
+
+
+@pytest.mark.parametrize("check, answer, text", [
+    (checks.check_average_gradients, MINE["average_gradients"],
+     "gradients equal DDP's on world sizes 1, 2, 3, 4, 5, 8 (bitwise on 1, 2, 4, 8)"),
+    (checks.check_allreduce_in_buckets, MINE["allreduce_in_buckets"],
+     "gradients and all-reduces equal DDP's on world sizes 1, 2, 3, 4, 5, 8, bucket caps "
+     "4000, 1100, 300 bytes"),
+    (checks.check_overlapped_ddp, OverlappedDDP,
+     "gradients and all-reduces equal DDP's on world sizes 1, 2, 3, 4, 5, 8, bucket caps "
+     "4000, 1100, 300 bytes; 9.5 µs of communication hidden behind backward (DDP: 4.3 µs)"),
+    (checks.check_accumulation, MINE["train_with_accumulation"],
+     "one all-reduce per optimizer step and the big-batch parameters on (world size, "
+     "micro-batches) (1, 1), (2, 4), (3, 2), (4, 3), (5, 2), (8, 2)"),
+    (checks.check_distributed_trainer, DistributedTrainer,
+     "placement, micro-batches and parameters right for (nodes, gpus_per_node, "
+     "batch_size, gradient_accumulation) (3, 2, 2, 2), (2, 3, 1, 3), (1, 4, 3, 1), "
+     "(4, 1, 2, 2)"),
+])
+def test_reference_passes(capsys, check, answer, text):
+    expect(capsys, check, answer, f"✅ {NAMES[check]}: {text}")
+
+
+@pytest.mark.parametrize("check, reference, what", [
+    (checks.check_average_gradients, R.average_gradients, "function"),
+    (checks.check_allreduce_in_buckets, R.allreduce_in_buckets, "function"),
+    (checks.check_overlapped_ddp, R.OverlappedDDP, "class"),
+    (checks.check_accumulation, R.train_with_accumulation, "function"),
+    (checks.check_distributed_trainer, R.DistributedTrainer, "class"),
+])
+def test_the_reference_itself_is_refused(capsys, check, reference, what):
+    expect(capsys, check, reference,
+           f"❌ {NAMES[check]}: this {what} is the workbook's own reference answer, not "
+           "yours — Hint: the exercise is to write it yourself, in the cell above.")
+
+
+def test_an_unwritten_exercise_says_so(capsys):
+    def average_gradients(model):
+        raise NotImplementedError("all-reduce every gradient, then divide")
+
+    expect(capsys, checks.check_average_gradients, average_gradients,
+           AVERAGE + "world size 1: rank 0 raised NotImplementedError: all-reduce every "
+           "gradient, then divide — Hint: " + checking.HINTS["not_started"])
+
+
+# ------------------------------------------------------ exercise 1: by hand
+
+
+def forgot_to_divide(model):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+
+
+def divided_twice(model):
+    n = dist.get_world_size()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= n * n
+
+
+def only_the_weights(model):
+    n = dist.get_world_size()
+    for name, p in model.named_parameters():
+        if name.endswith("weight"):
+            dist.all_reduce(p.grad)
+            p.grad /= n
+
+
+def reduce_to_rank_0(model):
+    n = dist.get_world_size()
+    for p in model.parameters():
+        dist.reduce(p.grad, dst=0)
+        p.grad /= n
+
+
+def rank_1_skips_a_parameter(model):
+    n = dist.get_world_size()
+    for i, p in enumerate(model.parameters()):
+        if dist.get_rank() == 1 and i == 0:
+            continue
+        dist.all_reduce(p.grad)
+        p.grad /= n
+
+
+def calls_a_method_tensors_lack(model):
+    for p in model.parameters():
+        p.grad.all_reduce()
+
+
+AVERAGE_VALUES = ("all_reduce (SUM) each gradient in place on every rank, then divide by "
+                  "the world size; every rank must end with the same mean (all_reduce, not "
+                  "reduce).")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (forgot_to_divide, "world size 2, step 1: rank 0, 0.weight: 2× DDP's (the sum, not the "
+     "mean): element 0 is -0.03474, DDP has -0.01737 — Hint: divide every gradient by the "
+     "world size after the all-reduce: all_reduce sums."),
+    (divided_twice, "world size 2, step 1: rank 0, 0.weight: 1/2 of DDP's: element 0 is "
+     "-0.008685, DDP has -0.01737 — Hint: divide once, by the world size: you divided more "
+     "than once (or by p²)."),
+    (only_the_weights, "world size 2, step 1: rank 0, 0.bias: the gradient is still this "
+     "rank's own (not averaged): element 0 is 0.01438, DDP has 0.02602 — Hint: every "
+     "parameter's gradient needs the all-reduce: loop over model.parameters(), skip none."),
+    (reduce_to_rank_0, "world size 2, step 1: rank 1, 0.weight: differs from DDP's: element "
+     "0 is -0.02785, DDP has -0.01737 — Hint: " + AVERAGE_VALUES),
+    (rank_1_skips_a_parameter, "world size 2: mismatch in all_reduce #0 on group WORLD: the "
+     "shape differs (rank 0: (16, 8), rank 1: (16,)) — Hint: every rank must call the same "
+     "collectives, in the same order, with matching arguments."),
+    (calls_a_method_tensors_lack, "world size 1: rank 0 raised AttributeError: 'Tensor' "
+     "object has no attribute 'all_reduce' — Hint: " + checking.HINTS["exception"]),
+])
+def test_average_gradients_mistakes(capsys, answer, message):
+    expect(capsys, checks.check_average_gradients, answer, AVERAGE + message)
+
+
+def test_a_sum_on_world_size_3_is_not_passed_as_rounding(capsys):
+    """Off power-of-two world sizes the check compares with a tolerance; the mean is
+    still required there."""
+    def sum_on_three(model):
+        p = dist.get_world_size()
+        for q in model.parameters():
+            dist.all_reduce(q.grad)
+            if p != 3:
+                q.grad /= p
+
+    _, text = line(capsys, checks.check_average_gradients, sum_on_three)
+    assert text.startswith(AVERAGE + "world size 3, step 1: rank 0, 0.weight: 3× DDP's")
+
+
+# ------------------------------------------------------ exercise 2: buckets
+
+
+def _all_reduce_buckets(model, buckets):
+    p = dist.get_world_size()
+    for bucket in buckets:
+        flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+        dist.all_reduce(flat)
+        MINE["_reduce_bucket"](bucket, flat, p)
+
+
+def buckets_in_parameter_order(model, cap):
+    params = list(model.parameters())
+    _all_reduce_buckets(model, [b[::-1] for b in MINE["bucket_parameters"](params[::-1],
+                                                                           cap)])
+
+
+def closes_before_the_cap(model, cap):
+    buckets, current, size = [], [], 0
+    for q in reversed(list(model.parameters())):
+        nbytes = q.numel() * q.element_size()
+        if current and size + nbytes > cap:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(q)
+        size += nbytes
+    _all_reduce_buckets(model, buckets + [current])
+
+
+def never_copies_back(model, cap):
+    for bucket in MINE["bucket_parameters"](model.parameters(), cap):
+        dist.all_reduce(torch.cat([q.grad.reshape(-1) for q in bucket]))
+
+
+def rank_1_uses_twice_the_cap(model, cap):
+    MINE["allreduce_in_buckets"](model, 2 * cap if dist.get_rank() == 1 else cap)
+
+
+COPY_BACK_HINT = ("torch.cat makes a new tensor: after its all-reduce, copy each gradient's "
+                  "slice back (param.grad.copy_(...)), divided by the world size.")
+BUCKET_HINT = ("walk model.parameters() in REVERSE order, add each gradient to the current "
+               "bucket, and close the bucket as soon as it holds at least bucket_cap_bytes; "
+               "then one all_reduce per bucket, of the flattened gradients (torch.cat of "
+               "grad.reshape(-1)).")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda model, cap: MINE["average_gradients"](model),
+     "world size 1, bucket cap 4000 bytes, step 1: rank 0 called 6 collective(s) "
+     "(all_reduce); DDP all-reduces 1 bucket(s) — Hint: " + BUCKET_HINT),
+    (buckets_in_parameter_order, "world size 1, bucket cap 1100 bytes: your all-reduces "
+     "carry 1600, 336 bytes; DDP's buckets carry 1360, 576 bytes — Hint: " + BUCKET_HINT),
+    (closes_before_the_cap, "world size 1, bucket cap 1100 bytes, step 1: rank 0 called 3 "
+     "collective(s) (all_reduce); DDP all-reduces 2 bucket(s) — Hint: " + BUCKET_HINT),
+    (never_copies_back, "world size 2, bucket cap 4000 bytes, step 1: rank 0, 0.weight: the "
+     "gradient is still this rank's own (not averaged): element 0 is 0.02095, DDP has "
+     "-0.01737 — Hint: " + COPY_BACK_HINT),
+    (rank_1_uses_twice_the_cap, "world size 2, bucket cap 1100 bytes: mismatch in "
+     "all_reduce #0 on group WORLD: the shape differs (rank 0: (340,), rank 1: (484,)) — "
+     "Hint: every rank must call the same collectives, in the same order, with matching "
+     "arguments."),
+])
+def test_allreduce_in_buckets_mistakes(capsys, answer, message):
+    expect(capsys, checks.check_allreduce_in_buckets, answer, BUCKETS + message)
+
+
+# ------------------------------------------------------ exercise 3: overlap
+
+
+class ForgetsToWait(OverlappedDDP):
+    def finish(self):
+        p = dist.get_world_size()
+        for i, flat, _ in self.pending:
+            MINE["_reduce_bucket"](self.buckets[i], flat, p)
+        self.pending, self.ready = [], [0] * len(self.buckets)
+
+
+class AllReducesInFinish:
+    """Correct values, but nothing runs during backward."""
+
+    def __init__(self, model, bucket_cap_bytes):
+        self.model, self.cap = model, bucket_cap_bytes
+
+    def finish(self):
+        MINE["allreduce_in_buckets"](self.model, self.cap)
+
+
+class NeverResetsItsCounters(OverlappedDDP):
+    def finish(self):
+        p = dist.get_world_size()
+        for i, flat, work in self.pending:
+            work.wait()
+            MINE["_reduce_bucket"](self.buckets[i], flat, p)
+        self.pending = []
+
+
+class HookRaises(OverlappedDDP):
+    def _grad_ready(self, param):
+        raise KeyError("bucket of this parameter")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (ForgetsToWait, "world size 2, bucket cap 4000 bytes, step 1: rank 0, 0.weight: differs "
+     "from DDP's: element 0 is 0.01048, DDP has -0.01737 — Hint: finish() must wait() on "
+     "every bucket's work before it copies the averaged values back: an async all-reduce "
+     "has not finished when the call returns."),
+    (AllReducesInFinish, "world size 4, four 256×256 layers, bucket cap 65536 bytes: no "
+     "communication overlapped backward (hidden time 0; DDP hides 4.3 µs) — Hint: launch "
+     "each bucket's all-reduce from the hook (dist.all_reduce(flat, async_op=True)) as soon "
+     "as its last gradient is ready, not in finish(): then it runs while backward computes "
+     "the earlier layers."),
+    (NeverResetsItsCounters, "world size 1, bucket cap 4000 bytes, step 2: rank 0 called 0 "
+     "collective(s) (none); DDP all-reduces 1 bucket(s) — Hint: finish() must also reset "
+     "what counts each bucket's ready gradients: the hooks fire again in the next step's "
+     "backward."),
+    (HookRaises, "world size 1, bucket cap 4000 bytes: rank 0 raised KeyError: 'bucket of "
+     "this parameter' — Hint: " + checking.HINTS["exception"]),
+])
+def test_overlapped_ddp_mistakes(capsys, answer, message):
+    expect(capsys, checks.check_overlapped_ddp, answer, OVERLAP + message)
+
+
+# ------------------------------------------------------ exercise 4: accumulation
+
+
+def all_reduces_every_micro_batch(ddp_model, optimizer, micro_batches, loss_fn):
+    k = len(micro_batches)
+    for x, y in micro_batches:
+        (loss_fn(ddp_model(x), y) / k).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def backward_only_in_no_sync(ddp_model, optimizer, micro_batches, loss_fn):
+    """Forward outside no_sync(): DDP has already prepared to all-reduce."""
+    k = len(micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        loss = loss_fn(ddp_model(x), y) / k
+        if i < k - 1:
+            with ddp_model.no_sync():
+                loss.backward()
+        else:
+            loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def forgot_to_scale_the_loss(ddp_model, optimizer, micro_batches, loss_fn):
+    with ddp_model.no_sync():
+        for x, y in micro_batches[:-1]:
+            loss_fn(ddp_model(x), y).backward()
+    x, y = micro_batches[-1]
+    loss_fn(ddp_model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def everything_in_no_sync(ddp_model, optimizer, micro_batches, loss_fn):
+    k = len(micro_batches)
+    with ddp_model.no_sync():
+        for x, y in micro_batches:
+            (loss_fn(ddp_model(x), y) / k).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def rank_1_never_syncs(ddp_model, optimizer, micro_batches, loss_fn):
+    """Deadlocks: rank 1 never joins the other ranks' all-reduce."""
+    if dist.get_rank() == 1:
+        return everything_in_no_sync(ddp_model, optimizer, micro_batches, loss_fn)
+    return MINE["train_with_accumulation"](ddp_model, optimizer, micro_batches, loss_fn)
+
+
+ACCUMULATION_HINT = ("divide each micro-batch's loss by the number of micro-batches, run "
+                     "forward and backward of every micro-batch but the last inside `with "
+                     "ddp_model.no_sync():`, then optimizer.step() and optimizer.zero_grad() "
+                     "once.")
+IN_NO_SYNC = ("run forward AND backward of every micro-batch but the last inside `with "
+              "ddp_model.no_sync():` (DDP decides in forward whether backward all-reduces).")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (all_reduces_every_micro_batch, "world size 2, 4 micro-batches of 2, optimizer step 1: "
+     "rank 0 all-reduced 4 time(s); DDP needs 1 (one bucket) — Hint: " + IN_NO_SYNC),
+    (backward_only_in_no_sync, "world size 2, 4 micro-batches of 2, optimizer step 1: "
+     "rank 0 all-reduced 4 time(s); DDP needs 1 (one bucket) — Hint: " + IN_NO_SYNC),
+    (forgot_to_scale_the_loss, "world size 2, 4 micro-batches of 2, after 3 steps: rank 0, "
+     "0.weight, element 0: -0.01774, the big-batch run has -0.006516 — Hint: "
+     + ACCUMULATION_HINT),
+    (everything_in_no_sync, "world size 1, 1 micro-batch of 2, optimizer step 1: rank 0 "
+     "all-reduced 0 time(s); DDP needs 1 (one bucket) — Hint: the last micro-batch's "
+     "backward must run outside no_sync(): that one all-reduces the accumulated gradients."),
+    (rank_1_never_syncs, "world size 2, 4 micro-batches of 2: deadlock (rank 0: all_reduce "
+     "#3 on group WORLD; rank 1: returned) — Hint: rank 1 returned while others wait in a "
+     "collective: every rank of a group must call each of its collectives."),
+])
+def test_accumulation_mistakes(capsys, short_timeout, answer, message):
+    expect(capsys, checks.check_accumulation, answer, ACCUMULATION + message)
+
+
+# ------------------------------------------------------ exercise 5: the trainer
+
+
+class PresetNodes(DistributedTrainer):
+    """Nodes of a preset have 8 GPUs: all ranks land on node 0."""
+
+    def __init__(self, nodes, gpus_per_node, batch_size, gradient_accumulation=1):
+        super().__init__(nodes, gpus_per_node, batch_size, gradient_accumulation)
+        self.cluster = sc.Cluster.preset("dgx-a100", nodes=nodes)
+
+
+class OneBigNode(DistributedTrainer):
+    def __init__(self, nodes, gpus_per_node, batch_size, gradient_accumulation=1):
+        super().__init__(nodes, gpus_per_node, batch_size, gradient_accumulation)
+        self.cluster = sc.Cluster(sc.ClusterSpec(
+            "one", (sc.NodeSpec("node0", nodes * gpus_per_node),)))
+
+
+class BatchSizeIsGlobal(DistributedTrainer):
+    def __init__(self, nodes, gpus_per_node, batch_size, gradient_accumulation=1):
+        super().__init__(nodes, gpus_per_node, batch_size, gradient_accumulation)
+        self.global_batch = batch_size
+
+
+class EveryRankTakesTheSameSamples(DistributedTrainer):
+    def train(self, make_model, inputs, targets, loss_fn, lr, steps):
+        b, k = self.batch_size, self.gradient_accumulation
+        model = DDP(make_model())
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        for step in range(steps):
+            start = step * self.global_batch
+            micro = [(inputs[start + i * b:start + (i + 1) * b],
+                      targets[start + i * b:start + (i + 1) * b]) for i in range(k)]
+            MINE["train_with_accumulation"](model, optimizer, micro, loss_fn)
+        return [p.detach().clone() for p in model.parameters()]
+
+
+class IgnoresAccumulation(DistributedTrainer):
+    def train(self, make_model, inputs, targets, loss_fn, lr, steps):
+        rank, b = dist.get_rank(), self.batch_size
+        model = DDP(make_model())
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        for step in range(steps):
+            start = step * self.global_batch + rank * b
+            MINE["train_with_accumulation"](
+                model, optimizer, [(inputs[start:start + b], targets[start:start + b])],
+                loss_fn)
+        return [p.detach().clone() for p in model.parameters()]
+
+
+class Rank3Raises(DistributedTrainer):
+    def train(self, *args):
+        if dist.get_rank() == 3:
+            raise IndexError("list index out of range")
+        return super().train(*args)
+
+
+SEED_CASE = ("DistributedTrainer(nodes=3, gpus_per_node=2, batch_size=2, "
+             "gradient_accumulation=2)")
+PLACEMENT_HINT = ("build 3 node(s) of 2 GPU(s) each: sc.Cluster(sc.ClusterSpec(name, "
+                  "tuple(sc.NodeSpec(f'node{i}', gpus_per_node) for i in range(nodes)))); a "
+                  "preset has 8 GPUs per node.")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (PresetNodes, "node 0 has 8 GPU(s), expected 2: rank 2 would not start node 1 — Hint: "
+     + PLACEMENT_HINT),
+    (OneBigNode, "the cluster has 1 node(s), expected 3 — Hint: " + PLACEMENT_HINT),
+    (BatchSizeIsGlobal, "global_batch is 2, expected batch_size × nodes × gpus_per_node × "
+     "gradient_accumulation = 24 — Hint: batch_size is per GPU, as in the seed: the global "
+     "batch multiplies it by every GPU and every micro-batch."),
+    (EveryRankTakesTheSameSamples, "rank 0, 0.weight, element 0: 0.0003162, the big-batch "
+     "run has -0.001584 — Hint: rank r's samples of step s start at s·global_batch + "
+     "r·batch_size·gradient_accumulation; train each step with your "
+     "train_with_accumulation."),
+    (IgnoresAccumulation, "rank 0 computed 2 loss(es) on micro-batches of 2 sample(s) in 2 "
+     "steps; expected 4 of 2 — Hint: each optimizer step, every rank takes "
+     "gradient_accumulation micro-batches of batch_size samples (batch_size is per GPU)."),
+    (Rank3Raises, "rank 3 raised IndexError: list index out of range — Hint: "
+     + checking.HINTS["exception"]),
+])
+def test_distributed_trainer_mistakes(capsys, answer, message):
+    expect(capsys, checks.check_distributed_trainer, answer, TRAINER + f"{SEED_CASE}: "
+           + message)
+
+
+class WaitsInTheHook(OverlappedDDP):
+    """Right values and buckets, but each bucket's all-reduce blocks backward."""
+
+    def _grad_ready(self, param):
+        launched = len(self.pending)
+        super()._grad_ready(param)
+        if len(self.pending) > launched:
+            self.pending[-1][2].wait()
+
+
+def test_a_blocking_all_reduce_in_the_hook_hides_nothing(capsys):
+    expect(capsys, checks.check_overlapped_ddp, WaitsInTheHook, OVERLAP
+           + "world size 4, four 256×256 layers, bucket cap 65536 bytes: no communication "
+           "overlapped backward (hidden time 0; DDP hides 4.3 µs) — Hint: launch each "
+           "bucket's all-reduce from the hook (dist.all_reduce(flat, async_op=True)) as soon "
+           "as its last gradient is ready, not in finish(): then it runs while backward "
+           "computes the earlier layers.")
+
+
+# ------------------------------------- one more that raises or deadlocks, per exercise
+
+
+def stacks_the_gradients(model, cap):
+    for bucket in MINE["bucket_parameters"](model.parameters(), cap):
+        flat = torch.stack([q.grad for q in bucket])
+        dist.all_reduce(flat)
+
+
+class Rank1SkipsTheFirstBucket(OverlappedDDP):
+    def _grad_ready(self, param):
+        if dist.get_rank() == 1 and self.bucket_of[param] == 0:
+            return
+        super()._grad_ready(param)
+
+
+def no_sync_without_parentheses(ddp_model, optimizer, micro_batches, loss_fn):
+    k = len(micro_batches)
+    with ddp_model.no_sync:
+        for x, y in micro_batches[:-1]:
+            (loss_fn(ddp_model(x), y) / k).backward()
+    x, y = micro_batches[-1]
+    (loss_fn(ddp_model(x), y) / k).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+class Rank0TakesAnExtraStep(DistributedTrainer):
+    def train(self, make_model, inputs, targets, loss_fn, lr, steps):
+        extra = 1 if dist.get_rank() == 0 else 0
+        return super().train(make_model, inputs, targets, loss_fn, lr, steps + extra)
+
+
+@pytest.mark.parametrize("check, answer, message", [
+    (checks.check_allreduce_in_buckets, stacks_the_gradients, "world size 1, bucket cap "
+     "4000 bytes: rank 0 raised RuntimeError: stack expects each tensor to be equal size, "
+     "but got [4] at entry 0 and [4, 16] at entry 1 — Hint: " + checking.HINTS["exception"]),
+    (checks.check_overlapped_ddp, Rank1SkipsTheFirstBucket, "world size 2, bucket cap 4000 "
+     "bytes: deadlock (rank 0: all_reduce #0 on group WORLD; rank 1: returned) — Hint: rank "
+     "1 returned while others wait in a collective: every rank of a group must call each "
+     "of its collectives."),
+    (checks.check_accumulation, no_sync_without_parentheses, "world size 1, 1 micro-batch "
+     "of 2: rank 0 raised TypeError: 'method' object does not support the context manager "
+     "protocol — Hint: " + checking.HINTS["exception"]),
+    (checks.check_distributed_trainer, Rank0TakesAnExtraStep, "DistributedTrainer(nodes=3, "
+     "gpus_per_node=2, batch_size=2, gradient_accumulation=2): deadlock (rank 0: "
+     "all_reduce #7 on group WORLD; rank 1: returned; rank 2: returned; rank 3: returned; "
+     "… (6 ranks)) — Hint: ranks 1-5 returned while others wait in a collective: every "
+     "rank of a group must call each of its collectives."),
+])
+def test_more_mistakes_that_raise_or_deadlock(capsys, short_timeout, check, answer,
+                                              message):
+    expect(capsys, check, answer, f"❌ {NAMES[check]}: {message}")
