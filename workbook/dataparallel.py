@@ -1,0 +1,226 @@
+"""Data parallelism with torch's own DDP, measured: what lesson 03 imports.
+
+The lab asks you to write gradient averaging, bucketing, overlap, accumulation and the
+seed platform's trainer yourself, so none of them is here. What is here are the models
+the lesson measures and one way of timing a DDP training step on the simulated cluster:
+
+* :func:`mlp`, a stack of equal ``Linear`` layers (many same-sized gradients), and
+  :func:`resnet50`, ResNet-50 written out (He et al. 2016: 25.6 M parameters, 4.1 G
+  multiply-adds per 224×224 image), for fake-tensor runs at real size;
+* :func:`ddp_steps`, the function every rank runs: build the model, wrap it in
+  :class:`~torch.nn.parallel.DistributedDataParallel`, train a few steps, then time one;
+* :func:`measure`, which runs it on a cluster and returns a :class:`StepReport`:
+  simulated step time, compute, communication, how much of it was hidden behind
+  backward, the collectives of the timed step, and peak memory.
+
+How a step is timed: after the warm-up steps every rank calls ``dist.barrier()``, so all
+ranks start the timed step together; the step runs from the end of that barrier to the
+end of the run. The warm-up matters for DDP: its first step puts every gradient in one
+bucket, and only from the second step on does it use buckets of ``bucket_cap_mb``, in
+the order the gradients arrived.
+"""
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import simcluster as sc
+
+# ------------------------------------------------------------------------- models
+
+
+def mlp(width=256, depth=16, seed=0):
+    """``depth`` × (``Linear(width, width)`` + ReLU), initialised from ``seed``.
+
+    Every layer has a ``width × width`` weight and a ``width`` bias: ``2 * depth``
+    gradients of two sizes, the simplest model on which to count buckets.
+    """
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+class Bottleneck(nn.Module):
+    """ResNet's bottleneck block: 1×1 down to ``width``, 3×3, 1×1 up to ``4 * width``,
+    plus the shortcut (a strided 1×1 convolution when the shape changes)."""
+
+    def __init__(self, in_channels, width, stride):
+        super().__init__()
+        out = 4 * width
+        self.body = nn.Sequential(
+            nn.Conv2d(in_channels, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, out, 1, bias=False), nn.BatchNorm2d(out))
+        self.shortcut = (nn.Identity() if stride == 1 and in_channels == out else
+                         nn.Sequential(nn.Conv2d(in_channels, out, 1, stride, bias=False),
+                                       nn.BatchNorm2d(out)))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+def resnet50(num_classes=1000):
+    """ResNet-50 (He et al. 2016, torchvision's layout): 25,557,032 parameters.
+
+    Stages of 3, 4, 6 and 3 bottleneck blocks; one 224×224 image costs 4.1 G
+    multiply-adds forward (8.2 GFLOP as torch's FLOP counter counts them).
+    """
+    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+              nn.MaxPool2d(3, 2, 1)]
+    channels = 64
+    for blocks, width, stride in ((3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2)):
+        for i in range(blocks):
+            layers.append(Bottleneck(channels, width, stride if i == 0 else 1))
+            channels = 4 * width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes)]
+    return nn.Sequential(*layers)
+
+
+MODELS = {"mlp": mlp, "resnet50": resnet50}
+
+# ------------------------------------------------------------------ one timed step
+
+
+def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches=1,
+              fake=False, barrier_every_step=False, model_kwargs=None, ddp_kwargs=None):
+    """On every rank: train ``model`` under DDP for ``warmup`` steps, then one timed step.
+
+    Args:
+        model: a name in :data:`MODELS`.
+        input_shape: one sample's shape; ``batch`` samples per rank per micro-batch.
+        warmup: steps before the timed one (DDP builds its real buckets in step 1).
+        micro_batches: micro-batches per optimizer step; all but the last run under
+            ``model.no_sync()`` (gradient accumulation).
+        fake: build and train under :func:`simcluster.fake_tensors` (shapes, no data).
+        barrier_every_step: call ``dist.barrier()`` after every optimizer step.
+        model_kwargs: passed to the model's builder.
+        ddp_kwargs: passed to ``DistributedDataParallel`` (``bucket_cap_mb``, ...).
+
+    Returns the names of the collectives this rank called in the timed step. Peak
+    memory is measured from the start of the timed step (``run.peak_memory(rank)``).
+    """
+    ddp_kwargs = dict(ddp_kwargs or {})
+    if fake:
+        ddp_kwargs.setdefault("init_sync", False)   # no values to broadcast
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    with sc.fake_tensors() if fake else contextlib.nullcontext():
+        net = DDP(MODELS[model](**(model_kwargs or {})), **ddp_kwargs)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+
+        def step():
+            optimizer.zero_grad(set_to_none=False)
+            for i in range(micro_batches):
+                x = torch.randn(batch, *input_shape, generator=None if fake else generator)
+                last = i == micro_batches - 1
+                with contextlib.nullcontext() if last else net.no_sync():
+                    net(x).square().mean().backward()
+            optimizer.step()
+            if barrier_every_step:
+                dist.barrier()
+
+        for _ in range(warmup):
+            step()
+        dist.barrier()                       # the timed step starts when this one ends
+        called = len(sc.collectives_called())
+        sc.reset_peak_memory()
+        step()
+        return sc.collectives_called()[called:]
+
+
+@dataclass
+class StepReport:
+    """One timed DDP step on rank 0, in simulated seconds.
+
+    Attributes:
+        time: the step, from the end of the barrier before it to the end of the run.
+        compute: time the compute stream computed (forward, backward, optimizer).
+        comm: time the communication stream was busy (DDP's all-reduces, ...).
+        exposed: time the compute stream waited for communication (``time - compute``).
+        hidden: communication that ran while compute ran (``comm - exposed``, ≥ 0).
+        collectives: the :class:`~simcluster.CollectiveRecord` list of the timed step.
+        called: the names of the collectives rank 0 called in the timed step.
+        peak: rank 0's peak memory in the timed step, ``{category: bytes}`` and
+            ``"total"``.
+    """
+
+    time: float
+    compute: float
+    comm: float
+    exposed: float
+    hidden: float
+    collectives: list
+    called: list
+    peak: dict
+
+    @property
+    def all_reduces(self):
+        """The all-reduces of the timed step (DDP's buckets)."""
+        return [c for c in self.collectives if c.op == "all_reduce"]
+
+
+def measure(cluster, world_size, **kwargs):
+    """Run :func:`ddp_steps` (``kwargs``) on ``world_size`` ranks; return the
+    :class:`StepReport` of its timed step, and the :class:`~simcluster.Run`."""
+    run = cluster.run(ddp_steps, world_size=world_size, kwargs=kwargs)
+    start = [c for c in run.collectives if c.op == "barrier"][-1 - bool(
+        kwargs.get("barrier_every_step"))].end
+    end = run.elapsed
+    events = [e for e in run.clock(0).events if e.end > start]
+    compute = sum(e.end - max(e.start, start) for e in events if e.lane == "compute")
+    comm = sum(e.end - max(e.start, start) for e in events if e.lane == "comm")
+    exposed = (end - start) - compute
+    report = StepReport(time=end - start, compute=compute, comm=comm, exposed=exposed,
+                        hidden=max(0.0, comm - exposed),
+                        collectives=[c for c in run.collectives if c.start >= start],
+                        called=run.results[0], peak=run.peak_memory(0))
+    return report, run
+
+
+# ------------------------------------------------------- memory of accumulation
+
+
+class BertLike(nn.Module):
+    """A BERT-base-sized encoder (Devlin et al. 2019: 12 layers, hidden 768, 12 heads,
+    feed-forward 3072, 30,522-token vocabulary; about 110 M parameters) with a
+    masked-language-model head tied to the embedding."""
+
+    def __init__(self, layers=12, hidden=768, heads=12, vocab=30522, max_len=512):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, hidden)
+        self.positions = nn.Embedding(max_len, hidden)
+        layer = nn.TransformerEncoderLayer(hidden, heads, 4 * hidden, batch_first=True,
+                                           activation="gelu")
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+    def forward(self, ids):
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        h = self.encoder(self.tokens(ids) + self.positions(positions))
+        return h @ self.tokens.weight.T    # logits over the vocabulary
+
+
+def accumulation_memory(batch=32, seq_len=512, micro_batches=1):
+    """On one rank, with fake tensors: one Adam step of :class:`BertLike` on ``batch``
+    sequences of ``seq_len`` tokens, cut into ``micro_batches`` micro-batches whose
+    gradients are accumulated. Returns peak memory ``{category: bytes, "total": ...}``
+    of the step (the optimizer state exists from a first step before it)."""
+    with sc.fake_tensors():
+        model = BertLike()
+        optimizer = torch.optim.Adam(model.parameters())
+        for _ in range(2):      # the first step creates Adam's state; measure the second
+            sc.reset_peak_memory()
+            optimizer.zero_grad(set_to_none=False)
+            for _ in range(micro_batches):
+                ids = torch.randint(0, 30522, (batch // micro_batches, seq_len))
+                logits = model(ids)
+                nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten()).backward()
+                del logits
+            optimizer.step()
+    from simcluster.accounting import current
+    memory = current().memory
+    return {**memory.peak_by_category, "total": memory.peak}
