@@ -82,21 +82,36 @@ def resnet50(num_classes=1000):
     return nn.Sequential(*layers)
 
 
-MODELS = {"mlp": mlp, "resnet50": resnet50}
+def resnet50_equivalent(width=2528, depth=4):
+    """A stand-in for ResNet-50 that costs the same and runs ten times fewer ops.
+
+    ``depth`` ``Linear(width, width)`` layers (25.6 M parameters, as ResNet-50) applied
+    at each of 160 places of a sample (input shape :data:`RESNET50_EQUIVALENT_INPUT`): one
+    sample costs ``2 × 25.6 M × 160 = 8.2`` GFLOP forward, as one 224×224 image does in
+    ResNet-50. Gradient bytes and FLOPs match; the layer shapes do not (ResNet's early
+    layers are small), which moves when the first bucket is ready, not how much is sent.
+    """
+    return mlp(width, depth)
+
+
+RESNET50_INPUT = (3, 224, 224)                   # one image
+RESNET50_EQUIVALENT_INPUT = (160, 2528)          # 160 positions × 2528 features
+MODELS = {"mlp": mlp, "resnet50": resnet50, "resnet50_equivalent": resnet50_equivalent}
 
 # ------------------------------------------------------------------ one timed step
 
 
 def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches=1,
-              fake=False, barrier_every_step=False, model_kwargs=None, ddp_kwargs=None):
+              use_no_sync=True, fake=False, barrier_every_step=False, model_kwargs=None, ddp_kwargs=None):
     """On every rank: train ``model`` under DDP for ``warmup`` steps, then one timed step.
 
     Args:
         model: a name in :data:`MODELS`.
         input_shape: one sample's shape; ``batch`` samples per rank per micro-batch.
         warmup: steps before the timed one (DDP builds its real buckets in step 1).
-        micro_batches: micro-batches per optimizer step; all but the last run under
-            ``model.no_sync()`` (gradient accumulation).
+        micro_batches: micro-batches per optimizer step (gradient accumulation).
+        use_no_sync: run all micro-batches but the last under ``model.no_sync()``;
+            False all-reduces after every micro-batch.
         fake: build and train under :func:`simcluster.fake_tensors` (shapes, no data).
         barrier_every_step: call ``dist.barrier()`` after every optimizer step.
         model_kwargs: passed to the model's builder.
@@ -117,8 +132,8 @@ def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches
             optimizer.zero_grad(set_to_none=False)
             for i in range(micro_batches):
                 x = torch.randn(batch, *input_shape, generator=None if fake else generator)
-                last = i == micro_batches - 1
-                with contextlib.nullcontext() if last else net.no_sync():
+                sync = i == micro_batches - 1 or not use_no_sync
+                with contextlib.nullcontext() if sync else net.no_sync():
                     net(x).square().mean().backward()
             optimizer.step()
             if barrier_every_step:
@@ -224,3 +239,38 @@ def accumulation_memory(batch=32, seq_len=512, micro_batches=1):
     from simcluster.accounting import current
     memory = current().memory
     return {**memory.peak_by_category, "total": memory.peak}
+
+
+# ------------------------------------------------------------ learning rate vs batch
+
+
+def large_batch_loss(scale, scaled_lr, base_lr=0.005, base_batch=32, epochs=4,
+                     samples=8192):
+    """Train a small regression model with SGD (momentum 0.9) for ``epochs`` epochs at a
+    global batch of ``scale × base_batch``; return the final training loss.
+
+    The learning rate is ``base_lr × scale`` if ``scaled_lr`` (the linear scaling rule),
+    else ``base_lr``. One process on the whole global batch: section 1 of lesson 03
+    shows that this is what DDP on ``scale`` ranks of ``base_batch`` computes. The data
+    (a random teacher network plus noise) and the initial weights are the same for
+    every call.
+    """
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(samples, 32, generator=g)
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 1))
+    with torch.no_grad():
+        y = teacher(x) + 0.1 * torch.randn(samples, 1, generator=g)
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(32, 128), nn.Tanh(), nn.Linear(128, 1))
+    lr = base_lr * scale if scaled_lr else base_lr
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    batch = scale * base_batch
+    order = torch.randperm(samples, generator=g)
+    for step in range(epochs * samples // batch):
+        rows = order[(step * batch) % samples:][:batch]
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+        optimizer.step()
+    with torch.no_grad():
+        return nn.functional.mse_loss(model(x), y).item()
