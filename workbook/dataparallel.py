@@ -102,7 +102,8 @@ MODELS = {"mlp": mlp, "resnet50": resnet50, "resnet50_equivalent": resnet50_equi
 
 
 def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches=1,
-              use_no_sync=True, fake=False, barrier_every_step=False, model_kwargs=None, ddp_kwargs=None):
+              use_no_sync=True, fake=False, barrier_every_step=False, model_kwargs=None,
+              ddp_kwargs=None):
     """On every rank: train ``model`` under DDP for ``warmup`` steps, then one timed step.
 
     Args:
@@ -120,12 +121,9 @@ def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches
     Returns the names of the collectives this rank called in the timed step. Peak
     memory is measured from the start of the timed step (``run.peak_memory(rank)``).
     """
-    ddp_kwargs = dict(ddp_kwargs or {})
-    if fake:
-        ddp_kwargs.setdefault("init_sync", False)   # no values to broadcast
     generator = torch.Generator().manual_seed(dist.get_rank())
     with sc.fake_tensors() if fake else contextlib.nullcontext():
-        net = DDP(MODELS[model](**(model_kwargs or {})), **ddp_kwargs)
+        net = DDP(MODELS[model](**(model_kwargs or {})), **(ddp_kwargs or {}))
         optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
 
         def step():
