@@ -207,21 +207,25 @@ class BertLike(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(vocab, hidden)
         self.positions = nn.Embedding(max_len, hidden)
-        layer = nn.TransformerEncoderLayer(hidden, heads, 4 * hidden, batch_first=True,
-                                           activation="gelu")
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        # separate layers, not nn.TransformerEncoder's deep copies of one (copying a fake
+        # tensor reads its missing data)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(hidden, heads, 4 * hidden, batch_first=True,
+                                       activation="gelu") for _ in range(layers))
 
     def forward(self, ids):
         positions = torch.arange(ids.shape[1], device=ids.device)
-        h = self.encoder(self.tokens(ids) + self.positions(positions))
+        h = self.tokens(ids) + self.positions(positions)
+        for layer in self.layers:
+            h = layer(h)
         return h @ self.tokens.weight.T    # logits over the vocabulary
 
 
 def accumulation_memory(batch=32, seq_len=512, micro_batches=1):
     """On one rank, with fake tensors: one Adam step of :class:`BertLike` on ``batch``
     sequences of ``seq_len`` tokens, cut into ``micro_batches`` micro-batches whose
-    gradients are accumulated. Returns peak memory ``{category: bytes, "total": ...}``
-    of the step (the optimizer state exists from a first step before it)."""
+    gradients are accumulated. The peak memory of that step (the optimizer state exists
+    from a first step before it) is ``run.peak_memory(0)`` afterwards."""
     with sc.fake_tensors():
         model = BertLike()
         optimizer = torch.optim.Adam(model.parameters())
@@ -234,9 +238,6 @@ def accumulation_memory(batch=32, seq_len=512, micro_batches=1):
                 nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten()).backward()
                 del logits
             optimizer.step()
-    from simcluster.accounting import current
-    memory = current().memory
-    return {**memory.peak_by_category, "total": memory.peak}
 
 
 # ------------------------------------------------------------ learning rate vs batch
