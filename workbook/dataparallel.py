@@ -2,22 +2,27 @@
 
 The lab asks you to write gradient averaging, bucketing, overlap, accumulation and the
 seed platform's trainer yourself, so none of them is here. What is here are the models
-the lesson measures and one way of timing a DDP training step on the simulated cluster:
+the lesson measures and the code that times them on the simulated cluster:
 
-* :func:`mlp`, a stack of equal ``Linear`` layers (many same-sized gradients), and
+* models: :func:`mlp`, a stack of equal ``Linear`` layers (many same-sized gradients);
   :func:`resnet50`, ResNet-50 written out (He et al. 2016: 25.6 M parameters, 4.1 G
   multiply-adds per 224×224 image), for fake-tensor runs at real size;
+  :func:`resnet50_equivalent`, a cheaper stand-in with ResNet-50's parameters and FLOPs;
+  :class:`BertLike`, BERT-base's shape;
 * :func:`ddp_steps`, the function every rank runs: build the model, wrap it in
   :class:`~torch.nn.parallel.DistributedDataParallel`, train a few steps, then time one;
-* :func:`measure`, which runs it on a cluster and returns a :class:`StepReport`:
-  simulated step time, compute, communication, how much of it was hidden behind
-  backward, the collectives of the timed step, and peak memory.
+  :func:`measure` runs it on a cluster and returns a :class:`StepReport`: simulated step
+  time, compute, communication, how much of it was hidden behind backward, the
+  collectives of the timed step, and peak memory;
+* :func:`accumulation_memory`, peak memory of one BERT-base step with gradient
+  accumulation, and :func:`large_batch_loss`, the learning-rate scaling experiment.
 
 How a step is timed: after the warm-up steps every rank calls ``dist.barrier()``, so all
 ranks start the timed step together; the step runs from the end of that barrier to the
 end of the run. The warm-up matters for DDP: its first step puts every gradient in one
-bucket, and only from the second step on does it use buckets of ``bucket_cap_mb``, in
-the order the gradients arrived.
+bucket, and at the start of the second step it rebuilds the buckets (``bucket_cap_mb``,
+in the order the gradients arrived), broadcasting the new layout. With ``warmup=2`` the
+timed step is a steady-state one.
 """
 
 import contextlib
@@ -109,8 +114,10 @@ def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches
     Args:
         model: a name in :data:`MODELS`.
         input_shape: one sample's shape; ``batch`` samples per rank per micro-batch.
-        warmup: steps before the timed one (DDP builds its real buckets in step 1).
-        micro_batches: micro-batches per optimizer step (gradient accumulation).
+        warmup: steps before the timed one (DDP has one bucket in step 1 and rebuilds
+            its buckets at the start of step 2: ``warmup=2`` times a steady step).
+        micro_batches: micro-batches per optimizer step (gradient accumulation; the
+            loss is not divided by their number: this times steps, it doesn't train).
         use_no_sync: run all micro-batches but the last under ``model.no_sync()``;
             False all-reduces after every micro-batch.
         fake: build and train under :func:`simcluster.fake_tensors` (shapes, no data).
@@ -118,8 +125,8 @@ def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches
         model_kwargs: passed to the model's builder.
         ddp_kwargs: passed to ``DistributedDataParallel`` (``bucket_cap_mb``, ...).
 
-    Returns the names of the collectives this rank called in the timed step. Peak
-    memory is measured from the start of the timed step (``run.peak_memory(rank)``).
+    Peak memory is measured from the start of the timed step: read it with
+    ``run.peak_memory(rank)`` afterwards.
     """
     generator = torch.Generator().manual_seed(dist.get_rank())
     with sc.fake_tensors() if fake else contextlib.nullcontext():
@@ -140,10 +147,8 @@ def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches
         for _ in range(warmup):
             step()
         dist.barrier()                       # the timed step starts when this one ends
-        called = len(sc.collectives_called())
         sc.reset_peak_memory()
         step()
-        return sc.collectives_called()[called:]
 
 
 @dataclass
@@ -157,7 +162,6 @@ class StepReport:
         exposed: time the compute stream waited for communication (``time - compute``).
         hidden: communication that ran while compute ran (``comm - exposed``, ≥ 0).
         collectives: the :class:`~simcluster.CollectiveRecord` list of the timed step.
-        called: the names of the collectives rank 0 called in the timed step.
         peak: rank 0's peak memory in the timed step, ``{category: bytes}`` and
             ``"total"``.
     """
@@ -168,7 +172,6 @@ class StepReport:
     exposed: float
     hidden: float
     collectives: list
-    called: list
     peak: dict
 
     @property
@@ -181,8 +184,10 @@ def measure(cluster, world_size, **kwargs):
     """Run :func:`ddp_steps` (``kwargs``) on ``world_size`` ranks; return the
     :class:`StepReport` of its timed step, and the :class:`~simcluster.Run`."""
     run = cluster.run(ddp_steps, world_size=world_size, kwargs=kwargs)
-    start = [c for c in run.collectives if c.op == "barrier"][-1 - bool(
-        kwargs.get("barrier_every_step"))].end
+    barriers = [c for c in run.collectives if c.op == "barrier"]
+    # the timed step starts after the barrier before it; with a barrier in every step,
+    # the last one belongs to the timed step itself
+    start = barriers[-2 if kwargs.get("barrier_every_step") else -1].end
     end = run.elapsed
     events = [e for e in run.clock(0).events if e.end > start]
     compute = sum(e.end - max(e.start, start) for e in events if e.lane == "compute")
@@ -191,7 +196,7 @@ def measure(cluster, world_size, **kwargs):
     report = StepReport(time=end - start, compute=compute, comm=comm, exposed=exposed,
                         hidden=max(0.0, comm - exposed),
                         collectives=[c for c in run.collectives if c.start >= start],
-                        called=run.results[0], peak=run.peak_memory(0))
+                        peak=run.peak_memory(0))
     return report, run
 
 
