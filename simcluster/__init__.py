@@ -62,9 +62,11 @@ def fake_tensors():
     """Inside a rank: tensors made in this ``with`` block have shapes but no data.
 
     Memory and time are still accounted from their sizes, so a model far larger than this
-    machine can be measured — DDP, FSDP2 and optimizers run on them unchanged. Make a
-    ``DeviceMesh`` before entering (building one reads real values), and pass
-    ``init_sync=False`` to ``DistributedDataParallel`` (there are no values to broadcast).
+    machine can be measured — DDP, FSDP2 and optimizers run on them unchanged. DDP issues
+    the same collectives, at the same simulated times, as on real tensors: its shape check
+    at construction, the broadcast of the model, the rebuild of its buckets after the
+    first step (the few small integer tensors these read back stay real). Make a
+    ``DeviceMesh`` before entering (building one reads real values).
     """
     from ._torch_internals import fake_tensor_mode
 

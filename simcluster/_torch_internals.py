@@ -21,6 +21,13 @@ back. What we rely on, and why:
   one for the whole process: each rank keeps its own (:func:`cpu_stream`,
   :func:`set_cpu_stream`), and a collective waited on while a side stream is selected
   does not stall the compute stream (:func:`on_side_stream`), as with NCCL.
+* DDP's C++ ``Reducer`` keeps its bookkeeping (parameter counts and shapes it checks
+  across ranks, the bucket order rank 0 broadcasts, the map of used parameters) in small
+  integer tensors that it fills and reads through raw pointers. Inside
+  ``sc.fake_tensors()`` those would be fake and have no memory to point at, so while a run
+  is active ``dist._verify_params_across_processes``, ``dist.Reducer`` and
+  ``Reducer._rebuild_buckets`` run under :class:`_RealBookkeeping`, which keeps those
+  tensors real (and the gradient buckets fake). ``unset_fake_temporarily`` does it.
 * ``dist.init_process_group`` is wrapped, while a run is active, so that a learner's own
   call inside a rank function (as in a ``torchrun`` script) is accepted: the simulator has
   already initialised the default group, and torch would otherwise refuse a second one.
@@ -180,6 +187,7 @@ def install(on_storage_resize, on_parameter, on_init_process_group):
 
             torch.UntypedStorage.resize_ = resize_
             _set_init_process_group(_init_process_group(on_init_process_group))
+            _set_reducer_entry_points(_reducer_entry_points_with_real_bookkeeping())
         _installed += 1
 
 
@@ -195,6 +203,7 @@ def uninstall():
             torch.UntypedStorage.resize_ = _original_storage_resize
             _fsdp_param_module().unsafe_setattr_param = _original_setattr_param
             _set_init_process_group(_original_init_process_group)
+            _set_reducer_entry_points(_original_reducer_entry_points)
 
 
 def _init_process_group(in_simulated_rank):
@@ -218,6 +227,73 @@ def _init_process_group(in_simulated_rank):
 def _set_init_process_group(function):
     dist.init_process_group = function
     c10d.init_process_group = function
+
+
+class _RealBookkeeping(TorchDispatchMode):
+    """Inside ``sc.fake_tensors()``: keeps the tensors DDP's C++ reducer reads back real.
+
+    The reducer writes parameter counts, shapes and bucket indices into small integer
+    tensors and reads them through raw pointers (``accessor``, ``item``); fake tensors
+    have no memory, so torch stops with "The tensor has a non-zero number of elements,
+    but its data is not allocated yet". Under this mode integer tensors the reducer
+    creates, and every op on real tensors only, run with the fake mode set aside; a
+    floating-point tensor it creates (a gradient bucket, as large as the gradients) and
+    every op on a fake tensor stay fake, so memory is accounted without being allocated.
+    """
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if types:   # a FakeTensor among the arguments
+            return func(*args, **kwargs)
+        dtype = kwargs.get("dtype")
+        creates_floats = (dtype is None or dtype.is_floating_point or dtype.is_complex) \
+            and not any(isinstance(a, torch.Tensor) for a in args)
+        if creates_floats:
+            return func(*args, **kwargs)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return func(*args, **kwargs)
+
+
+def _with_real_bookkeeping(function):
+    """``function`` (a reducer entry point), run under :class:`_RealBookkeeping` when
+    tensors are fake."""
+
+    def call(*args, **kwargs):
+        if not fake_mode_active():
+            return function(*args, **kwargs)
+        with _RealBookkeeping():
+            return function(*args, **kwargs)
+
+    call.__doc__, call.__wrapped__ = function.__doc__, function
+    return call
+
+
+_Reducer = torch._C._distributed_c10d.Reducer
+_original_reducer_entry_points = (dist._verify_params_across_processes, dist.Reducer,
+                                  _Reducer._rebuild_buckets)
+
+
+def _reducer_entry_points_with_real_bookkeeping():
+    """Replacements for :data:`_original_reducer_entry_points`: the same calls, with the
+    reducer's bookkeeping kept real inside ``sc.fake_tensors()``."""
+
+    class Reducer(_Reducer):
+        __init__ = _with_real_bookkeeping(_Reducer.__init__)
+
+    Reducer.__name__ = Reducer.__qualname__ = _Reducer.__name__
+    return (_with_real_bookkeeping(_original_reducer_entry_points[0]), Reducer,
+            _with_real_bookkeeping(_original_reducer_entry_points[2]))
+
+
+def _set_reducer_entry_points(entry_points):
+    """Install ``(verify_params_across_processes, Reducer, Reducer._rebuild_buckets)``
+    where DDP looks them up."""
+    verify, reducer, rebuild = entry_points
+    dist._verify_params_across_processes = verify
+    dist.Reducer = reducer
+    _Reducer._rebuild_buckets = rebuild
 
 
 def fake_tensor_mode():
