@@ -2,7 +2,6 @@
 mistake — wrong values, deadlock, exception, infinite loop, collective instead of
 point-to-point, wrong dtype, modified input, too many bytes — as one exact ❌ line."""
 
-import inspect
 import re
 import threading
 
@@ -13,21 +12,12 @@ import torch.distributed as dist
 import simcluster as sc
 
 from workbook import aggregation as A
+from _check_helpers import learner_namespace, line
 from workbook import checking, checks
 from workbook.lesson02 import _reference as R
 from workbook.lesson02 import checks as checks_02
 
 ALL = "world sizes 1, 2, 3, 4, 5, 8, sizes 1, 6, 13, 64"
-
-
-def line(capsys, check, *args):
-    """Run ``check(*args)``; return (result, the one line it printed)."""
-    result = check(*args)
-    out = capsys.readouterr().out
-    lines = out.splitlines()
-    assert len(lines) == 1, out
-    assert result is lines[0].startswith("✅")
-    return result, lines[0]
 
 
 def expect(capsys, check, args, message):
@@ -43,9 +33,7 @@ def short_timeout(monkeypatch):
 
 def learner_copy(reference):
     """The reference answer as a learner would type it: the same source, its own code."""
-    namespace = dict(vars(R))
-    exec(compile(inspect.getsource(reference), "<learner>", "exec"), namespace)
-    return namespace[reference.__name__]
+    return learner_namespace(R, reference)[reference.__name__]
 
 
 HINTS = checking.HINTS

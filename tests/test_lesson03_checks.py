@@ -2,7 +2,6 @@
 the reference itself, and reports each mistake the lab is about — including ones that
 deadlock, mismatch or raise — as one exact ❌ line."""
 
-import inspect
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import simcluster as sc
 
+from _check_helpers import learner_namespace, line
 from workbook import checking, checks
 from workbook.lesson03 import _reference as R
 
@@ -20,16 +20,6 @@ NAMES = {checks.check_average_gradients: "average gradients",
          checks.check_accumulation: "gradient accumulation",
          checks.check_distributed_trainer: "DistributedTrainer"}   # as each check prints it
 AVERAGE, BUCKETS, OVERLAP, ACCUMULATION, TRAINER = (f"❌ {name}: " for name in NAMES.values())
-
-
-def line(capsys, check, answer):
-    """Run ``check(answer)``; return (result, the one line it printed)."""
-    result = check(answer)
-    out = capsys.readouterr().out
-    lines = out.splitlines()
-    assert len(lines) == 1, out
-    assert result is lines[0].startswith("✅")
-    return result, lines[0]
 
 
 def expect(capsys, check, answer, message):
@@ -44,10 +34,7 @@ def short_timeout(monkeypatch):
 def learner_copy(*references):
     """The reference answers as a learner would type them: the same source, their own
     code (so that the checks do not refuse them as the workbook's)."""
-    namespace = dict(vars(R))
-    for reference in references:
-        exec(compile(inspect.getsource(reference), "<learner>", "exec"), namespace)
-    return namespace
+    return learner_namespace(R, *references)
 
 
 MINE = learner_copy(R.average_gradients, R.allreduce_in_buckets, R.OverlappedDDP,
