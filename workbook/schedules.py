@@ -1,0 +1,308 @@
+"""Pipeline schedules run and measured on the simulated cluster: what lesson 05 imports.
+
+The lab asks you to write GPipe and 1F1B yourself; the lesson shows GPipe written by hand
+once (:func:`gpipe`) and then uses torch's own :mod:`torch.distributed.pipelining` for
+everything else. What is here:
+
+* :func:`gpipe`, the hand-written GPipe schedule one rank runs: every micro-batch
+  forward, then every micro-batch backward, with ``send``/``recv`` between stages;
+* :func:`pipeline_step`, the function every rank runs: build this rank's stage(s) of an
+  MLP, then run one training step with a schedule, either :func:`gpipe` (``"hand"``) or
+  one of torch's (:data:`TORCH_SCHEDULES`), and record what the stage holds for backward;
+* :func:`measure` runs it on a cluster and returns a :class:`PipeReport` (measured bubble
+  next to :func:`workbook.pipeline.bubble_formula`, elapsed time, memory held per stage);
+  :func:`bubble_grid` does that over a grid of stage and micro-batch counts, and
+  :func:`grid_table` / :func:`plot_grid` show the grid.
+
+Sizes. A tiny real model computes in microseconds of simulated time, and then the ~10 µs
+latency of each point-to-point message, not the schedule, decides the idle time. The
+measurements therefore use :func:`simcluster.fake_tensors` and a wide MLP (width 16,384,
+1,024 rows per micro-batch): one stage's forward of one micro-batch takes tens of
+milliseconds on an A100 in float32, its activation message a fraction of one.
+"""
+
+import contextlib
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import simcluster as sc
+from workbook import dataparallel as dp
+from workbook import pipeline
+
+WIDTH = 16384      # features of every layer: compute per message large
+ROWS = 1024        # rows of one micro-batch
+
+# torch's schedules: name -> (class name in torch.distributed.pipelining, model chunks per
+# rank, how chunks are placed: "loop" = rank r holds stages r, r+p, ...; "v" = r and 2p-1-r)
+TORCH_SCHEDULES = {
+    "GPipe": ("ScheduleGPipe", 1, "loop"),
+    "1F1B": ("Schedule1F1B", 1, "loop"),
+    "Interleaved1F1B": ("ScheduleInterleaved1F1B", 2, "loop"),
+    "LoopedBFS": ("ScheduleLoopedBFS", 2, "loop"),
+    "InterleavedZeroBubble": ("ScheduleInterleavedZeroBubble", 2, "loop"),
+    "ZBVZeroBubble": ("ScheduleZBVZeroBubble", 2, "v"),
+    "DualPipeV": ("ScheduleDualPipeV", 2, "v"),
+}
+
+
+def _mse(output, target):
+    # torch's fused loss keeps only its two inputs for backward, no new tensor: what a
+    # stage holds per micro-batch is the same on the last stage as on the others
+    return nn.functional.mse_loss(output, target)
+
+
+# ------------------------------------------------------------ GPipe, written by hand
+
+
+def gpipe(stage, inputs, targets, shape, prev, next, loss_fn=_mse):
+    """One GPipe training step on this rank: all forwards, then all backwards.
+
+    Args:
+        stage: this rank's part of the model.
+        inputs: the micro-batches (read on the first stage only).
+        targets: their targets (read on the last stage only).
+        shape: the shape of the activation between stages (one micro-batch).
+        prev, next: the ranks of the stages before and after this one, or None.
+        loss_fn: ``loss_fn(output, target)``, on the last stage.
+
+    Gradients add up in ``stage``'s parameters, each micro-batch's loss divided by their
+    number (so they equal the gradient of the whole batch's mean loss, as torch's
+    schedules compute). Returns the micro-batches' losses on the last stage, else [].
+    """
+    m = len(inputs)
+    stash, losses = [], []
+    for i in range(m):                                    # 1. every forward
+        if prev is None:
+            x = inputs[i].clone()
+        else:
+            x = torch.empty(shape)
+            dist.recv(x, prev)                            # the activation from upstream
+        x.requires_grad_()   # every stage, the first too: all stages do equal work
+        y = stage(x)
+        if next is None:
+            y = loss_fn(y, targets[i]) / m
+            losses.append(y.detach() * m)
+        else:
+            dist.send(y.detach(), next)                   # on to the next stage
+        stash.append((x, y))                              # kept for backward
+    for x, y in stash:                                    # 2. every backward, same order
+        if next is None:
+            y.backward()
+        else:
+            grad = torch.empty(shape)
+            dist.recv(grad, next)                         # d loss / d y from downstream
+            y.backward(grad)
+        if prev is not None:
+            dist.send(x.grad, prev)                       # d loss / d x upstream
+    stash.clear()
+    return losses
+
+
+def source(fn=gpipe):
+    """The source code of ``fn``, to print in the lesson."""
+    return inspect.getsource(fn)
+
+
+# ------------------------------------------------------------ one step on every rank
+
+
+def stage_ranks(p, v=1, layout="loop"):
+    """``[stage indices of rank 0, of rank 1, ...]`` for ``p`` ranks holding ``v`` stages each.
+
+    ``"loop"``: rank ``r`` holds stages ``r, r + p, r + 2p, ...`` (Megatron's interleaving);
+    ``"v"``: ``v = 2`` and rank ``r`` holds ``r`` and ``2p - 1 - r`` (the V shape of
+    ZBV and DualPipe: the first and last stages on rank 0).
+    """
+    if layout == "v":
+        if v != 2:
+            raise ValueError(f"the V layout places exactly 2 stages per rank, not {v}")
+        return [[r, 2 * p - 1 - r] for r in range(p)]
+    return [[r + k * p for k in range(v)] for r in range(p)]
+
+
+def _track_held(modules):
+    """Sample this rank's memory after every forward of ``modules``: returns a dict whose
+    ``"peak"`` is the most bytes held above the moment of the call."""
+    base = sc.memory_in_use()
+    held = {"peak": 0, "base": sum(base.values())}
+
+    def hook(*_):
+        held["peak"] = max(held["peak"], sum(sc.memory_in_use().values()) - held["base"])
+
+    for module in modules:
+        module.register_forward_hook(hook)
+    return held
+
+
+def pipeline_step(schedule, m, width=WIDTH, rows=ROWS, layers=1, boundaries=None,
+                  placement=None, fake=True, seed=0):
+    """On every rank: build this rank's stage(s) of an MLP, run one step of ``schedule``.
+
+    Args:
+        schedule: ``"hand"`` (:func:`gpipe`) or a name in :data:`TORCH_SCHEDULES`.
+        m: micro-batches per step.
+        width, rows: the MLP's width and the rows of one micro-batch.
+        layers: ``Linear`` + ReLU blocks per stage (the MLP has ``layers ×`` stages).
+        boundaries: where stages start, as for :func:`workbook.pipeline.split` (None:
+            equal stages); uneven boundaries make stages of unequal cost.
+        placement: ``placement[s]`` is the rank that runs stage ``s`` (hand-written GPipe
+            only; default: stage ``s`` on rank ``s``).
+        fake: under :func:`simcluster.fake_tensors` (shapes, no data) or real tensors.
+        seed: the model's and the data's seed.
+
+    Gradients are allocated before the step (as after a first step), so what the stage
+    holds above its starting memory is what it keeps for backward. Returns
+    ``{"held": peak bytes held above the start, sampled after every forward,
+    "losses": [...], "grads": [...]}`` (losses on the last stage; grads real only).
+    """
+    rank = dist.get_rank()
+    order = list(range(dist.get_world_size())) if placement is None else list(placement)
+    if rank not in order:
+        return None                       # a rank the placement leaves out
+    name, v, layout = TORCH_SCHEDULES.get(schedule, (None, 1, "loop"))
+    n_stages = len(order) * v
+    with sc.fake_tensors() if fake else contextlib.nullcontext():
+        parts = pipeline.split(dp.mlp(width, layers * n_stages, seed), n_stages, boundaries)
+        if schedule == "hand":
+            mine = [order.index(rank)]
+        else:
+            mine = stage_ranks(len(order), v, layout)[rank]
+        for s in mine:
+            for param in parts[s].parameters():
+                param.grad = torch.zeros_like(param)
+        generator = None if fake else torch.Generator().manual_seed(seed + 1)
+        x = torch.randn(m * rows, width, generator=generator)
+        y = torch.randn(m * rows, width, generator=generator)
+        held = _track_held([parts[s] for s in mine])
+        if schedule == "hand":
+            s = mine[0]
+            prev = None if s == 0 else order[s - 1]
+            nxt = None if s == n_stages - 1 else order[s + 1]
+            losses = gpipe(parts[s], x.chunk(m), y.chunk(m), (rows, width), prev, nxt)
+        else:
+            losses = _torch_step(name, [parts[s] for s in mine], mine, n_stages, m, x, y)
+        grads = [] if fake else [param.grad.detach().clone()
+                                 for s in mine for param in parts[s].parameters()]
+    return {"held": held["peak"], "losses": losses, "grads": grads, "stages": mine}
+
+
+def _torch_step(name, modules, indices, n_stages, m, x, y):
+    """One step of torch's schedule ``name`` over this rank's stages; the losses."""
+    import torch.distributed.pipelining as pp
+
+    stages = [pp.PipelineStage(module, s, n_stages, torch.device("cpu"))
+              for module, s in zip(modules, indices)]
+    cls = getattr(pp, name)
+    schedule = cls(stages[0] if len(stages) == 1 else stages, n_microbatches=m, loss_fn=_mse)
+    losses = []
+    kwargs = {}
+    if n_stages - 1 in indices:
+        kwargs = {"target": y, "losses": losses}
+    if 0 in indices:
+        schedule.step(x, **kwargs)
+    else:
+        schedule.step(**kwargs)
+    return [loss.detach() for loss in losses]
+
+
+# ------------------------------------------------------------------ measurements
+
+
+@dataclass
+class PipeReport:
+    """One measured pipeline step.
+
+    Attributes:
+        schedule, p, m, v: what ran: the schedule, stages (ranks), micro-batches, model
+            chunks per rank.
+        bubble: measured, ``1 - compute / elapsed`` averaged over the pipeline's ranks.
+        formula: :func:`workbook.pipeline.bubble_formula` ``(p, m, v)``.
+        elapsed: simulated seconds of the step.
+        held: bytes each pipeline rank holds for backward at most, in stage order of
+            ``ranks``.
+        bytes_sent: point-to-point bytes each pipeline rank sent.
+        ranks: the ranks that ran the pipeline.
+        run: the :class:`simcluster.Run`, for its timeline and summary.
+    """
+
+    schedule: str
+    p: int
+    m: int
+    v: int
+    bubble: float
+    formula: float
+    elapsed: float
+    held: list = field(repr=False)
+    bytes_sent: list = field(repr=False)
+    ranks: list = field(repr=False)
+    run: object = field(repr=False)
+
+
+def measure(cluster, schedule, p, m, layers=1, boundaries=None, placement=None,
+            world_size=None, **run_kwargs):
+    """Run one step of ``schedule`` with ``p`` stages and ``m`` micro-batches on ``cluster``.
+
+    ``placement`` (hand-written GPipe) puts stage ``s`` on rank ``placement[s]``; with a
+    ``world_size`` larger than ``p`` the other ranks do nothing. ``run_kwargs`` go to
+    ``cluster.run`` (``link_factor``, ``speed_factor``, ...). Returns a :class:`PipeReport`.
+    """
+    v = TORCH_SCHEDULES.get(schedule, (None, 1, None))[1]
+    ranks = list(range(p)) if placement is None else list(placement)
+    run = cluster.run(pipeline_step, world_size=world_size or p, args=(schedule, m),
+                      kwargs={"layers": layers, "boundaries": boundaries,
+                              "placement": placement}, **run_kwargs)
+    return PipeReport(schedule, p, m, v, pipeline.bubble(run, ranks),
+                      pipeline.bubble_formula(p, m, v), run.elapsed,
+                      [run.results[r]["held"] for r in ranks],
+                      [run.bytes_sent[r] for r in ranks], ranks, run)
+
+
+def bubble_grid(cluster, ps=(2, 4, 8), ms=(1, 4, 8, 16, 32), schedule="hand"):
+    """``{(p, m): PipeReport}`` for every ``p`` in ``ps`` and ``m`` in ``ms``, with a
+    progress bar (one run per pair)."""
+    from tqdm.auto import tqdm
+
+    pairs = [(p, m) for p in ps for m in ms]
+    return {(p, m): measure(cluster, schedule, p, m)
+            for p, m in tqdm(pairs, desc=f"{schedule} runs")}
+
+
+def grid_table(grid):
+    """The grid as text: per ``m`` a row, per ``p`` measured and formula side by side, and
+    the largest gap between them."""
+    ps = sorted({p for p, _ in grid})
+    ms = sorted({m for _, m in grid})
+    lines = [f"{'':>4}" + "".join(f"{f'p = {p}':^22}" for p in ps),
+             f"{'m':>4}" + "".join(f"{'measured':>11}{'formula':>11}" for _ in ps)]
+    for m in ms:
+        lines.append(f"{m:>4}" + "".join(f"{grid[p, m].bubble:>11.1%}{grid[p, m].formula:>11.1%}"
+                                         for p in ps))
+    gap = max(grid.values(), key=lambda r: abs(r.bubble - r.formula))
+    lines.append(f"largest gap: {gap.bubble - gap.formula:+.1%} of wall time "
+                 f"(p = {gap.p}, m = {gap.m})")
+    return "\n".join(lines)
+
+
+def plot_grid(grid, ax=None):
+    """Measured bubble (dots) against the formula (lines) over ``m``, one colour per ``p``.
+    Returns the Axes; end the cell with ``plt.show()``."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(6, 3.8))[1]
+    ps = sorted({p for p, _ in grid})
+    ms = sorted({m for _, m in grid})
+    fine = [x / 4 for x in range(4 * ms[0], 4 * ms[-1] + 1)]
+    for p in ps:
+        line, = ax.plot(fine, [pipeline.bubble_formula(p, x) for x in fine], lw=1,
+                        label=f"p = {p}: (p−1)/(m+p−1)")
+        ax.plot(ms, [grid[p, m].bubble for m in ms], "o", color=line.get_color(),
+                label=f"p = {p}: measured")
+    ax.set(xscale="log", xticks=ms, xticklabels=[str(m) for m in ms], ylim=(0, 1),
+           xlabel="micro-batches m", ylabel="bubble (fraction of wall time)",
+           title="GPipe's bubble: measured vs formula")
+    ax.legend(fontsize=7, ncol=2)
+    return ax
