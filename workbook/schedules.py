@@ -138,17 +138,16 @@ def _track_held(modules):
     return held
 
 
-def pipeline_step(schedule, m, width=WIDTH, rows=ROWS, layers=1, boundaries=None,
-                  placement=None, fake=True, seed=0):
+def pipeline_step(schedule, m, width=WIDTH, rows=ROWS, layers=1, placement=None,
+                  fake=True, seed=0):
     """On every rank: build this rank's stage(s) of an MLP, run one step of ``schedule``.
 
     Args:
         schedule: ``"hand"`` (:func:`gpipe`) or a name in :data:`TORCH_SCHEDULES`.
         m: micro-batches per step.
         width, rows: the MLP's width and the rows of one micro-batch.
-        layers: ``Linear`` + ReLU blocks per stage (the MLP has ``layers ×`` stages).
-        boundaries: where stages start, as for :func:`workbook.pipeline.split` (None:
-            equal stages); uneven boundaries make stages of unequal cost.
+        layers: ``Linear`` + ReLU blocks per stage: a number (equal stages), or one
+            number per stage (stages of unequal cost).
         placement: ``placement[s]`` is the rank that runs stage ``s`` (hand-written GPipe
             only; default: stage ``s`` on rank ``s``).
         fake: under :func:`simcluster.fake_tensors` (shapes, no data) or real tensors.
@@ -166,7 +165,9 @@ def pipeline_step(schedule, m, width=WIDTH, rows=ROWS, layers=1, boundaries=None
     name, v, layout = TORCH_SCHEDULES.get(schedule, (None, 1, "loop"))
     n_stages = len(order) * v
     with sc.fake_tensors() if fake else contextlib.nullcontext():
-        parts = pipeline.split(dp.mlp(width, layers * n_stages, seed), n_stages, boundaries)
+        counts = [layers] * n_stages if isinstance(layers, int) else list(layers)
+        boundaries = [2 * sum(counts[:i + 1]) for i in range(n_stages - 1)]  # 2 modules a block
+        parts = pipeline.split(dp.mlp(width, sum(counts), seed), n_stages, boundaries)
         if schedule == "hand":
             mine = [order.index(rank)]
         else:
@@ -242,8 +243,8 @@ class PipeReport:
     run: object = field(repr=False)
 
 
-def measure(cluster, schedule, p, m, layers=1, boundaries=None, placement=None,
-            world_size=None, **run_kwargs):
+def measure(cluster, schedule, p, m, layers=1, placement=None, world_size=None,
+            **run_kwargs):
     """Run one step of ``schedule`` with ``p`` stages and ``m`` micro-batches on ``cluster``.
 
     ``placement`` (hand-written GPipe) puts stage ``s`` on rank ``placement[s]``; with a
@@ -253,8 +254,7 @@ def measure(cluster, schedule, p, m, layers=1, boundaries=None, placement=None,
     v = TORCH_SCHEDULES.get(schedule, (None, 1, None))[1]
     ranks = list(range(p)) if placement is None else list(placement)
     run = cluster.run(pipeline_step, world_size=world_size or p, args=(schedule, m),
-                      kwargs={"layers": layers, "boundaries": boundaries,
-                              "placement": placement}, **run_kwargs)
+                      kwargs={"layers": layers, "placement": placement}, **run_kwargs)
     return PipeReport(schedule, p, m, v, pipeline.bubble(run, ranks),
                       pipeline.bubble_formula(p, m, v), run.elapsed,
                       [run.results[r]["held"] for r in ranks],

@@ -1,0 +1,109 @@
+"""workbook.schedules (lesson 05's demos) and workbook.pipeline.bubble_uneven."""
+
+import matplotlib
+import pytest
+import torch
+
+import simcluster as sc
+from workbook import dataparallel as dp
+from workbook import pipeline, schedules
+
+matplotlib.use("Agg")
+
+SMALL = {"width": 16, "rows": 4, "fake": False}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return sc.Cluster.preset("dgx-a100")
+
+
+def _reference_grads(n_stages, m, layers=1):
+    """One process, the whole batch: the gradients per stage of the same MLP."""
+    model = dp.mlp(SMALL["width"], layers * n_stages, 0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(m * SMALL["rows"], SMALL["width"], generator=g)
+    y = torch.randn(m * SMALL["rows"], SMALL["width"], generator=g)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    return [[q.grad for q in part.parameters()] for part in pipeline.split(model, n_stages)]
+
+
+def _assert_grads_match(run, n_stages, m):
+    reference = _reference_grads(n_stages, m)
+    for rank, result in enumerate(run.results):
+        want = [g for s in result["stages"] for g in reference[s]]
+        assert len(result["grads"]) == len(want) > 0
+        for got, ref in zip(result["grads"], want):
+            assert torch.allclose(got, ref, atol=1e-6), f"rank {rank}"
+
+
+@pytest.mark.parametrize("p,m", [(2, 3), (3, 4)])
+def test_hand_gpipe_gradients_equal_one_process(cluster, p, m):
+    run = cluster.run(schedules.pipeline_step, world_size=p, args=("hand", m), kwargs=SMALL)
+    _assert_grads_match(run, p, m)
+    assert len(run.results[-1]["losses"]) == m and run.results[0]["losses"] == []
+
+
+@pytest.mark.parametrize("name", ["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
+def test_torch_schedules_gradients_equal_one_process(cluster, name):
+    p, m = 2, 4
+    run = cluster.run(schedules.pipeline_step, world_size=p, args=(name, m), kwargs=SMALL)
+    v = schedules.TORCH_SCHEDULES[name][1]
+    _assert_grads_match(run, p * v, m)
+
+
+def test_hand_gpipe_bubble_tracks_formula_and_memory_grows_with_m(cluster):
+    reports = {m: schedules.measure(cluster, "hand", 4, m) for m in (4, 8)}
+    for m, report in reports.items():
+        assert report.formula == pytest.approx(pipeline.bubble_formula(4, m))
+        assert 0 <= report.bubble - report.formula < 0.02
+    # every micro-batch in flight is held until the backward phase: twice m, twice held
+    for a, b in zip(reports[4].held, reports[8].held):
+        assert b == pytest.approx(2 * a, rel=0.01)
+    assert reports[8].held[0] > 0
+
+
+def test_one_heavy_stage_sets_the_pace(cluster):
+    layers = [1, 1, 2, 1]
+    report = schedules.measure(cluster, "hand", 4, 8, layers=layers)
+    assert report.bubble == pytest.approx(pipeline.bubble_uneven(layers, 8), abs=0.01)
+    assert report.bubble > pipeline.bubble_formula(4, 8) + 0.1
+
+
+def test_bubble_uneven():
+    assert pipeline.bubble_uneven([1, 1, 1, 1], 8) == pytest.approx(pipeline.bubble_formula(4, 8))
+    # one stage twice as slow: wall 5 + 7·2 = 19 slots, the stages compute 8·5/4 = 10 each
+    assert pipeline.bubble_uneven([1, 1, 2, 1], 8) == pytest.approx(1 - 10 / 19)
+    assert pipeline.bubble_uneven([3], 4) == 0
+
+
+def test_placement_across_nodes_costs_time():
+    two_nodes = sc.Cluster.preset("dgx-a100", nodes=2)
+    inside = schedules.measure(two_nodes, "hand", 4, 4, placement=[0, 1, 2, 3], world_size=16)
+    across = schedules.measure(two_nodes, "hand", 4, 4, placement=[0, 8, 1, 9], world_size=16)
+    assert across.elapsed > inside.elapsed
+    assert across.ranks == [0, 8, 1, 9]
+    assert across.run.results[2] is None          # a rank the placement leaves out
+    slow = schedules.measure(two_nodes, "hand", 4, 4, placement=[0, 8, 1, 9], world_size=16,
+                             link_factor={"network": 0.1})
+    assert slow.elapsed > across.elapsed
+
+
+def test_stage_ranks():
+    assert schedules.stage_ranks(3) == [[0], [1], [2]]
+    assert schedules.stage_ranks(2, 2) == [[0, 2], [1, 3]]
+    assert schedules.stage_ranks(3, 2, "v") == [[0, 5], [1, 4], [2, 3]]
+    with pytest.raises(ValueError, match="exactly 2 stages"):
+        schedules.stage_ranks(2, 3, "v")
+
+
+def test_grid_table_and_plot(cluster):
+    grid = schedules.bubble_grid(cluster, ps=(2,), ms=(1, 2))
+    text = schedules.grid_table(grid)
+    assert "p = 2" in text and "50.0%" in text and "largest gap" in text
+    assert len(schedules.plot_grid(grid).lines) == 2
+
+
+def test_source_is_the_hand_written_schedule():
+    text = schedules.source()
+    assert text.startswith("def gpipe(") and "dist.recv" in text and "dist.send" in text
