@@ -125,17 +125,24 @@ def stage_ranks(p, v=1, layout="loop"):
 
 
 def _track_held(modules):
-    """Sample this rank's memory after every forward of ``modules``: returns a dict whose
-    ``"peak"`` is the most bytes held above the moment of the call."""
-    base = sc.memory_in_use()
-    held = {"peak": 0, "base": sum(base.values())}
+    """Sample this rank's memory after every forward of ``modules``.
+
+    Returns a dict that fills in as the step runs: ``"held"``, the most bytes in use
+    above the moment of the call (everything the stage keeps until backward, receive
+    buffers included), and ``"stashed"``, the most bytes of the ``activations``
+    category (what the modules' forwards keep for backward)."""
+    start = sc.memory_in_use()
+    base, base_stash = sum(start.values()), start["activations"]
+    peaks = {"held": 0, "stashed": 0}
 
     def hook(*_):
-        held["peak"] = max(held["peak"], sum(sc.memory_in_use().values()) - held["base"])
+        now = sc.memory_in_use()
+        peaks["held"] = max(peaks["held"], sum(now.values()) - base)
+        peaks["stashed"] = max(peaks["stashed"], now["activations"] - base_stash)
 
     for module in modules:
         module.register_forward_hook(hook)
-    return held
+    return peaks
 
 
 def pipeline_step(schedule, m, width=WIDTH, rows=ROWS, layers=1, placement=None,
@@ -155,8 +162,8 @@ def pipeline_step(schedule, m, width=WIDTH, rows=ROWS, layers=1, placement=None,
 
     Gradients are allocated before the step (as after a first step), so what the stage
     holds above its starting memory is what it keeps for backward. Returns
-    ``{"held": peak bytes held above the start, sampled after every forward,
-    "losses": [...], "grads": [...]}`` (losses on the last stage; grads real only).
+    ``{"held": ..., "stashed": ...}`` (bytes, see :func:`_track_held`), ``"losses"`` (on
+    the last stage), ``"grads"`` (real tensors only) and ``"stages"`` (this rank's).
     """
     rank = dist.get_rank()
     order = list(range(dist.get_world_size())) if placement is None else list(placement)
@@ -188,21 +195,30 @@ def pipeline_step(schedule, m, width=WIDTH, rows=ROWS, layers=1, placement=None,
             losses = _torch_step(name, [parts[s] for s in mine], mine, n_stages, m, x, y)
         grads = [] if fake else [param.grad.detach().clone()
                                  for s in mine for param in parts[s].parameters()]
-    return {"held": held["peak"], "losses": losses, "grads": grads, "stages": mine}
+    return {**held, "losses": losses, "grads": grads, "stages": mine}
 
 
 def _torch_step(name, modules, indices, n_stages, m, x, y):
-    """One step of torch's schedule ``name`` over this rank's stages; the losses."""
+    """One step of torch's schedule ``name`` over this rank's stages; the losses.
+
+    Each stage is told the shape of its input and output (one micro-batch), so torch
+    skips its metadata-inference forward and backward; and the last stage does not keep
+    every micro-batch's output for the caller (``return_outputs=False``): the step is
+    the schedule's work and nothing else.
+    """
     import torch.distributed.pipelining as pp
 
-    stages = [pp.PipelineStage(module, s, n_stages, torch.device("cpu"))
+    shape = (x.shape[0] // m, x.shape[1])
+    stages = [pp.PipelineStage(module, s, n_stages, torch.device("cpu"),
+                               input_args=torch.empty(shape, requires_grad=s > 0),
+                               output_args=torch.empty(shape, requires_grad=True))
               for module, s in zip(modules, indices)]
     cls = getattr(pp, name)
     schedule = cls(stages[0] if len(stages) == 1 else stages, n_microbatches=m, loss_fn=_mse)
     losses = []
-    kwargs = {}
+    kwargs = {"return_outputs": False}
     if n_stages - 1 in indices:
-        kwargs = {"target": y, "losses": losses}
+        kwargs.update(target=y, losses=losses)
     if 0 in indices:
         schedule.step(x, **kwargs)
     else:
