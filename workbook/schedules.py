@@ -63,8 +63,8 @@ def gpipe(stage, inputs, targets, shape, prev, next, loss_fn=_mse):
 
     Args:
         stage: this rank's part of the model.
-        inputs: the micro-batches (read on the first stage only).
-        targets: their targets (read on the last stage only).
+        inputs: the ``m`` micro-batches (read on the first stage only).
+        targets: their ``m`` targets (read on the last stage only).
         shape: the shape of the activation between stages (one micro-batch).
         prev, next: the ranks of the stages before and after this one, or None.
         loss_fn: ``loss_fn(output, target)``, on the last stage.
@@ -182,33 +182,51 @@ def pipeline_step(schedule, m, width=WIDTH, rows=ROWS, layers=1, placement=None,
         for s in mine:
             for param in parts[s].parameters():
                 param.grad = torch.zeros_like(param)
-        generator = None if fake else torch.Generator().manual_seed(seed + 1)
-        x = torch.randn(m * rows, width, generator=generator)
-        y = torch.randn(m * rows, width, generator=generator)
+        # the batch and its targets, only where the first and the last stage read them
+        x = y = None
+        if 0 in mine or n_stages - 1 in mine:
+            generator = None if fake else torch.Generator().manual_seed(seed + 1)
+            x = torch.randn(m * rows, width, generator=generator)
+            y = torch.randn(m * rows, width, generator=generator)
         held = _track_held([parts[s] for s in mine])
         if schedule == "hand":
             s = mine[0]
             prev = None if s == 0 else order[s - 1]
             nxt = None if s == n_stages - 1 else order[s + 1]
-            losses = gpipe(parts[s], x.chunk(m), y.chunk(m), (rows, width), prev, nxt)
+            losses = gpipe(parts[s], x.chunk(m) if s == 0 else [None] * m,
+                           y.chunk(m) if s == n_stages - 1 else [None] * m,
+                           (rows, width), prev, nxt)
         else:
-            losses = _torch_step(name, [parts[s] for s in mine], mine, n_stages, m, x, y)
+            losses = _torch_step(name, [parts[s] for s in mine], mine, n_stages, m, x, y,
+                                 (rows, width))
         grads = [] if fake else [param.grad.detach().clone()
                                  for s in mine for param in parts[s].parameters()]
     return {**held, "losses": losses, "grads": grads, "stages": mine}
 
 
-def _torch_step(name, modules, indices, n_stages, m, x, y):
+def one_process_step(n_stages, m, width, rows, layers=1, seed=0):
+    """The step :func:`pipeline_step` (real tensors) computes, in one process on the whole
+    batch: ``(the mean loss, [gradients of stage 0's parameters, of stage 1's, ...])``."""
+    model = dp.mlp(width, layers * n_stages, seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(m * rows, width, generator=generator)
+    y = torch.randn(m * rows, width, generator=generator)
+    loss = _mse(model(x), y)
+    loss.backward()
+    return loss.detach(), [[q.grad for q in part.parameters()]
+                           for part in pipeline.split(model, n_stages)]
+
+
+def _torch_step(name, modules, indices, n_stages, m, x, y, shape):
     """One step of torch's schedule ``name`` over this rank's stages; the losses.
 
-    Each stage is told the shape of its input and output (one micro-batch), so torch
+    Each stage is told the ``shape`` of its input and output (one micro-batch), so torch
     skips its metadata-inference forward and backward; and the last stage does not keep
     every micro-batch's output for the caller (``return_outputs=False``): the step is
     the schedule's work and nothing else.
     """
     import torch.distributed.pipelining as pp
 
-    shape = (x.shape[0] // m, x.shape[1])
     stages = [pp.PipelineStage(module, s, n_stages, torch.device("cpu"),
                                input_args=torch.empty(shape, requires_grad=s > 0),
                                output_args=torch.empty(shape, requires_grad=True))
@@ -239,10 +257,12 @@ class PipeReport:
         bubble: measured, ``1 - compute / elapsed`` averaged over the pipeline's ranks.
         formula: :func:`workbook.pipeline.bubble_formula` ``(p, m, v)``.
         elapsed: simulated seconds of the step.
-        held: bytes each pipeline rank holds for backward at most, in stage order of
-            ``ranks``.
+        ranks: the ranks that ran the pipeline, in stage order.
+        held, stashed: per pipeline rank, the most bytes it held above its start, and the
+            most bytes of activations its forwards kept for backward (see
+            :func:`pipeline_step`).
+        blocks: per pipeline rank, the ``Linear`` + ReLU blocks it computes.
         bytes_sent: point-to-point bytes each pipeline rank sent.
-        ranks: the ranks that ran the pipeline.
         run: the :class:`simcluster.Run`, for its timeline and summary.
     """
 
@@ -253,28 +273,40 @@ class PipeReport:
     bubble: float
     formula: float
     elapsed: float
-    held: list = field(repr=False)
-    bytes_sent: list = field(repr=False)
     ranks: list = field(repr=False)
+    held: list = field(repr=False)
+    stashed: list = field(repr=False)
+    blocks: list = field(repr=False)
+    bytes_sent: list = field(repr=False)
     run: object = field(repr=False)
+
+    @property
+    def stashed_micro_batches(self):
+        """``stashed`` per rank in micro-batches: one micro-batch through one block keeps
+        one ``ROWS × WIDTH`` float32 activation (the ReLU's output) for backward."""
+        return [b / (ROWS * WIDTH * 4 * n) for b, n in zip(self.stashed, self.blocks)]
 
 
 def measure(cluster, schedule, p, m, layers=1, placement=None, world_size=None,
             **run_kwargs):
     """Run one step of ``schedule`` with ``p`` stages and ``m`` micro-batches on ``cluster``.
 
-    ``placement`` (hand-written GPipe) puts stage ``s`` on rank ``placement[s]``; with a
-    ``world_size`` larger than ``p`` the other ranks do nothing. ``run_kwargs`` go to
-    ``cluster.run`` (``link_factor``, ``speed_factor``, ...). Returns a :class:`PipeReport`.
+    ``layers`` as for :func:`pipeline_step`. ``placement`` (hand-written GPipe) puts stage
+    ``s`` on rank ``placement[s]``; with a ``world_size`` larger than ``p`` the other
+    ranks do nothing. ``run_kwargs`` go to ``cluster.run`` (``link_factor``,
+    ``speed_factor``, ...). Returns a :class:`PipeReport`.
     """
     v = TORCH_SCHEDULES.get(schedule, (None, 1, None))[1]
     ranks = list(range(p)) if placement is None else list(placement)
     run = cluster.run(pipeline_step, world_size=world_size or p, args=(schedule, m),
                       kwargs={"layers": layers, "placement": placement}, **run_kwargs)
+    counts = [layers] * (p * v) if isinstance(layers, int) else list(layers)
+    results = [run.results[r] for r in ranks]
     return PipeReport(schedule, p, m, v, pipeline.bubble(run, ranks),
-                      pipeline.bubble_formula(p, m, v), run.elapsed,
-                      [run.results[r]["held"] for r in ranks],
-                      [run.bytes_sent[r] for r in ranks], ranks, run)
+                      pipeline.bubble_formula(p, m, v), run.elapsed, ranks,
+                      [res["held"] for res in results], [res["stashed"] for res in results],
+                      [sum(counts[s] for s in res["stages"]) for res in results],
+                      [run.bytes_sent[r] for r in ranks], run)
 
 
 def bubble_grid(cluster, ps=(2, 4, 8), ms=(1, 4, 8, 16, 32), schedule="hand"):
@@ -322,3 +354,62 @@ def plot_grid(grid, ax=None):
            title="GPipe's bubble: measured vs formula")
     ax.legend(fontsize=7, ncol=2)
     return ax
+
+
+def draw_grid_table(grid, ax):
+    """The grid as a table drawn on ``ax`` (measured / formula per cell), to sit beside
+    :func:`plot_grid`. Returns the Axes."""
+    ps = sorted({p for p, _ in grid})
+    ms = sorted({m for _, m in grid})
+    cells = [[f"{grid[p, m].bubble:.1%} / {grid[p, m].formula:.1%}" for p in ps] for m in ms]
+    ax.axis("off")
+    table = ax.table(cells, rowLabels=[f"m = {m}" for m in ms],
+                     colLabels=[f"p = {p}" for p in ps], loc="center", cellLoc="center")
+    table.scale(1, 1.6)
+    ax.set_title("bubble: measured / formula")
+    return ax
+
+
+def compare(cluster, names, p, m, blocks=None):
+    """``{name: PipeReport}``: one step of each of torch's schedules ``names`` with ``p``
+    ranks and ``m`` micro-batches, on the same model of ``blocks`` blocks (default
+    ``2p``): a schedule with ``v`` chunks per rank cuts it into ``v·p`` stages."""
+    from tqdm.auto import tqdm
+
+    blocks = blocks or 2 * p
+    reports = {}
+    for name in tqdm(names, desc="schedules"):
+        v = TORCH_SCHEDULES[name][1]
+        reports[name] = measure(cluster, name, p, m, layers=blocks // (v * p))
+    return reports
+
+
+def schedule_table(reports, formula_for=("GPipe", "1F1B", "Interleaved1F1B")):
+    """The reports of :func:`compare` as text: bubble measured and (for ``formula_for``)
+    by formula, step time, point-to-point bytes sent per rank, and the activations each
+    rank stashed at most, in micro-batches."""
+    lines = [f"{'schedule':<22}{'v':>2}{'bubble':>9}{'formula':>9}{'step':>10}"
+             f"{'p2p sent/rank':>15}  stashed per rank (micro-batches)"]
+    for name, r in reports.items():
+        formula = f"{r.formula:>9.1%}" if name in formula_for else f"{'—':>9}"
+        stashed = " ".join(f"{n:4.1f}" for n in r.stashed_micro_batches)
+        lines.append(f"{name:<22}{r.v:>2}{r.bubble:>9.1%}{formula}{r.elapsed * 1e3:>7.0f} ms"
+                     f"{sum(r.bytes_sent) / len(r.ranks) / 2**30:>11.2f} GiB  {stashed}")
+    return "\n".join(lines)
+
+
+def plot_timelines(reports, ranks=None):
+    """One timeline per report, stacked, on a shared time axis. Returns the figure; end
+    the cell with ``plt.show()``."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(reports), 1, figsize=(10, 1.1 + 1.0 * len(reports)),
+                             sharex=True, squeeze=False)
+    for ax, (name, report) in zip(axes[:, 0], reports.items()):
+        report.run.timeline(ax=ax, ranks=ranks, max_labels=0)
+        ax.set_title(f"{name}: step {report.elapsed * 1e3:.0f} ms, bubble {report.bubble:.0%}",
+                     fontsize=9, loc="left")
+        if ax is not axes[-1, 0]:
+            ax.set_xlabel("")
+    fig.tight_layout()
+    return fig
