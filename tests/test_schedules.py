@@ -107,3 +107,24 @@ def test_grid_table_and_plot(cluster):
 def test_source_is_the_hand_written_schedule():
     text = schedules.source()
     assert text.startswith("def gpipe(") and "dist.recv" in text and "dist.send" in text
+
+
+def test_bubble_since_leaves_out_the_set_up(cluster):
+    def set_up_then_relay():
+        import torch.distributed as dist
+        x = torch.ones(256, 256)
+        for _ in range(20):              # set-up: every rank computes alone, no bubble
+            x = x @ x / 256
+        dist.barrier()
+        if dist.get_rank() == 1:
+            dist.recv(x, 0)
+        for _ in range(20):
+            x = x @ x / 256
+        if dist.get_rank() == 0:
+            dist.send(x, 1)
+
+    run = cluster.run(set_up_then_relay, world_size=2)
+    start = run.collectives[0].end
+    assert pipeline.bubble(run) == pytest.approx(1 - (run.clock(0).compute + run.clock(1).compute)
+                                                 / (2 * run.elapsed))
+    assert pipeline.bubble(run) < 0.4 < 0.45 < pipeline.bubble(run, since=start) < 0.55

@@ -49,12 +49,17 @@ def bubble_formula(p, m, v=1):
     return (p - 1) / (v * m + p - 1)
 
 
-def bubble(run, ranks=None):
+def bubble(run, ranks=None, since=0.0):
     """The measured bubble of a finished run: ``1 - compute / elapsed``, averaged over
-    ``ranks`` (default: all). Communication a stage waits for counts as bubble."""
+    ``ranks`` (default: all). Communication a stage waits for counts as bubble.
+
+    ``since`` (simulated seconds) measures only from then to the end of the run, e.g.
+    from the end of a barrier that closes the set-up (building the model is not part of
+    the schedule)."""
     ranks = range(run.world_size) if ranks is None else ranks
-    computes = [run.clock(r).compute for r in ranks]
-    return 1 - sum(computes) / (len(computes) * run.elapsed)
+    computes = [sum(max(0.0, e.end - max(e.start, since)) for e in run.clock(r).events
+                    if e.lane == "compute") for r in ranks]
+    return 1 - sum(computes) / (len(computes) * (run.elapsed - since))
 
 
 def bubble_uneven(costs, m):

@@ -168,6 +168,7 @@ def pipeline_step(schedule, m, width=WIDTH, rows=ROWS, layers=1, placement=None,
     rank = dist.get_rank()
     order = list(range(dist.get_world_size())) if placement is None else list(placement)
     if rank not in order:
+        dist.barrier()
         return None                       # a rank the placement leaves out
     name, v, layout = TORCH_SCHEDULES.get(schedule, (None, 1, "loop"))
     n_stages = len(order) * v
@@ -188,6 +189,7 @@ def pipeline_step(schedule, m, width=WIDTH, rows=ROWS, layers=1, placement=None,
             generator = None if fake else torch.Generator().manual_seed(seed + 1)
             x = torch.randn(m * rows, width, generator=generator)
             y = torch.randn(m * rows, width, generator=generator)
+        dist.barrier()                   # the step starts when every stage is built
         held = _track_held([parts[s] for s in mine])
         if schedule == "hand":
             s = mine[0]
@@ -256,7 +258,7 @@ class PipeReport:
             chunks per rank.
         bubble: measured, ``1 - compute / elapsed`` averaged over the pipeline's ranks.
         formula: :func:`workbook.pipeline.bubble_formula` ``(p, m, v)``.
-        elapsed: simulated seconds of the step.
+        elapsed: simulated seconds of the step (from the barrier that ends the set-up).
         ranks: the ranks that ran the pipeline, in stage order.
         held, stashed: per pipeline rank, the most bytes it held above its start, and the
             most bytes of activations its forwards kept for backward (see
@@ -302,8 +304,9 @@ def measure(cluster, schedule, p, m, layers=1, placement=None, world_size=None,
                       kwargs={"layers": layers, "placement": placement}, **run_kwargs)
     counts = [layers] * (p * v) if isinstance(layers, int) else list(layers)
     results = [run.results[r] for r in ranks]
-    return PipeReport(schedule, p, m, v, pipeline.bubble(run, ranks),
-                      pipeline.bubble_formula(p, m, v), run.elapsed, ranks,
+    start = next(c.end for c in run.collectives if c.op == "barrier")
+    return PipeReport(schedule, p, m, v, pipeline.bubble(run, ranks, since=start),
+                      pipeline.bubble_formula(p, m, v), run.elapsed - start, ranks,
                       [res["held"] for res in results], [res["stashed"] for res in results],
                       [sum(counts[s] for s in res["stages"]) for res in results],
                       [run.bytes_sent[r] for r in ranks], run)
