@@ -388,15 +388,17 @@ def compare(cluster, names, p, m, blocks=None):
 
 
 def schedule_table(reports, formula_for=("GPipe", "1F1B", "Interleaved1F1B")):
-    """The reports of :func:`compare` as text: bubble measured and (for ``formula_for``)
-    by formula, step time, point-to-point bytes sent per rank, and the activations each
-    rank stashed at most, in micro-batches."""
-    lines = [f"{'schedule':<22}{'v':>2}{'bubble':>9}{'formula':>9}{'step':>10}"
-             f"{'p2p sent/rank':>15}  stashed per rank (micro-batches)"]
+    """The reports of :func:`compare` as text: the bubble as a fraction of wall time, and
+    as idle time over compute time next to the papers' ``(p - 1)/(v·m)`` (for
+    ``formula_for``); step time, point-to-point bytes sent per rank, and the activations
+    each rank stashed at most, in micro-batches."""
+    lines = [f"{'schedule':<22}{'v':>2}{'bubble':>8}{'idle/compute':>14}{'(p-1)/(vm)':>12}"
+             f"{'step':>10}{'p2p sent/rank':>15}  stashed per rank (micro-batches)"]
     for name, r in reports.items():
-        formula = f"{r.formula:>9.1%}" if name in formula_for else f"{'—':>9}"
+        paper = f"{(r.p - 1) / (r.v * r.m):>12.3f}" if name in formula_for else f"{'—':>12}"
         stashed = " ".join(f"{n:4.1f}" for n in r.stashed_micro_batches)
-        lines.append(f"{name:<22}{r.v:>2}{r.bubble:>9.1%}{formula}{r.elapsed * 1e3:>7.0f} ms"
+        lines.append(f"{name:<22}{r.v:>2}{r.bubble:>8.1%}{r.bubble / (1 - r.bubble):>14.3f}"
+                     f"{paper}{r.elapsed * 1e3:>7.0f} ms"
                      f"{sum(r.bytes_sent) / len(r.ranks) / 2**30:>11.2f} GiB  {stashed}")
     return "\n".join(lines)
 
