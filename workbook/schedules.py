@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+import torch.distributed.pipelining as pp
 import torch.nn as nn
 
 import simcluster as sc
@@ -227,10 +228,8 @@ def _torch_step(name, modules, indices, n_stages, m, x, y, shape):
     every micro-batch's output for the caller (``return_outputs=False``): the step is
     the schedule's work and nothing else.
     """
-    import torch.distributed.pipelining as pp
-
     stages = [pp.PipelineStage(module, s, n_stages, torch.device("cpu"),
-                               input_args=torch.empty(shape, requires_grad=s > 0),
+                               input_args=torch.empty(shape, requires_grad=True),
                                output_args=torch.empty(shape, requires_grad=True))
               for module, s in zip(modules, indices)]
     cls = getattr(pp, name)
@@ -240,7 +239,8 @@ def _torch_step(name, modules, indices, n_stages, m, x, y, shape):
     if n_stages - 1 in indices:
         kwargs.update(target=y, losses=losses)
     if 0 in indices:
-        schedule.step(x, **kwargs)
+        # the first stage computes its input's gradient too, as in gpipe(): equal stages
+        schedule.step(x.requires_grad_(), **kwargs)
     else:
         schedule.step(**kwargs)
     return [loss.detach() for loss in losses]
