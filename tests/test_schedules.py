@@ -128,3 +128,15 @@ def test_bubble_since_leaves_out_the_set_up(cluster):
     assert pipeline.bubble(run) == pytest.approx(1 - (run.clock(0).compute + run.clock(1).compute)
                                                  / (2 * run.elapsed))
     assert pipeline.bubble(run) < 0.4 < 0.45 < pipeline.bubble(run, since=start) < 0.55
+
+
+def test_plot_timelines_draws_forward_and_backward(cluster):
+    report = schedules.measure(cluster, "hand", 2, 2)
+    phases = schedules._phases(report, 0)
+    assert len(phases["forward"]) >= 2 and len(phases["backward"]) >= 2
+    assert all(start >= 0 for start, _ in phases["forward"] + phases["backward"])
+    # the forwards come first in GPipe: every forward starts before the first backward
+    first_backward = min(start for start, _ in phases["backward"])
+    assert max(start for start, _ in phases["forward"]) < first_backward
+    fig = schedules.plot_timelines({"hand": report})
+    assert len(fig.axes[0].collections) == 2 * report.p
