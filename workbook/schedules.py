@@ -228,6 +228,10 @@ def _torch_step(name, modules, indices, n_stages, m, x, y, shape):
     every micro-batch's output for the caller (``return_outputs=False``): the step is
     the schedule's work and nothing else.
     """
+    if 0 in indices:
+        # the first stage computes its input's gradient too, as in gpipe(): equal stages
+        modules[indices.index(0)].register_forward_pre_hook(
+            lambda _, args: (args[0].detach().requires_grad_(),))
     stages = [pp.PipelineStage(module, s, n_stages, torch.device("cpu"),
                                input_args=torch.empty(shape, requires_grad=True),
                                output_args=torch.empty(shape, requires_grad=True))
@@ -239,8 +243,7 @@ def _torch_step(name, modules, indices, n_stages, m, x, y, shape):
     if n_stages - 1 in indices:
         kwargs.update(target=y, losses=losses)
     if 0 in indices:
-        # the first stage computes its input's gradient too, as in gpipe(): equal stages
-        schedule.step(x.requires_grad_(), **kwargs)
+        schedule.step(x, **kwargs)
     else:
         schedule.step(**kwargs)
     return [loss.detach() for loss in losses]
