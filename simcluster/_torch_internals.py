@@ -28,6 +28,15 @@ back. What we rely on, and why:
   is active ``dist._verify_params_across_processes``, ``dist.Reducer`` and
   ``Reducer._rebuild_buckets`` run under :class:`_RealBookkeeping`, which keeps those
   tensors real (and the gradient buckets fake). ``unset_fake_temporarily`` does it.
+  The used-parameter map (``find_unused_parameters=True``) is written and read back in
+  autograd hooks, out of reach of a wrapper: :func:`fake_tensor_mode` is a
+  ``FakeTensorMode`` subclass in which an op on real integer tensors alone runs real.
+* ``torch.distributed.pipelining``'s schedules vote on their stages' mode in their first
+  ``step()`` (``_PipelineSchedule._warmup_p2p``) with one-element integer tensors read by
+  ``.item()``, and stages send their metadata with ``send_object_list``. While a run is
+  active the warm-up runs under :class:`_RealBookkeeping` (patched once the module is
+  imported, :func:`_patch_pipelining`) and the object collectives (``dist.*_object*``)
+  with the fake mode set aside.
 * ``dist.init_process_group`` is wrapped, while a run is active, so that a learner's own
   call inside a rank function (as in a ``torchrun`` script) is accepted: the simulator has
   already initialised the default group, and torch would otherwise refuse a second one.
