@@ -140,3 +140,17 @@ def test_plot_timelines_draws_forward_and_backward(cluster):
     assert max(start for start, _ in phases["forward"]) < first_backward
     fig = schedules.plot_timelines({"hand": report})
     assert len(fig.axes[0].collections) == 2 * report.p
+
+
+def test_torch_1f1b_stash_is_bounded_and_gpipe_grows(cluster):
+    p, m = 4, 16
+    gpipe = schedules.measure(cluster, "GPipe", p, m)
+    one_f_one_b = schedules.measure(cluster, "1F1B", p, m)
+    assert gpipe.stashed_micro_batches == pytest.approx([m] * p)
+    # stage s keeps p - s micro-batches, plus the one torch's loop still refers to
+    assert one_f_one_b.stashed_micro_batches == pytest.approx([p - s + 1 for s in range(p)])
+    for report in (gpipe, one_f_one_b):
+        assert abs(report.bubble - report.formula) < 0.01
+    # the simulator's own per-rank record agrees on which stage holds the most
+    peaks = [one_f_one_b.run.category_peaks(r)["activations"] for r in range(p)]
+    assert peaks == sorted(peaks, reverse=True)
