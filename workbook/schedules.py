@@ -7,12 +7,16 @@ everything else. What is here:
 * :func:`gpipe`, the hand-written GPipe schedule one rank runs: every micro-batch
   forward, then every micro-batch backward, with ``send``/``recv`` between stages;
 * :func:`pipeline_step`, the function every rank runs: build this rank's stage(s) of an
-  MLP, then run one training step with a schedule, either :func:`gpipe` (``"hand"``) or
-  one of torch's (:data:`TORCH_SCHEDULES`), and record what the stage holds for backward;
+  MLP (equal or unequal, placed on any ranks), then run one training step with a
+  schedule, either :func:`gpipe` (``"hand"``) or one of torch's
+  (:data:`TORCH_SCHEDULES`), and record what each stage holds for backward;
+  :func:`one_process_step` is the same step in one process, to compare gradients;
 * :func:`measure` runs it on a cluster and returns a :class:`PipeReport` (measured bubble
-  next to :func:`workbook.pipeline.bubble_formula`, elapsed time, memory held per stage);
-  :func:`bubble_grid` does that over a grid of stage and micro-batch counts, and
-  :func:`grid_table` / :func:`plot_grid` show the grid.
+  next to :func:`workbook.pipeline.bubble_formula`, step time, memory per stage, bytes
+  sent); :func:`bubble_grid` measures a grid of stage and micro-batch counts, shown by
+  :func:`grid_table`, :func:`draw_grid_table` and :func:`plot_grid`; :func:`compare`
+  runs several of torch's schedules on one model, shown by :func:`schedule_table` and
+  :func:`plot_timelines`.
 
 Sizes. A tiny real model computes in microseconds of simulated time, and then the ~10 µs
 latency of each point-to-point message, not the schedule, decides the idle time. The
@@ -157,12 +161,13 @@ def pipeline_step(schedule, m, width=WIDTH, rows=ROWS, layers=1, placement=None,
         layers: ``Linear`` + ReLU blocks per stage: a number (equal stages), or one
             number per stage (stages of unequal cost).
         placement: ``placement[s]`` is the rank that runs stage ``s`` (hand-written GPipe
-            only; default: stage ``s`` on rank ``s``).
+            only; default: stage ``s`` on rank ``s``); the ranks it leaves out return None.
         fake: under :func:`simcluster.fake_tensors` (shapes, no data) or real tensors.
         seed: the model's and the data's seed.
 
     Gradients are allocated before the step (as after a first step), so what the stage
-    holds above its starting memory is what it keeps for backward. Returns
+    holds above its starting memory is what it keeps for backward; a barrier ends the
+    set-up, so the step starts at the same time on every rank. Returns
     ``{"held": ..., "stashed": ...}`` (bytes, see :func:`_track_held`), ``"losses"`` (on
     the last stage), ``"grads"`` (real tensors only) and ``"stages"`` (this rank's).
     """
