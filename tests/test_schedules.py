@@ -154,3 +154,23 @@ def test_torch_1f1b_stash_is_bounded_and_gpipe_grows(cluster):
     # the simulator's own per-rank record agrees on which stage holds the most
     peaks = [one_f_one_b.run.category_peaks(r)["activations"] for r in range(p)]
     assert peaks == sorted(peaks, reverse=True)
+
+
+def test_compare_interleaving_halves_the_idle_time_and_sends_more(cluster):
+    reports = schedules.compare(cluster, ["1F1B", "Interleaved1F1B"], p=2, m=4)
+    plain, interleaved = reports["1F1B"], reports["Interleaved1F1B"]
+    assert plain.blocks == interleaved.blocks == [2, 2]          # the same model
+    idle = {name: r.bubble / (1 - r.bubble) for name, r in reports.items()}
+    assert idle["Interleaved1F1B"] == pytest.approx(idle["1F1B"] / 2, rel=0.1)
+    # p - 1 = 1 boundary against v·p - 1 = 3
+    assert sum(interleaved.bytes_sent) == pytest.approx(3 * sum(plain.bytes_sent), rel=0.01)
+    text = schedules.schedule_table(reports)
+    assert "Interleaved1F1B" in text and f"{(2 - 1) / (2 * 4):.3f}" in text
+
+
+def test_draw_grid_table(cluster):
+    import matplotlib.pyplot as plt
+    grid = schedules.bubble_grid(cluster, ps=(2,), ms=(1,))
+    ax = schedules.draw_grid_table(grid, plt.subplots()[1])
+    cells = ax.tables[0].get_celld()
+    assert cells[1, 0].get_text().get_text() == f"{grid[2, 1].bubble:.1%} / 50.0%"
