@@ -51,6 +51,7 @@ back. What we rely on, and why:
 """
 
 import ctypes
+import contextlib
 import threading
 import warnings
 from typing import NamedTuple
@@ -663,6 +664,21 @@ def fake_tensor_types():
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     return (FakeTensor, FunctionalTensor)
+
+
+def set_sharding_propagation_context(context):
+    """Run DTensor's output-shape propagation inside ``context`` (None: torch's default).
+
+    For every op on DTensors, DTensor first replays the op on fake tensors of the
+    *global* shapes to learn the output's shape (``_propagate_tensor_meta_non_cached``),
+    then runs it on the local shards. Only the second is the rank's work. Torch wraps the
+    replay in ``ShardingPropagator._fake_mode_lock`` (a ``nullcontext`` unless a test sets
+    a lock): ``context``, a reusable context manager, takes that place.
+    """
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    ShardingPropagator._fake_mode_lock = (contextlib.nullcontext() if context is None
+                                          else context)
 
 
 def _shapes(value):
