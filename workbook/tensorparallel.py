@@ -13,6 +13,8 @@ What is here is what the lesson measures with torch's own ``parallelize_module``
 * :func:`layer_step`, the function every rank runs: one forward and backward of the
   parallelized layer, recording what it communicates and the activation memory it keeps;
   :func:`measure_layer` runs it on a cluster and returns a :class:`LayerReport`;
+* :class:`TinyLM` and :func:`vocab_parallel_step`: a vocabulary-parallel embedding and
+  LM head, and the cross-entropy on sharded logits with ``loss_parallel()``;
 * :func:`allreduce_time`, one all-reduce on tensor-parallel groups placed inside a node or
   across nodes;
 * the published formulas (docs/reference-numbers.md, "Tensor-parallel communication" and
@@ -32,7 +34,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                RowwiseParallel, SequenceParallel,
-                                               parallelize_module)
+                                               loss_parallel, parallelize_module)
 
 import simcluster as sc
 
@@ -216,27 +218,19 @@ def measure_layer(cluster, t, **kwargs):
     return report, run
 
 
-def _allreduce_on_groups(tp, nbytes, across_nodes):
-    """Rank function: one all-reduce of ``nbytes`` on each tensor-parallel group of a
-    2-D mesh; groups are consecutive ranks or, ``across_nodes``, every (world/tp)-th."""
-    world = dist.get_world_size()
-    shape, names = ((world // tp, tp), ("dp", "tp")) if not across_nodes else \
-        ((tp, world // tp), ("tp", "dp"))
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-    dist.all_reduce(torch.empty(nbytes // 2, dtype=torch.bfloat16, device="meta"),
-                    group=mesh["tp"].get_group())
-    return mesh["tp"].mesh.tolist()
+def _allreduce_in_group(ranks, nbytes):
+    """Rank function: the ranks in ``ranks`` all-reduce ``nbytes`` of bf16 (no data)."""
+    group = dist.new_group(ranks)                # every rank takes part in creating it
+    if dist.get_rank() in ranks:
+        dist.all_reduce(torch.empty(nbytes // 2, dtype=torch.bfloat16, device="meta"),
+                        group=group)
 
 
-def allreduce_time(cluster, world_size, tp, nbytes, across_nodes=False):
-    """Simulated seconds of one all-reduce of ``nbytes`` (bf16) on tensor-parallel groups
-    of ``tp`` ranks, ``world_size`` ranks in all: groups of consecutive ranks (inside a
-    node when ``tp`` ≤ GPUs per node), or, with ``across_nodes``, of every
-    ``world_size/tp``-th rank (spread over the nodes). Returns (seconds, rank 0's group)."""
-    run = cluster.run(_allreduce_on_groups, world_size=world_size,
-                      args=(tp, nbytes, across_nodes))
-    record = next(c for c in run.collectives if c.op == "all_reduce" and 0 in c.ranks)
-    return record.duration, run.results[0]
+def allreduce_time(cluster, ranks, nbytes):
+    """Simulated seconds of one all-reduce of ``nbytes`` among the GPUs ``ranks`` of
+    ``cluster``, a tensor-parallel group placed inside a node or across nodes."""
+    run = cluster.run(_allreduce_in_group, world_size=max(ranks) + 1, args=(list(ranks), nbytes))
+    return next(c for c in run.collectives if c.op == "all_reduce").duration
 
 
 # ------------------------------------------------------------------- the formulas
@@ -278,3 +272,53 @@ def activation_bytes_simulated(s, b, h, a, t=1, sequence_parallel=False):
     norm_statistics = 2 * 2 * 2 * b * s / sp_split
     gathered = 2 * 2 * s * b * h * (1 - 1 / t) if sequence_parallel else 0
     return activation_bytes(s, b, h, a, t, sequence_parallel) + masks + norm_statistics + gathered
+
+
+# ------------------------------------------------- the vocabulary: embedding and loss
+
+
+class TinyLM(nn.Module):
+    """The two ends of a language model, no layers between: token embedding, a final
+    LayerNorm and the output projection to ``vocab`` logits (the LM head)."""
+
+    def __init__(self, vocab=1000, hidden=32, dtype=None, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = nn.Embedding(vocab, hidden, dtype=dtype)
+        self.norm = nn.LayerNorm(hidden, dtype=dtype)
+        self.head = nn.Linear(hidden, vocab, bias=False, dtype=dtype)
+
+    def forward(self, tokens):
+        return self.head(self.norm(self.emb(tokens)))
+
+
+def vocab_parallel_step(vocab=1000, hidden=32, seq=16, batch=2, parallel=True, fake=False,
+                        dtype=torch.float32):
+    """What every rank runs: the cross-entropy loss of :class:`TinyLM` on random tokens
+    (predicting each token itself; only the sizes matter), forward and backward.
+
+    With ``parallel`` the embedding is split by vocabulary rows (``RowwiseParallel``:
+    each rank looks up the tokens it owns, zeros elsewhere, and an all-reduce adds them
+    up) and the LM head by vocabulary columns (``ColwiseParallel``, logits left sharded),
+    and the loss runs under ``loss_parallel()``, on the sharded logits. Barriers mark the
+    forward and the backward. Returns ``(loss or None if fake, bytes the forward holds)``.
+    """
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    with sc.fake_tensors() if fake else contextlib.nullcontext():
+        model = TinyLM(vocab, hidden, dtype)
+        if parallel:
+            parallelize_module(model, mesh, {
+                "emb": RowwiseParallel(input_layouts=Replicate()),
+                "head": ColwiseParallel(use_local_output=False)})
+        tokens = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+        dist.barrier()                               # the forward starts here
+        before = sum(sc.memory_in_use().values())
+        with loss_parallel() if parallel else contextlib.nullcontext():
+            loss = F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+            held = sum(sc.memory_in_use().values()) - before
+            dist.barrier()                           # the backward starts here
+            loss.backward()
+        dist.barrier()
+    if fake:
+        return None, held
+    return (loss.full_tensor() if parallel else loss).item(), held
