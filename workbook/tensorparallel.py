@@ -142,7 +142,8 @@ def layer_step(hidden=64, heads=8, seq=32, batch=2, sequence_parallel=False, dro
     shapes but no data (:func:`simcluster.fake_tensors`).
 
     Returns a dict: ``out``, ``x_grad`` (this rank's, real runs only), ``grads``
-    (``{name: full gradient}``, real runs only) and ``activations``: the bytes the
+    (``{name: full gradient}``), ``shards`` (``{name: shape of this rank's part}``, real
+    runs only) and ``activations``: the bytes the
     forward allocated and still holds for the backward (the output, which the next layer
     would count as its input, in place of the input, which this layer keeps).
     """
@@ -169,8 +170,10 @@ def layer_step(hidden=64, heads=8, seq=32, batch=2, sequence_parallel=False, dro
     # the replicated LayerNorms' gradients are plain tensors, the sharded ones DTensors
     full = {name: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
             for name, p in model.named_parameters()}
+    shards = {name: tuple((p.to_local() if isinstance(p, DTensor) else p).shape)
+              for name, p in model.named_parameters()}
     return {"out": out.detach().clone(), "x_grad": x.grad.clone(), "grads": full,
-            "activations": held}
+            "shards": shards, "activations": held}
 
 
 @dataclass
@@ -314,7 +317,8 @@ def vocab_parallel_step(vocab=1000, hidden=32, seq=16, batch=2, parallel=True, f
         dist.barrier()                               # the forward starts here
         before = sum(sc.memory_in_use().values())
         with loss_parallel() if parallel else contextlib.nullcontext():
-            loss = F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+            # the loss in float32 whatever the model's dtype, as torchtitan computes it
+            loss = F.cross_entropy(model(tokens).flatten(0, 1).float(), tokens.flatten())
             held = sum(sc.memory_in_use().values()) - before
             dist.barrier()                           # the backward starts here
             loss.backward()
