@@ -133,19 +133,19 @@ def layer_step(hidden=64, heads=8, seq=32, batch=2, sequence_parallel=False, dro
     """What every rank runs: one forward and backward of :class:`Block`.
 
     The layer is parallelized over all ranks with :func:`tp_plan` (``sequence_parallel``,
-    ``prepare_inputs``; unless ``parallel`` is
-    False: then every rank runs the whole layer, the single-process reference). The input
-    ``x`` (``batch × seq × hidden``, from ``seed + 1``) needs its gradient, as it does
-    inside a deep model; with sequence parallelism each rank gets its ``seq / t``
-    positions. Barriers mark where the forward and the backward start, so that their
-    collectives can be told apart in ``run.collectives``. With ``fake`` the tensors have
-    shapes but no data (:func:`simcluster.fake_tensors`).
+    ``prepare_inputs``), unless ``parallel`` is False: then every rank runs the whole
+    layer, the single-process reference. The input ``x`` (``batch × seq × hidden``, from
+    ``seed + 1``) needs its gradient, as it does inside a deep model; with sequence
+    parallelism each rank gets its ``seq / t`` positions. Barriers mark where the forward
+    and the backward start and where the backward ends, so that their collectives can be
+    told apart in ``run.collectives``. With ``fake`` the tensors have shapes but no data
+    (:func:`simcluster.fake_tensors`).
 
-    Returns a dict: ``out``, ``x_grad`` (this rank's, real runs only), ``grads``
-    (``{name: full gradient}``), ``shards`` (``{name: shape of this rank's part}``, real
-    runs only) and ``activations``: the bytes the
-    forward allocated and still holds for the backward (the output, which the next layer
-    would count as its input, in place of the input, which this layer keeps).
+    Returns a dict with ``activations``: the bytes the forward allocated and still holds
+    for the backward (the output, which the next layer would count as its input, stands
+    in for the input, which this layer keeps). Real runs add ``out``, ``x_grad`` (this
+    rank's), ``grads`` (``{name: full gradient}``) and ``shards`` (``{name: shape of this
+    rank's part}``).
     """
     rank, t = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (t,))        # before fake mode: it reads real values
