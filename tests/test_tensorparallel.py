@@ -174,3 +174,11 @@ def test_vocabulary_parallel_loss_keeps_a_t_th_of_the_logits(node):
     _, eight = node.run(tp.vocab_parallel_step, world_size=8, kwargs=kwargs).results[0]
     logits_fp32 = 64 * 8000 * 4
     assert one >= logits_fp32 and eight < one / 4
+
+
+def test_forward_only_measures_the_same_activations_and_no_backward(node):
+    both, _ = tp.measure_layer(node, 2, **TRAINING)
+    forward, _ = tp.measure_layer(node, 2, backward=False, **TRAINING)
+    assert forward.activations == both.activations
+    assert forward.backward == [] and len(both.backward) == 2
+    assert forward.compute < both.compute / 2

@@ -129,8 +129,10 @@ def tp_plan(sequence_parallel=False, prepare_inputs=True):
 
 
 def layer_step(hidden=64, heads=8, seq=32, batch=2, sequence_parallel=False, dropout=0.0,
-               dtype=torch.float32, fake=False, parallel=True, prepare_inputs=True, seed=0):
-    """What every rank runs: one forward and backward of :class:`Block`.
+               dtype=torch.float32, fake=False, parallel=True, prepare_inputs=True, seed=0,
+               backward=True):
+    """What every rank runs: one forward and backward of :class:`Block` (the forward
+    only if not ``backward``: enough to measure activation memory).
 
     The layer is parallelized over all ranks with :func:`tp_plan` (``sequence_parallel``,
     ``prepare_inputs``), unless ``parallel`` is False: then every rank runs the whole
@@ -143,9 +145,9 @@ def layer_step(hidden=64, heads=8, seq=32, batch=2, sequence_parallel=False, dro
 
     Returns a dict with ``activations``: the bytes the forward allocated and still holds
     for the backward (the output, which the next layer would count as its input, stands
-    in for the input, which this layer keeps). Real runs add ``out``, ``x_grad`` (this
-    rank's), ``grads`` (``{name: full gradient}``) and ``shards`` (``{name: shape of this
-    rank's part}``).
+    in for the input, which this layer keeps). Real runs with a backward add ``out``,
+    ``x_grad`` (this rank's), ``grads`` (``{name: full gradient}``) and ``shards``
+    (``{name: shape of this rank's part}``).
     """
     rank, t = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (t,))        # before fake mode: it reads real values
@@ -163,9 +165,10 @@ def layer_step(hidden=64, heads=8, seq=32, batch=2, sequence_parallel=False, dro
         out = model(x)
         held = sum(sc.memory_in_use().values()) - before
         dist.barrier()                           # the backward starts here
-        out.sum().backward()
+        if backward:
+            out.sum().backward()
         dist.barrier()                           # the backward has ended
-    if fake:
+    if fake or not backward:
         return {"activations": held}
     # the replicated LayerNorms' gradients are plain tensors, the sharded ones DTensors
     full = {name: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
