@@ -272,6 +272,7 @@ class PipeReport:
             most bytes of activations its forwards kept for backward (see
             :func:`pipeline_step`).
         blocks: per pipeline rank, the ``Linear`` + ReLU blocks it computes.
+        activation_bytes: bytes of one activation between blocks (one micro-batch).
         bytes_sent: point-to-point bytes each pipeline rank sent.
         run: the :class:`simcluster.Run`, for its timeline and summary.
     """
@@ -287,21 +288,22 @@ class PipeReport:
     held: list = field(repr=False)
     stashed: list = field(repr=False)
     blocks: list = field(repr=False)
+    activation_bytes: int = field(repr=False)
     bytes_sent: list = field(repr=False)
     run: object = field(repr=False)
 
     @property
     def stashed_micro_batches(self):
         """``stashed`` per rank in micro-batches: one micro-batch through one block keeps
-        one ``ROWS × WIDTH`` float32 activation (the ReLU's output) for backward."""
-        return [b / (ROWS * WIDTH * 4 * n) for b, n in zip(self.stashed, self.blocks)]
+        one activation (the ReLU's output) for backward."""
+        return [b / (self.activation_bytes * n) for b, n in zip(self.stashed, self.blocks)]
 
 
 def measure(cluster, schedule, p, m, layers=1, placement=None, world_size=None,
-            **run_kwargs):
+            width=WIDTH, rows=ROWS, fake=True, **run_kwargs):
     """Run one step of ``schedule`` with ``p`` stages and ``m`` micro-batches on ``cluster``.
 
-    ``layers`` as for :func:`pipeline_step`. ``placement`` (hand-written GPipe) puts stage
+    ``layers``, ``width``, ``rows`` and ``fake`` as for :func:`pipeline_step`. ``placement`` (hand-written GPipe) puts stage
     ``s`` on rank ``placement[s]``; with a ``world_size`` larger than ``p`` the other
     ranks do nothing. ``run_kwargs`` go to ``cluster.run`` (``link_factor``,
     ``speed_factor``, ...). Returns a :class:`PipeReport`.
@@ -309,7 +311,8 @@ def measure(cluster, schedule, p, m, layers=1, placement=None, world_size=None,
     v = TORCH_SCHEDULES.get(schedule, (None, 1, None))[1]
     ranks = list(range(p)) if placement is None else list(placement)
     run = cluster.run(pipeline_step, world_size=world_size or p, args=(schedule, m),
-                      kwargs={"layers": layers, "placement": placement}, **run_kwargs)
+                      kwargs={"layers": layers, "placement": placement, "width": width,
+                              "rows": rows, "fake": fake}, **run_kwargs)
     counts = [layers] * (p * v) if isinstance(layers, int) else list(layers)
     results = [run.results[r] for r in ranks]
     start = next(c.end for c in run.collectives if c.op == "barrier")
@@ -317,7 +320,7 @@ def measure(cluster, schedule, p, m, layers=1, placement=None, world_size=None,
                       pipeline.bubble_formula(p, m, v), run.elapsed - start, ranks,
                       [res["held"] for res in results], [res["stashed"] for res in results],
                       [sum(counts[s] for s in res["stages"]) for res in results],
-                      [run.bytes_sent[r] for r in ranks], run)
+                      rows * width * 4, [run.bytes_sent[r] for r in ranks], run)
 
 
 def bubble_grid(cluster, ps=(2, 4, 8), ms=(1, 4, 8, 16, 32), schedule="hand"):
