@@ -213,6 +213,7 @@ def install(on_storage_resize, on_parameter, on_init_process_group):
             _set_reducer_entry_points(_reducer_entry_points_with_real_bookkeeping())
             _set_object_collectives({name: _without_fake_mode(function) for name, function
                                      in _original_object_collectives.items()})
+            _functional_collectives_module()._are_we_tracing = _are_we_tracing
         _installed += 1
         _patch_pipelining()
 
@@ -231,7 +232,44 @@ def uninstall():
             _set_init_process_group(_original_init_process_group)
             _set_reducer_entry_points(_original_reducer_entry_points)
             _set_object_collectives(_original_object_collectives)
+            _functional_collectives_module()._are_we_tracing = _original_are_we_tracing
             _unpatch_pipelining()
+
+
+def _functional_collectives_module():
+    """``torch.distributed._functional_collectives`` (imported on first use: 0.06 s)."""
+    global _original_are_we_tracing
+    from torch.distributed import _functional_collectives as funcol
+
+    if _original_are_we_tracing is None:
+        _original_are_we_tracing = funcol._are_we_tracing
+    return funcol
+
+
+_original_are_we_tracing = None   # torch's, once _functional_collectives is imported
+
+
+def _are_we_tracing():
+    """torch's ``_functional_collectives._are_we_tracing``, but ``sc.fake_tensors()`` is
+    not tracing.
+
+    Torch takes any active fake mode for ``torch.compile`` tracing, and a functional
+    collective issued while tracing waits at once (``wait_tensor``) instead of returning
+    an ``AsyncCollectiveTensor`` that waits when its value is first used. On fake tensors
+    the communication would then never overlap the compute that follows it, as it does
+    on real tensors: a longer step. Torch's own answer is kept for real tracing.
+    """
+    if not _is_sim_fake_mode(torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)):
+        return _original_are_we_tracing()
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return _original_are_we_tracing()
+
+
+def _is_sim_fake_mode(mode):
+    """True for a mode made by :func:`fake_tensor_mode`."""
+    return _fake_mode_type is not None and type(mode) is _fake_mode_type
 
 
 def _init_process_group(in_simulated_rank):
@@ -397,6 +435,20 @@ def fake_tensor_mode():
 _fake_mode_type = None
 
 
+def _functional_collective(func, args, kwargs):
+    """A functional collective (``torch.ops._c10d_functional``: DTensor's redistributions,
+    ``torch.distributed._functional_collectives``) on fake tensors, run by torch's own
+    kernel so that it reaches the process group, as it does on real tensors.
+
+    FakeTensorMode answers these ops from their meta kernels (an empty result, a no-op
+    ``wait_tensor``): the collective would never be issued, charged or recorded. Torch's
+    C++ kernel (registered as ``CompositeExplicitAutograd``) makes its output with
+    ``clone``/``empty`` (which stay fake), calls the group's backend with it, and
+    registers the work that ``wait_tensor`` later waits on.
+    """
+    return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
+
+
 def _fake_mode_class():
     """FakeTensorMode, but an op whose tensors are all real integers (or booleans) runs
     on their data.
@@ -429,6 +481,8 @@ def _fake_mode_class():
     class SimFakeTensorMode(FakeTensorMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if func.namespace == "_c10d_functional":
+                return _functional_collective(func, args, kwargs)
             if FakeTensor not in types \
                     and real_integers_only((*args, *kwargs.values()), None) is True:
                 return func(*args, **kwargs)   # this mode is off while it dispatches
@@ -520,6 +574,8 @@ class _FakeCache:
                 "dtype": kwargs.get("dtype") or t.dtype, "layout": torch.strided,
                 "device": torch.device(kwargs["device"]),
                 "pin_memory": bool(kwargs.get("pin_memory"))})
+        if func.namespace == "_c10d_functional":   # a collective: never from a cache
+            return _functional_collective(func, args, kwargs)
         if func.namespace == "profiler":
             # record_function's markers (FSDP2 sets many) hold no tensors: no fake needed.
             with torch._C._DisableTorchDispatch():
