@@ -669,14 +669,23 @@ class SimProcessGroup(dist.ProcessGroup):
     recvAnysource = recv_anysource
 
     def _deliver(self, send, recv):
-        if send.tensor.shape != recv.tensor.shape or send.tensor.dtype != recv.tensor.dtype:
+        # gloo moves bytes and checks only their count: a receive buffer of another shape
+        # or dtype with room for the bytes gets them at its start (pipelining's first
+        # step sends a () tensor into a (1,) one). One without room aborts gloo's
+        # receiving process ("Received data size doesn't match expected size").
+        sent, room = _nbytes([send.tensor]), _nbytes([recv.tensor])
+        if sent > room:
             self._world.scheduler.fail(CollectiveMismatchError(
-                "shape/dtype", {send.src: f"sends {_shape(send.tensor)} {send.tensor.dtype}",
-                                recv.dst: f"receives {_shape(recv.tensor)} {recv.tensor.dtype}"},
+                "size", {send.src: f"sends {_shape(send.tensor)} {send.tensor.dtype} "
+                                   f"({sent} bytes)",
+                         recv.dst: f"receives into {_shape(recv.tensor)} {recv.tensor.dtype} "
+                                   f"({room} bytes)"},
                 None, self._group.label, "send/recv",
-                "the receiving tensor must have the same shape and dtype as the sent one."))
+                "the receiving tensor must hold at least as many bytes as the sent one "
+                "(gloo aborts the receiving process here); receive into a tensor of the "
+                "sent shape and dtype."))
         with torch.no_grad(), accounting.paused():
-            recv.tensor.detach().copy_(send.tensor)
+            collectives.copy_bytes(send.tensor, recv.tensor)
         recv.src = send.src
         send.done = recv.done = True
         recorder = self._world.recorder

@@ -108,6 +108,17 @@ def _write(dst, src):
     dst.detach().copy_(src)
 
 
+def copy_bytes(src, dst):
+    """A point-to-point message as gloo delivers it: ``src``'s bytes at the start of
+    ``dst``, whatever their shapes and dtypes (``dst`` holds at least as many bytes; both
+    are contiguous, as validation requires). The rest of ``dst`` is left as it was."""
+    if src.shape == dst.shape and src.dtype == dst.dtype:
+        dst.detach().copy_(src)   # detach(): invisible to autograd, as a real backend's write
+    elif not (_no_data(src) or _no_data(dst)):
+        raw = src.detach().reshape(-1).view(torch.uint8)
+        dst.detach().reshape(-1).view(torch.uint8)[:raw.numel()].copy_(raw)
+
+
 def all_reduce(args, op):
     """``args[r]`` is rank r's list of tensors; every rank gets the reduction of each."""
     for i in range(len(args[0])):

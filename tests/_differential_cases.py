@@ -290,6 +290,26 @@ def _send_recv_ring(dtype):
     return case
 
 
+def _send_recv_mismatched(sent, received):
+    """Around the ring, a send of ``sent`` (shape, dtype) into a receive buffer of
+    ``received`` (shape, dtype) filled with 7s. gloo moves bytes and checks only their
+    count: a receive buffer of other shape or dtype but at least as many bytes is filled
+    from the start with the sent bytes, the rest stays. (One with fewer bytes aborts
+    gloo's receiving process; tests/test_validation.py checks that sim raises.)"""
+    def case(name, rank, n, groups):
+        x = make_input(name, rank, sent[0], sent[1])
+        got = torch.full(received[0], 7, dtype=received[1])
+        nxt, prv = (rank + 1) % n, (rank - 1) % n
+        if rank % 2 == 0:
+            dist.send(x, dst=nxt)
+            dist.recv(got, src=prv)
+        else:
+            dist.recv(got, src=prv)
+            dist.send(x, dst=nxt)
+        return got
+    return case
+
+
 # Receives from any source use a tag of their own. gloo announces an any-source receive
 # to every peer; a peer that did not answer it keeps the announcement, and a later message
 # of that peer with the same tag (in a later case) is delivered into the stale buffer,
@@ -827,6 +847,16 @@ def case_list(n):
         add(f"send_recv-ring-{d}", _send_recv_ring(dt))
         add(f"isend_irecv-ring-{d}", _isend_irecv_ring(dt))
         add(f"batch_isend_irecv-ring-{d}", _batch_isend_irecv_ring(dt))
+    # Buffers that differ from the sent tensor but hold at least as many bytes (the bytes
+    # are compared exactly: the results are integers, or floats from floats).
+    f32, i32, i64 = torch.float32, torch.int32, torch.int64
+    for key, sent, received in [("scalar-into-1", ((), f32), ((1,), f32)),
+                                ("2x3-into-3x2", ((2, 3), f32), ((3, 2), f32)),
+                                ("4-into-6", ((4,), i64), ((6,), i64)),
+                                ("f32-into-i32", ((4,), f32), ((4,), i32)),
+                                ("i32x4-into-i64x2", ((4,), i32), ((2,), i64)),
+                                ("i64x2-into-i32x5", ((2,), i64), ((5,), i32))]:
+        add(f"send_recv-other-buffer-{key}", _send_recv_mismatched(sent, received))
     add("isend_irecv-tags-out-of-order", _isend_irecv_tags)
     add("recv-any-source", _recv_any_source)
     add("irecv-any-source", _irecv_any_source)

@@ -431,20 +431,35 @@ def test_mismatch_names_the_odd_rank_out(cluster):
     assert f"rank 3: {err.values[3]}" in str(err)
 
 
-def _send_recv_shapes_differ():
+def _send_recv_into(received):
+    """Rank 0 sends four float32s (16 bytes); rank 1 receives them into ``received``."""
     if dist.get_rank() == 0:
-        dist.send(torch.ones(3), dst=1)
+        dist.send(torch.arange(4.0), dst=1)
     else:
-        dist.recv(torch.ones(4), src=0)
+        dist.recv(received, src=0)
+        return received
 
 
-def test_send_and_recv_of_different_shapes(cluster):
-    err = expect_error(cluster, sc.CollectiveMismatchError, _send_recv_shapes_differ, 2)
-    assert "shape" in err.field
-    assert set(err.values) == {0, 1}
-    assert "(3,)" in str(err.values[0]) and "(4,)" in str(err.values[1])
+def test_a_receive_buffer_too_small_for_the_message_stops_the_run(cluster):
+    # gloo aborts the receiving process ("Received data size doesn't match expected size")
+    err = expect_error(cluster, sc.CollectiveMismatchError,
+                       lambda: _send_recv_into(torch.zeros(3)), 2)
+    assert err.field == "size"
+    assert "(4,) torch.float32 (16 bytes)" in str(err.values[0])
+    assert "(3,) torch.float32 (12 bytes)" in str(err.values[1])
     message = str(err)
-    assert "send/recv" in message and "rank 0" in message and "rank 1" in message
+    assert "send/recv" in message and "at least as many bytes" in message
+
+
+def test_a_receive_buffer_with_room_gets_the_bytes_as_gloo_gives_them(cluster):
+    # checked against gloo in tests/test_differential_gloo.py (send_recv-other-buffer-*)
+    got = cluster.run(lambda: _send_recv_into(torch.full((5,), 7.0)), world_size=2).results[1]
+    assert got.tolist() == [0.0, 1.0, 2.0, 3.0, 7.0]
+    got = cluster.run(lambda: _send_recv_into(torch.zeros(2, 2)), world_size=2).results[1]
+    assert got.tolist() == [[0.0, 1.0], [2.0, 3.0]]
+    got = cluster.run(lambda: _send_recv_into(torch.zeros(2, dtype=torch.float64)),
+                      world_size=2).results[1]
+    assert got.view(torch.float32).tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 # =============================================================== bad arguments

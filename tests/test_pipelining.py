@@ -192,3 +192,37 @@ def test_dualpipev_gains_nothing_from_its_overlap_on_one_compute_stream():
     for r in range(4):   # the same work on each rank, in a different order
         assert runs["ScheduleDualPipeV"].clock(r).compute == pytest.approx(
             runs["ScheduleZBVZeroBubble"].clock(r).compute, rel=0.01)
+
+
+# ------------------------------------------------------- a traced pipeline's stages
+class _TwoLayers(nn.Module):
+    def __init__(self, width=8):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.Sequential(nn.Linear(width, width), nn.Linear(width, width))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def _traced_pipeline_step(m=2, rows=2, width=8):
+    """``pipeline()`` splits the model before ``layers.1``; ``build_stage`` makes this
+    rank's stage (its warm-up sends a ``()`` tensor into a ``(1,)`` buffer); GPipe runs."""
+    x = torch.randn(m * rows, width, generator=torch.Generator().manual_seed(1))
+    pipe = pipelining.pipeline(_TwoLayers(width), mb_args=(x.chunk(m)[0],),
+                               split_spec={"layers.1": pipelining.SplitPoint.BEGINNING})
+    stage = pipe.build_stage(dist.get_rank(), torch.device("cpu"))
+    schedule = pipelining.ScheduleGPipe(stage, n_microbatches=m, loss_fn=mse)
+    losses = []
+    if dist.get_rank() == 0:
+        schedule.step(x)
+    else:
+        schedule.step(target=torch.zeros(m * rows, width), losses=losses)
+    return [loss.detach() for loss in losses]
+
+
+def test_a_traced_pipelines_stages_build_and_run():
+    run = sc.Cluster.preset("dgx-a100").run(_traced_pipeline_step, world_size=2)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    want = [mse(_TwoLayers()(xc), torch.zeros(2, 8)).detach() for xc in x.chunk(2)]
+    torch.testing.assert_close(run.results[1], want)
