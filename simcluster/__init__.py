@@ -69,9 +69,10 @@ def fake_tensors():
     for DDP with ``find_unused_parameters=True``, for the ``torch.distributed.pipelining``
     schedules (their first ``step()`` votes along the pipeline and sends the stages' shapes
     as objects) and for ``dist.*_object*`` collectives: an op on real integer tensors alone
-    runs on their data, and everything else stays fake. Make a ``DeviceMesh`` before
-    entering (building one reads real values), and import ``torch.distributed.pipelining``
-    before entering too.
+    runs on their data, and everything else stays fake. DTensor (tensor parallelism) and
+    other functional collectives reach the simulated network as on real tensors, with the
+    same bytes and times. Make a ``DeviceMesh`` before entering (building one reads real
+    values).
     """
     from ._torch_internals import fake_tensor_mode
 

@@ -34,8 +34,9 @@ back. What we rely on, and why:
 * ``torch.distributed.pipelining``'s schedules vote on their stages' mode in their first
   ``step()`` (``_PipelineSchedule._warmup_p2p``) with one-element integer tensors read by
   ``.item()``, and stages send their metadata with ``send_object_list``. While a run is
-  active the warm-up runs under :class:`_RealBookkeeping` (patched once the module is
-  imported, :func:`_patch_pipelining`) and the object collectives (``dist.*_object*``)
+  active the warm-up runs under :class:`_RealBookkeeping` (patched when the run starts or,
+  by an import hook on ``sys.meta_path``, when a rank first imports the module:
+  :func:`_patch_pipelining`) and the object collectives (``dist.*_object*``)
   with the fake mode set aside.
 * ``dist.init_process_group`` is wrapped, while a run is active, so that a learner's own
   call inside a rank function (as in a ``torchrun`` script) is accepted: the simulator has
@@ -73,6 +74,7 @@ back. What we rely on, and why:
 import ctypes
 import contextlib
 import functools
+import importlib.abc
 import sys
 import threading
 import warnings
@@ -214,6 +216,7 @@ def install(on_storage_resize, on_parameter, on_init_process_group):
             _set_object_collectives({name: _without_fake_mode(function) for name, function
                                      in _original_object_collectives.items()})
             _functional_collectives_module()._are_we_tracing = _are_we_tracing
+            sys.meta_path.insert(0, _import_hook)
         _installed += 1
         _patch_pipelining()
 
@@ -233,6 +236,7 @@ def uninstall():
             _set_reducer_entry_points(_original_reducer_entry_points)
             _set_object_collectives(_original_object_collectives)
             _functional_collectives_module()._are_we_tracing = _original_are_we_tracing
+            sys.meta_path.remove(_import_hook)
             _unpatch_pipelining()
 
 
@@ -367,6 +371,7 @@ def _reducer_entry_points_with_real_bookkeeping():
 
 
 _original_warmup_p2p = None   # while patched: torch.distributed.pipelining's own
+_SCHEDULES = "torch.distributed.pipelining.schedules"
 
 
 def _patch_pipelining():
@@ -376,13 +381,14 @@ def _patch_pipelining():
     The first ``step()`` of a schedule runs a vote along the pipeline (``_warmup_p2p``):
     each stage sends a one-element integer tensor made with ``torch.tensor``/``torch.zeros``
     to the next, and reads the result with ``.item()``. Made under the fake mode, those
-    tensors have no value to read. The module is patched only when already imported
-    (importing it costs a second and imports ``torch._dynamo``): :func:`install` and
-    :func:`fake_tensor_mode` look.
+    tensors have no value to read. Importing the module costs 2-4 s (it imports
+    ``torch._dynamo``), so a run does not import it: :func:`install` patches it if it is
+    imported already, and :class:`_PatchPipeliningOnImport` the moment a rank imports it.
     """
     global _original_warmup_p2p
-    schedules = sys.modules.get("torch.distributed.pipelining.schedules")
-    if schedules is None or _original_warmup_p2p is not None or not _installed:
+    schedules = sys.modules.get(_SCHEDULES)
+    if schedules is None or _original_warmup_p2p is not None or not _installed \
+            or not hasattr(schedules, "_PipelineSchedule"):
         return
     _original_warmup_p2p = schedules._PipelineSchedule._warmup_p2p
     schedules._PipelineSchedule._warmup_p2p = _with_real_bookkeeping(_original_warmup_p2p)
@@ -392,9 +398,46 @@ def _unpatch_pipelining():
     """Undo :func:`_patch_pipelining`."""
     global _original_warmup_p2p
     if _original_warmup_p2p is not None:
-        schedules = sys.modules["torch.distributed.pipelining.schedules"]
+        schedules = sys.modules[_SCHEDULES]
         schedules._PipelineSchedule._warmup_p2p = _original_warmup_p2p
         _original_warmup_p2p = None
+
+
+class _PatchPipeliningOnImport(importlib.abc.MetaPathFinder):
+    """An import hook, on ``sys.meta_path`` while a run is active: when
+    ``torch.distributed.pipelining.schedules`` is first imported (inside a rank, even
+    inside ``sc.fake_tensors()``), :func:`_patch_pipelining` runs right after it loads."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _SCHEDULES:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = None if finder is self or find is None else find(fullname, path, target)
+            if spec is not None:
+                spec.loader = _PatchAfterLoading(spec.loader)
+                return spec
+        return None
+
+
+class _PatchAfterLoading(importlib.abc.Loader):
+    """``loader``, and :func:`_patch_pipelining` once it has executed the module."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _patch_pipelining()
+
+    def __getattr__(self, name):   # get_source, get_filename, ... for tracebacks
+        return getattr(self._loader, name)
+
+
+_import_hook = _PatchPipeliningOnImport()
 
 
 # Collectives of picklable objects send a pickle's bytes and its length in tensors they
@@ -428,7 +471,6 @@ def fake_tensor_mode():
     global _fake_mode_type
     if _fake_mode_type is None:
         _fake_mode_type = _fake_mode_class()
-    _patch_pipelining()
     return _fake_mode_type(allow_non_fake_inputs=True)
 
 

@@ -13,7 +13,10 @@ learner writes it.
 """
 
 import contextlib
+import os
 import resource
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -181,6 +184,41 @@ def test_torch_is_restored_after_the_run():
                                       args=("ScheduleGPipe", 2, 8, 2, 1, True))
     assert schedules._PipelineSchedule._warmup_p2p is warmup
     assert dist.recv_object_list is recv
+    assert not any(type(f).__module__.startswith("simcluster") for f in sys.meta_path)
+
+
+_FIRST_IMPORT_INSIDE_FAKE_TENSORS = """
+import sys
+import torch, torch.distributed as dist, torch.nn as nn
+import simcluster as sc
+
+def step():
+    with sc.fake_tensors():
+        from torch.distributed import pipelining      # the first import, in the fake mode
+        rank = dist.get_rank()
+        stage = pipelining.PipelineStage(nn.Linear(64, 64), rank, 2, torch.device("cpu"))
+        schedule = pipelining.ScheduleGPipe(stage, n_microbatches=2,
+                                            loss_fn=lambda out, y: ((out - y) ** 2).mean())
+        if rank == 0:
+            schedule.step(torch.randn(4, 64))
+        else:
+            schedule.step(target=torch.randn(4, 64), losses=[])
+
+assert "torch.distributed.pipelining" not in sys.modules
+run = sc.Cluster.preset("dgx-a100").run(step, world_size=2)
+print("compute", run.summary().rows[1]["compute_s"] > 0)
+"""
+
+
+def test_pipelining_imported_first_inside_fake_tensors():
+    """A schedule's warm-up keeps its vote real even when a rank imports
+    torch.distributed.pipelining for the first time inside ``sc.fake_tensors()``: a fresh
+    interpreter, so that the import really is the first."""
+    done = subprocess.run([sys.executable, "-c", _FIRST_IMPORT_INSIDE_FAKE_TENSORS],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "compute True"
 
 
 def test_dualpipev_gains_nothing_from_its_overlap_on_one_compute_stream():
