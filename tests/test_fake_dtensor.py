@@ -72,8 +72,7 @@ def test_tensor_parallel_on_fake_tensors_communicates_as_on_real_ones(sequence_p
                        if sequence_parallel else ["all_reduce"] * 2)
     assert records(fake) == records(real)
     assert fake.elapsed == real.elapsed
-    assert [r["comm_s"] for r in fake.summary().rows] == \
-        [r["comm_s"] for r in real.summary().rows]
+    assert fake.summary().rows == real.summary().rows   # compute, communication, memory
 
 
 def functional_collectives(fake):
