@@ -216,6 +216,7 @@ def install(on_storage_resize, on_parameter, on_init_process_group):
             _set_object_collectives({name: _without_fake_mode(function) for name, function
                                      in _original_object_collectives.items()})
             _functional_collectives_module()._are_we_tracing = _are_we_tracing
+            _set_rank_local_module_hooks(True)
             sys.meta_path.insert(0, _import_hook)
         _installed += 1
         _patch_pipelining()
@@ -236,6 +237,7 @@ def uninstall():
             _set_reducer_entry_points(_original_reducer_entry_points)
             _set_object_collectives(_original_object_collectives)
             _functional_collectives_module()._are_we_tracing = _original_are_we_tracing
+            _set_rank_local_module_hooks(False)
             sys.meta_path.remove(_import_hook)
             _unpatch_pipelining()
 
@@ -274,6 +276,93 @@ def _are_we_tracing():
 def _is_sim_fake_mode(mode):
     """True for a mode made by :func:`fake_tensor_mode`."""
     return _fake_mode_type is not None and type(mode) is _fake_mode_type
+
+
+class _RankLocalHooks(dict):
+    """Stands in for one of ``torch.nn.modules.module``'s global module-hook dicts while
+    a run is active: a hook registered from a rank thread fires only for that rank's
+    modules.
+
+    Torch's process-wide module hooks (``register_module_forward_pre_hook`` and the rest)
+    fire for every module call in the process. Tools that a learner opens inside a rank,
+    such as ``CommDebugMode`` and ``ModTracker``, register them to follow that rank's
+    modules; with ranks as threads, every rank's calls would reach every rank's tool
+    (``CommDebugMode`` then stops with a ``KeyError`` naming another rank's module).
+    Hooks registered outside the ranks (before the run, or by the simulator itself) live
+    in torch's own dict and fire for everyone, as before.
+    """
+
+    def __init__(self, shared):
+        super().__init__()
+        self.shared = shared          # torch's own dict
+        self.ranks = {}               # thread id -> that rank thread's own hooks
+
+    def _own(self, create=False):
+        """This thread's own hooks (None on the thread that installed the run)."""
+        me = threading.get_ident()
+        if me == _ThreadLocalWorld.outside:
+            return None
+        own = self.ranks.get(me)
+        if own is None and create:
+            own = self.ranks[me] = {}
+        return own
+
+    def _view(self):
+        own = self.ranks.get(threading.get_ident())   # read on every module call: quick
+        return {**self.shared, **own} if own else self.shared
+
+    def __setitem__(self, key, value):
+        own = self._own(create=True)
+        (self.shared if own is None else own)[key] = value
+
+    def __delitem__(self, key):
+        own = self._own()
+        del (own if own and key in own else self.shared)[key]
+
+    def __getitem__(self, key):
+        return self._view()[key]
+
+    def __contains__(self, key):
+        return key in self._view()
+
+    def __iter__(self):
+        return iter(self._view())
+
+    def __len__(self):
+        return len(self._view())
+
+    def get(self, key, default=None):
+        return self._view().get(key, default)
+
+    def keys(self):
+        return self._view().keys()
+
+    def values(self):
+        return self._view().values()
+
+    def items(self):
+        return self._view().items()
+
+
+# torch.nn.modules.module's global forward and backward hook dicts, each with its stand-in
+# (made once and kept: a hook's RemovableHandle holds a weak reference to it).
+_MODULE_HOOK_DICTS = ("_global_forward_pre_hooks", "_global_forward_hooks",
+                      "_global_forward_hooks_always_called",
+                      "_global_forward_hooks_with_kwargs", "_global_backward_pre_hooks",
+                      "_global_backward_hooks")
+_rank_local_hooks = {}
+
+
+def _set_rank_local_module_hooks(on):
+    """Swap torch's global module-hook dicts for :class:`_RankLocalHooks` (or back)."""
+    from torch.nn.modules import module
+
+    for name in _MODULE_HOOK_DICTS:
+        proxy = _rank_local_hooks.get(name)
+        if proxy is None:
+            proxy = _rank_local_hooks[name] = _RankLocalHooks(getattr(module, name))
+        proxy.ranks.clear()
+        setattr(module, name, proxy if on else proxy.shared)
 
 
 def _init_process_group(in_simulated_rank):

@@ -200,3 +200,45 @@ def test_comm_debug_mode_counts_each_ranks_own_collectives():
     all_reduce = {"c10d_functional.all_reduce": 1}
     assert run.results == [{"Sequential.0": {"forward": {}, "backward": all_reduce},
                             "Sequential.2": {"forward": all_reduce, "backward": {}}}] * 4
+
+
+# ---------------------------------------------- process-wide module hooks, per rank
+def _comm_debug_mode_on_a_tensor_parallel_block():
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from workbook.tensorparallel import Block, tp_plan
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = parallelize_module(Block(), mesh, tp_plan())
+    with CommDebugMode() as comm:
+        model(torch.randn(2, 8, 64, requires_grad=True)).sum().backward()
+    return ({str(op): n for op, n in comm.get_comm_counts().items()},
+            sorted(comm.get_parameter_info()))
+
+
+def test_comm_debug_mode_counts_each_ranks_own_modules():
+    """CommDebugMode follows modules with process-wide module hooks; with ranks as
+    threads each rank's tool heard the others' modules and stopped with KeyError: 'MLP.up'.
+    On gloo (one process per rank) it counts the 4 all-reduces of one TP layer."""
+    run = sc.Cluster.preset("dgx-a100").run(_comm_debug_mode_on_a_tensor_parallel_block,
+                                            world_size=4, accounting=False)
+    for counts, modules in run.results:
+        assert counts == {"c10d_functional.all_reduce": 4}
+        assert "Block.mlp.up" in modules
+
+
+def test_a_module_hook_registered_in_a_rank_fires_for_that_rank_only():
+    def fn():
+        seen = []
+        handle = nn.modules.module.register_module_forward_pre_hook(
+            lambda module, args: seen.append(dist.get_rank()))
+        layer = nn.Linear(2, 2)
+        dist.barrier()                 # every rank has registered its hook
+        layer(torch.ones(2))
+        dist.barrier()                 # every rank has called its layer
+        handle.remove()
+        return seen
+
+    run = sc.Cluster.preset("dgx-a100").run(fn, world_size=3, accounting=False)
+    assert run.results == [[0], [1], [2]]
+    assert not nn.modules.module._global_forward_pre_hooks
