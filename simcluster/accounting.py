@@ -32,7 +32,10 @@ from .memory import MemoryAccount
 
 # Ops that only allocate or relabel memory: no time is charged for them.
 _FREE_OPS = {"detach", "alias", "lift_fresh", "_local_scalar_dense", "empty", "empty_like",
-             "empty_strided", "new_empty", "new_empty_strided", "set_", "resize_"}
+             "empty_strided", "new_empty", "new_empty_strided", "set_", "resize_",
+             # a functional collective's wait (a GPU stream waiting on an event, called
+             # several times per result by DTensor) and its autograd wrapper move no data
+             "wait_tensor", "_wrap_tensor_autograd"}
 
 
 def local_tensor(tensor):

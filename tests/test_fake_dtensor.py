@@ -98,3 +98,16 @@ def test_functional_collectives_on_fake_tensors_reach_the_network():
                                                 "broadcast"]
     assert records(fake) == records(real)
     assert fake.results == real.results
+
+
+def waits(times):
+    """A functional all-reduce of 1 Mi floats, waited on ``times`` times."""
+    y = funcol.all_reduce(torch.ones(2**20), "sum", dist.group.WORLD)
+    for _ in range(times):
+        y = funcol.wait_tensor(y)
+
+
+def test_waiting_on_a_functional_collective_costs_no_compute():
+    cluster = sc.Cluster.preset("dgx-a100")
+    once, thrice = (cluster.run(waits, world_size=2, args=(n,)) for n in (1, 3))
+    assert once.clock(0).compute == thrice.clock(0).compute
