@@ -38,6 +38,17 @@ back. What we rely on, and why:
   by an import hook on ``sys.meta_path``, when a rank first imports the module:
   :func:`_patch_pipelining`) and the object collectives (``dist.*_object*``)
   with the fake mode set aside.
+* ``torch.ops._c10d_functional`` (functional collectives: DTensor's redistributions) have
+  meta kernels that FakeTensorMode answers with, never calling the process group; inside
+  ``sc.fake_tensors()`` they run torch's own ``CompositeExplicitAutograd`` kernel instead
+  (``OpOverload._op_dk``, :func:`_functional_collective`). And
+  ``_functional_collectives._are_we_tracing`` takes any fake mode for ``torch.compile``
+  tracing (then results are waited on at once, not when first used): while a run is
+  active our fake mode is not tracing (:func:`_are_we_tracing`).
+* ``torch.nn.modules.module._global_forward_pre_hooks`` and the other global module-hook
+  dicts are process-wide; while a run is active they are stand-ins in which a hook
+  registered in a rank thread fires only for that rank (:class:`_RankLocalHooks`), so
+  that ``CommDebugMode`` and ``ModTracker`` opened in a rank see that rank's modules.
 * ``dist.init_process_group`` is wrapped, while a run is active, so that a learner's own
   call inside a rank function (as in a ``torchrun`` script) is accepted: the simulator has
   already initialised the default group, and torch would otherwise refuse a second one.
