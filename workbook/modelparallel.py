@@ -54,12 +54,15 @@ def in_features(stage):
     return next(m for m in stage.modules() if isinstance(m, nn.Linear)).in_features
 
 
-def _materialize(model, p, index, boundaries):
-    """Stage ``index`` of ``p`` of the meta ``model``, given fake storage on this rank:
-    only this stage's parameters take (simulated) memory."""
-    stage = pipeline.split(model, p, boundaries)[index]
+def _materialize(make_model, p, index, boundaries):
+    """Stage ``index`` of ``p`` of the meta model ``make_model()``, given fake storage on
+    this rank: only this stage's parameters take (simulated) memory. The peak memory
+    starts afresh here: the meta model counted while it was being built, until the other
+    stages were dropped."""
+    stage = pipeline.split(make_model(), p, boundaries)[index]
     with sc.fake_tensors():
         stage.to_empty(device="cpu")
+    sc.reset_peak_memory()
     return stage
 
 
@@ -81,7 +84,7 @@ def naive_split_step(make_model=big_mlp, batch=BATCH, boundaries=None, placement
     if rank not in placement:
         return None
     i, p = placement.index(rank), len(placement)
-    stage = _materialize(make_model(), p, i, boundaries)
+    stage = _materialize(make_model, p, i, boundaries)
     with sc.fake_tensors():
         optimizer = torch.optim.Adam(stage.parameters()) if adam else None
         x = torch.empty(batch, in_features(stage))
@@ -117,7 +120,7 @@ def stream_forward(make_model, micro_batches, batch, boundaries=None):
     and hands its output to the next stage with ``isend``, so it can start the next batch
     at once: once the stream is full every stage works, and the slowest sets the pace."""
     rank, p = dist.get_rank(), dist.get_world_size()
-    stage = _materialize(make_model(), p, rank, boundaries)
+    stage = _materialize(make_model, p, rank, boundaries)
     with sc.fake_tensors(), torch.no_grad():
         pending = []
         for _ in range(micro_batches):
