@@ -261,15 +261,8 @@ def cut_at_the_running_average(layer_times, p):
 
 
 def last_layer_of_each_stage(layer_times, p):
-    import itertools
-    n = len(layer_times)
-    best, best_max = None, float("inf")
-    for cut in itertools.combinations(range(1, n), p - 1):
-        edges = (0, *cut, n)
-        slowest = max(sum(layer_times[a:b]) for a, b in zip(edges, edges[1:]))
-        if slowest < best_max:
-            best, best_max = list(cut), slowest
-    return [b - 1 for b in best]          # the last layer of stages 0 … p-2, not the first of the next
+    # the best cut, given as the last layer of stages 0 … p-2 instead of the first of the next
+    return [b - 1 for b in MINE["balance"](layer_times, p)]
 
 
 def sorts_the_layers(layer_times, p):
