@@ -12,6 +12,8 @@ machine:
   forward with ``dist.recv``/``dist.send`` of activations, backward with the gradients
   sent back, one Adam step; :func:`run_naive_split` runs it, on any placement of the
   stages on a cluster's ranks;
+* :func:`torch_pipeline_step`, the same step with torch's ``PipelineStage`` and
+  ``ScheduleGPipe`` over one micro-batch;
 * :func:`stream_forward`, micro-batches streamed through the stages (forward only), which
   runs at the pace of the slowest stage;
 * measurements: :func:`sends` (point-to-point transfers read from the ranks' clocks),
@@ -93,7 +95,7 @@ def naive_split_step(make_model=big_mlp, batch=BATCH, boundaries=None, placement
             x.requires_grad_()            # so that backward fills x.grad, to send back
         out = stage(x)
         if i == p - 1:
-            out.square().mean().backward()
+            _square_mean(out, None).backward()
         else:
             dist.send(out.detach(), placement[i + 1])
             grad = torch.empty_like(out)
@@ -103,6 +105,39 @@ def naive_split_step(make_model=big_mlp, batch=BATCH, boundaries=None, placement
             dist.send(x.grad, placement[i - 1])
         if optimizer is not None:
             optimizer.step()
+
+
+def _square_mean(output, target):
+    """The stand-in loss of the lesson's steps: the mean of the squared output."""
+    return output.square().mean()
+
+
+def torch_pipeline_step(make_model=big_mlp, batch=BATCH, micro_batches=1):
+    """The same step with torch's own :mod:`torch.distributed.pipelining`: each rank wraps
+    its stage in a ``PipelineStage`` and ``ScheduleGPipe`` runs forward and backward over
+    ``micro_batches`` micro-batches (one: the naive split). No optimizer step. The stage
+    is told its input and output shapes: without them it would infer them by running its
+    forward once more before the step."""
+    from torch.distributed import pipelining
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    stage = _materialize(make_model, p, rank, None)
+    rows = batch // micro_batches
+    out_features = [m for m in stage.modules() if isinstance(m, nn.Linear)][-1].out_features
+    with sc.fake_tensors():
+        piped = pipelining.PipelineStage(
+            stage, rank, p, torch.device("cpu"),
+            input_args=torch.empty(rows, in_features(stage), requires_grad=rank > 0),
+            output_args=torch.empty(rows, out_features, requires_grad=True))
+        schedule = pipelining.ScheduleGPipe(piped, n_microbatches=micro_batches,
+                                            loss_fn=_square_mean)
+        x = torch.empty(batch, in_features(stage))
+        if rank == 0:
+            schedule.step(x)
+        elif rank == p - 1:
+            schedule.step(target=torch.empty(batch, 1))
+        else:
+            schedule.step()
 
 
 def run_naive_split(cluster, p=None, placement=None, **kwargs):
