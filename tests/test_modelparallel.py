@@ -50,3 +50,13 @@ def test_layer_times_and_the_stream_follow_the_slowest_stage():
     t = list(times.values())
     assert slow == pytest.approx(sum(t) + 7 * (t[3] + t[4]), rel=0.02)
     assert even == pytest.approx(sum(t) + 7 * 4 * t[0], rel=0.02)
+
+
+def test_torchs_schedule_with_one_micro_batch_is_the_naive_split():
+    cluster = sc.Cluster.preset("dgx-a100")
+    mine = mp.run_naive_split(cluster, p=2, make_model=SMALL, adam=False)
+    torchs = cluster.run(mp.torch_pipeline_step, world_size=2, kwargs={"make_model": SMALL})
+    assert torchs.elapsed == pytest.approx(mine.elapsed, rel=1e-3)
+    piped = cluster.run(mp.torch_pipeline_step, world_size=2,
+                        kwargs={"make_model": SMALL, "micro_batches": 4})
+    assert piped.elapsed < 0.7 * mine.elapsed       # 4 micro-batches overlap the stages
