@@ -286,8 +286,9 @@ LM3 = "language model (heavy head), 9 layers, p = 3: "
      LM3 + "your cut [3, 7] makes stages of 10.572 ms, 14.096 ms, 17.620 ms; 4 micro-batches "
      "took 96.261 ms, 1.12× the best cut [4, 8]'s 85.689 ms — Hint: " + PACE),
     (sorts_the_layers,
-     "balance raised TypeError: 'NoneType' object is not subscriptable — Hint: "
-     + checking.HINTS["exception"]),
+     LM3 + "balance raised TypeError: 'NoneType' object is not subscriptable — Hint: read "
+     "the message above; call balance(layer_times, p) yourself on a short list to see the "
+     "whole traceback."),
     (lambda layer_times, p: list(range(1, p + 1)),
      LM3 + "returned [1, 2, 3], which does not cut 9 layers into 3 non-empty stages — Hint: "
      "return the 2 indices of the layers where stages 1 … 2 start, increasing, each "
@@ -295,6 +296,19 @@ LM3 = "language model (heavy head), 9 layers, p = 3: "
 ])
 def test_balance_mistakes(capsys, answer, message):
     expect(capsys, checks.check_balance, answer, BALANCE + message)
+
+
+def test_a_balance_that_never_ends_is_stopped(capsys, short_timeout):
+    def cut_where_the_sum_passes(layer_times, p):
+        cut, i = [], 1
+        while len(cut) < p - 1:
+            if sum(layer_times[:i]) > sum(layer_times) / p:
+                cut.append(i)          # i is never incremented
+        return cut
+
+    expect(capsys, checks.check_balance, cut_where_the_sum_passes,
+           BALANCE + LM3 + "rank 0 was still running after 2 s of wall-clock time (an "
+           "infinite loop?) — Hint: " + checking.HINTS["timeout"])
 
 
 # ------------------------------------------------------- exercise 3: boundary bytes
