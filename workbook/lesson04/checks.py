@@ -6,9 +6,10 @@
   different places, and compares the loss and every parameter's gradient with the same
   model run whole in one process.
 * :func:`check_balance` hands the learner per-layer forward times measured on the
-  simulator, streams micro-batches through the stages the learner's cut makes (fake
-  tensors, :func:`workbook.modelparallel.stream_forward`) and compares the simulated time
-  with the best cut's.
+  simulator (calling the learner's function on a simulated rank, so that a search that
+  never ends is stopped), streams micro-batches through the stages the learner's cut
+  makes (fake tensors, :func:`workbook.modelparallel.stream_forward`) and compares the
+  simulated time with the best cut's.
 * :func:`check_boundary_bytes` compares the learner's count of the bytes crossing each
   boundary with the traffic the simulator measured between the stages.
 
