@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import simcluster as sc
-from workbook.checking import (Failure, call, check, collectives_so_far, first_difference,
+from workbook.checking import (Failure, check, collectives_so_far, first_difference,
                                listed, num, raised, refuse_reference, simulate)
 from workbook.dataparallel import mlp
 from workbook.pipeline import bubble, bubble_formula, split
@@ -94,9 +94,10 @@ def _values_body(fn, p, m):
 
 
 SCHEDULE_HINTS = {
-    "exception": "read the message above. A received activation must be made a leaf that "
-                 "wants its gradient (x.requires_grad_()) before the stage uses it, so that "
-                 "backward fills x.grad for you to send back.",
+    "exception": "read the message above. Only the first rank's inputs and the last "
+                 "rank's targets hold tensors (the others hold None): the other stages "
+                 "receive their input with dist.recv, and make it want its gradient "
+                 "(x.requires_grad_()) so that backward fills x.grad to send back.",
     "timeout": "look for a loop whose bounds never end (over range(m), m = len(inputs)).",
 }
 CLOSE = dict(rtol=1e-4, atol=1e-6)
@@ -326,14 +327,24 @@ def check_1f1b(fn):
                               "forwards, then one forward and one backward in turn, and "
                               "drops each micro-batch's tensors once its backward is done.")
         measured.append((p, m, *_check_bubble(
-            p, m, run, "post the send of your output and the receive of its gradient "
-                       "together (dist.batch_isend_irecv), so that no stage waits longer "
-                       "than the schedule says.")))
+            p, m, run, "stage r runs p - r - 1 warm-up forwards before its first backward "
+                       "(with fewer, the stages wait for each other), and posts each send "
+                       "together with the receive that follows it (dist.batch_isend_irecv).")))
     return (f"gradients equal the single-process model's on (p, m) {listed(VALUE_CASES)}; "
             f"bubble {_bubbles_text(measured)}; {_held_text(p, m, held)}")
 
 
 # ---------------------------------------------------- exercise 3: interleaved bubble
+
+
+def _call(where, fn, *args):
+    """``fn(*args)`` for a function that runs outside the cluster; an exception becomes
+    the ❌ line."""
+    try:
+        return fn(*args)
+    except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
+        raise raised(where, error, "read the message above; call your function on these "
+                                   "arguments yourself to see the whole traceback.") from None
 
 
 BUBBLE_GRID = [(p, m, v) for p in (1, 2, 4, 8) for m in (1, 4, 8, 16, 32) for v in (1, 2, 4)]
@@ -347,7 +358,7 @@ def check_interleaved_bubble(fn):
     refuse_reference(fn, bubble_formula)
     for p, m, v in BUBBLE_GRID:
         where = f"p = {p}, m = {m}, v = {v}"
-        got = call(f"interleaved_bubble({p}, {m}, {v})", fn, p, m, v)
+        got = _call(f"interleaved_bubble({p}, {m}, {v})", fn, p, m, v)
         want = bubble_formula(p, m, v)
         try:
             ok = abs(float(got) - want) <= 1e-9
@@ -357,12 +368,12 @@ def check_interleaved_bubble(fn):
         if ok:
             continue
         got = float(got)
-        if p > 1 and abs(got - (p - 1) / (v * m)) <= 1e-9:
+        if v > 1 and abs(got - (p - 1) / (m + p - 1)) <= 1e-9:
+            hint = "that is 1F1B's bubble: with v chunks each slot is v times shorter."
+        elif p > 1 and abs(got - (p - 1) / (v * m)) <= 1e-9:
             hint = ("(p - 1)/(v·m) is the bubble relative to the ideal time (the papers' "
                     "ratio); as a fraction of the wall time, divide by the whole: "
                     "ideal v·m plus bubble p - 1, in chunk slots.")
-        elif p > 1 and abs(got - (p - 1) / (m + p - 1)) <= 1e-9:
-            hint = "that is 1F1B's bubble: with v chunks each slot is v times shorter."
         elif abs(got - 100 * want) <= 1e-7:
             hint = "return a fraction (0.25), not a percentage (25)."
         else:
@@ -405,8 +416,10 @@ def check_pick_m_v(fn):
     for case in PICK_CASES:
         where = _pick_where(case)
         p, batch, layers, target, cap, sample = case
-        got = call(where, fn, *case)
+        got = _call(where, fn, *case)
         want = ref.pick_m_v(*case)
+        if isinstance(got, list):
+            got = tuple(got)
         if got == want:
             continue
         if want is not None and got is None:
@@ -433,8 +446,13 @@ def check_pick_m_v(fn):
                           f"activations on the first stage, above the cap",
                           "the first stage holds p micro-batches (1F1B), p + (p - 1)/v with "
                           "v ≥ 2 chunks, each of batch/m samples × sample_bytes.")
-        raise Failure(f"{where}: returned {got}; expected {want}",
-                      "among the (m, v) that fit, take the smallest m, then the smallest v.")
+        m, v = want
+        better = "fewer micro-batches" if m < got[0] else "as many micro-batches, fewer chunks"
+        raise Failure(f"{where}: returned {got}; expected {want}, which fits too with "
+                      f"{better} (bubble {ref.interleaved_bubble(p, m, v):.1%}, "
+                      f"{num(ref.micro_batches_held(p, v) * (batch // m) * sample / GB)} GB)",
+                      "among the (m, v) that fit, take the smallest m, then the smallest v; "
+                      "1F1B (v = 1) holds p micro-batches.")
     feasible = sum(ref.pick_m_v(*c) is not None for c in PICK_CASES)
     return (f"right on {len(PICK_CASES)} cases ({feasible} feasible, "
             f"{len(PICK_CASES) - feasible} infeasible)")
