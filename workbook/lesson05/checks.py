@@ -238,15 +238,29 @@ def _timing_runs(fn):
     return runs
 
 
-def _held(p, m, run):
-    """Micro-batches of activations each rank held at its peak."""
+def measure_schedule(schedule, p, m):
+    """Run ``schedule`` on the checks' timing model (fake tensors, ``p`` stages of two
+    8192 × 8192 layers, ``m`` micro-batches of 1,024 rows); returns the
+    :class:`~simcluster.Run` and the micro-batches of activations each stage held at its
+    peak."""
+    run = _cluster().run(_timing_body(schedule, p, m), world_size=p)
+    return run, _micro_batches_held(run)
+
+
+def _micro_batches_held(run):
     unit = _activations_of_one_micro_batch()
+    return [peak / unit for peak, _ in run.results]
+
+
+def _held(p, m, run):
+    """Micro-batches of activations each rank held at its peak; every stage must have
+    run one forward per micro-batch (through its module, where the hook counts them)."""
     for rank, (_, forwards) in enumerate(run.results):
         if forwards != m:
             raise Failure(f"{_case(p, m)}, fake tensors: stage {rank} was called {forwards} "
                           f"time(s); expected once per micro-batch ({m})",
                           "call this rank's stage as stage(x) once for each micro-batch.")
-    return [peak / unit for peak, _ in run.results]
+    return _micro_batches_held(run)
 
 
 def _check_bubble(p, m, run, hint):
