@@ -85,7 +85,7 @@ def _values_body(fn, p, m):
         inputs = list(x.chunk(m)) if rank == 0 else [None] * m
         targets = list(y.chunk(m)) if rank == p - 1 else [None] * m
         fn(stage, inputs, targets, mse, (ROWS, WIDTH))
-        count, names = collectives_so_far()
+        _, names = collectives_so_far()
         return {"grads": [None if q.grad is None else q.grad.clone()
                           for q in stage.parameters()],
                 "collectives": names}
@@ -210,16 +210,19 @@ _UNIT = []
 
 
 def _activations_of_one_micro_batch():
-    """Bytes of activations one stage keeps for one micro-batch (measured once)."""
+    """Bytes of activations one stage keeps for one micro-batch, counted as the schedules'
+    runs count them: when the stage's forward returns (measured once)."""
     if not _UNIT:
         def body():
             with sc.fake_tensors():
                 stage = _big_stage()
+                after = []
+                stage.register_forward_hook(lambda *_: after.append(_activations()))
                 before = _activations()
-                output = stage(torch.empty(BIG_ROWS, BIG_WIDTH, requires_grad=True))
-                return _activations() - before, output.shape
+                stage(torch.empty(BIG_ROWS, BIG_WIDTH, requires_grad=True))
+            return after[0] - before
 
-        _UNIT.append(_cluster().run(body, world_size=1).results[0][0])
+        _UNIT.append(_cluster().run(body, world_size=1).results[0])
     return _UNIT[0]
 
 
@@ -248,6 +251,7 @@ def measure_schedule(schedule, p, m):
 
 
 def _micro_batches_held(run):
+    """Per rank: its peak activations over one micro-batch's."""
     unit = _activations_of_one_micro_batch()
     return [peak / unit for peak, _ in run.results]
 
