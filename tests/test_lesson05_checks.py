@@ -69,6 +69,12 @@ def test_the_reference_itself_is_refused(capsys, check, reference):
            "yours — Hint: the exercise is to write it yourself, in the cell above.")
 
 
+def test_a_wrapper_of_the_reference_is_refused(capsys):
+    expect(capsys, checks.check_1f1b, lambda *args: R.one_f_one_b(*args),
+           "❌ 1F1B: this function is the workbook's own reference answer, not yours — Hint: "
+           "the exercise is to write it yourself, in the cell above.")
+
+
 def test_an_unwritten_exercise_says_so(capsys):
     def gpipe(stage, inputs, targets, loss_fn, shape):
         raise NotImplementedError("all the forwards, then all the backwards")
