@@ -290,8 +290,10 @@ def _held_text(p, m, held):
 
 
 def _gpipe_references():
-    """The answers a learner could import instead of writing GPipe."""
-    return (_reference().gpipe,)
+    """The GPipes a learner could import instead of writing one: the lab's answer and the
+    lesson's own (which takes its neighbours' ranks too, so a wrapper would fit)."""
+    from workbook import schedules
+    return _reference().gpipe, schedules.gpipe
 
 
 @check("GPipe")
