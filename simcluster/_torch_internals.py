@@ -37,6 +37,10 @@ back. What we rely on, and why:
   imports ``torch._dynamo`` (1-4 s) on the first op and costs ~0.5 µs per op after.
 * ``torch.utils.module_tracker.ModuleTracker``'s ``_get_mod_name`` names modules the way
   torch's own tools do ("Sequential.0"); :class:`ModuleStack` reuses it.
+* ``torch._C._disabled_torch_dispatch_impl`` is the ``__torch_dispatch__`` that
+  ``nn.Parameter`` and every tensor subclass without a dispatch of its own inherit: the
+  accounting mode treats those as plain tensors (:func:`dispatch_kind`), as FakeTensorMode
+  does, so that ``p.data`` (a detach torch routes through the mode) works.
 * ``torch._C._current_graph_task_id`` tells whether autograd is running a backward pass
   on this thread (:func:`in_backward`).
 * ``UntypedStorage._cdata``, the address of a storage's C++ object, identifies the memory
@@ -671,6 +675,29 @@ def fake_tensor_types():
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     return (FakeTensor, FunctionalTensor)
+
+
+PLAIN, FAKE, SUBCLASS = "plain", "fake", "subclass"
+
+
+def dispatch_kind(cls):
+    """How a dispatch mode should treat a tensor of type ``cls`` that it finds among an
+    op's ``types``: ``PLAIN`` (a tensor with data), ``FAKE`` (no data) or ``SUBCLASS``
+    (a wrapper such as DTensor, which unwraps itself into plain ops if the mode returns
+    ``NotImplemented``).
+
+    A subclass that does not define ``__torch_dispatch__`` (``nn.Parameter``, a learner's
+    own ``Tensor`` subclass) inherits ``torch._C._disabled_torch_dispatch_impl``: torch
+    never hands it an op, so it is plain. It still shows up in ``types`` when torch detaches
+    it under a mode (``p.data`` calls ``aten.detach`` through the mode with the tensor's own
+    type), and a mode that answered ``NotImplemented`` there would leave the op with no
+    handler at all. FakeTensorMode makes the same distinction (``_check_for_subclass_arg``).
+    """
+    if issubclass(cls, fake_tensor_types()):
+        return FAKE
+    if cls.__torch_dispatch__ is torch._C._disabled_torch_dispatch_impl:
+        return PLAIN
+    return SUBCLASS
 
 
 def _shapes(value):

@@ -23,9 +23,9 @@ import threading
 
 import torch
 
-from ._torch_internals import (DispatchMode, ModuleStack, fake_dispatch, fake_mode_active,
-                               fake_tensor_types, flop_formula, in_backward, key_of_storage,
-                               own_parameters, storage_key)
+from ._torch_internals import (FAKE, SUBCLASS, DispatchMode, ModuleStack, dispatch_kind,
+                               fake_dispatch, fake_mode_active, flop_formula, in_backward,
+                               key_of_storage, own_parameters, storage_key)
 from .clock import CollectiveRecord, RankClock
 from .memory import MemoryAccount
 
@@ -51,7 +51,6 @@ class RankAccounting(DispatchMode):
         self.in_optimizer_step = False   # what is allocated now is optimizer state
         self._paused = False     # True while the simulator computes a collective's result
         self.module_time = recorder.module_time[rank]
-        self._fake_types = fake_tensor_types()
 
     @contextlib.contextmanager
     def paused(self):
@@ -82,9 +81,11 @@ class RankAccounting(DispatchMode):
         fake = False
         for t in types:
             if t is not torch.Tensor:
-                if t not in self._fake_types:
+                kind = _KIND.get(t) or _kind(t)
+                if kind is SUBCLASS:
                     return NotImplemented  # let tensor subclasses (DTensor) unwrap to plain ops
-                fake = True
+                if kind is FAKE:
+                    fake = True
         is_view, timeless, counter = _OP_INFO.get(func) or _op_info(func)
         run = fake_dispatch if fake or fake_mode_active() else _call
         if is_view:   # a view reads no data: it neither waits nor takes time
@@ -160,6 +161,13 @@ def tensors_in(values):
 
 
 _OP_INFO = {}
+_KIND = {}   # tensor type -> dispatch_kind(type)
+
+
+def _kind(cls):
+    """:func:`dispatch_kind` of a tensor type, computed once per type."""
+    kind = _KIND[cls] = dispatch_kind(cls)
+    return kind
 
 
 def _op_info(func):
