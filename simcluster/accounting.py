@@ -140,14 +140,33 @@ class RankAccounting(DispatchMode):
                 clock.wait_for_read(storage_key(t))
         if self.host.total or self.host_step or (kwargs and kwargs.get("pin_memory")):
             return self._dispatch_with_host(func, run, args, kwargs, inputs, timeless, counter)
+        # Nothing on the host: the device-only path, inlined (see _dispatch_with_host).
         out = run(func, args, kwargs)
-        outputs = _outputs(out)
+        if type(out) is torch.Tensor or isinstance(out, torch.Tensor):
+            outputs = [out]
+        else:
+            outputs = _tensors(out, []) if isinstance(out, (list, tuple)) else []
         self._count_memory(outputs, self.memory)
         if timeless:
             return out
-        flops, nbytes, dtype = _work(counter, args, kwargs, out, inputs, outputs)
-        self._charge(self.recorder.cost.roofline(self.rank, flops, dtype, nbytes), flops,
-                     self.modules.innermost())
+        nbytes = 0
+        for t in inputs:
+            nbytes += t.numel() * t.element_size()
+        for t in outputs:
+            nbytes += t.numel() * t.element_size()
+        flops = 0
+        if counter is not None:
+            try:
+                flops = counter(args, kwargs, out)
+            except (TypeError, ValueError, RuntimeError):
+                flops = 0
+        dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
+        seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes)
+        label = self.modules.innermost()
+        clock.flops += flops
+        seconds = clock.run_compute(seconds, label)
+        module_time = self.module_time
+        module_time[label] = module_time.get(label, 0.0) + seconds
         return out
 
     def _charge(self, seconds, flops, label):
