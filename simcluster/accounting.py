@@ -48,7 +48,8 @@ import torch
 
 from ._torch_internals import (FAKE, SUBCLASS, DispatchMode, ModuleStack, dispatch_kind,
                                fake_dispatch, fake_mode_active, flop_formula, in_backward,
-                               key_of_storage, on_side_stream, own_parameters, storage_key)
+                               key_of_storage, on_side_stream, own_parameters,
+                               set_sharding_propagation_context, storage_key)
 from .clock import CollectiveRecord, RankClock
 from .memory import MemoryAccount
 
@@ -115,8 +116,6 @@ class RankAccounting(DispatchMode):
         # This runs for every op of every rank, and each microsecond here is about 5 % of
         # a small model's step: keep it lean (no pytree, cached op info and costs).
         kwargs = kwargs or {}
-        if self._paused:
-            return func(*args, **kwargs)
         fake = False
         for t in types:
             if t is not torch.Tensor:
@@ -125,8 +124,10 @@ class RankAccounting(DispatchMode):
                     return NotImplemented  # let tensor subclasses (DTensor) unwrap to plain ops
                 if kind is FAKE:
                     fake = True
-        is_view, timeless, counter, special = _OP_INFO.get(func) or _op_info(func)
         run = fake_dispatch if fake or fake_mode_active() else _call
+        if self._paused:
+            return run(func, args, kwargs)
+        is_view, timeless, counter, special = _OP_INFO.get(func) or _op_info(func)
         if is_view:   # a view reads no data: it neither waits nor takes time
             return run(func, args, kwargs)
         if special is not None:
@@ -490,6 +491,30 @@ def _host_share(spec, rank):
                      f"(1/{node.devices} of {node.host.name})")
 
 
+class _NotCharged:
+    """A reusable ``with`` block in which the calling rank is charged nothing: DTensor's
+    replay of each op at the global shape, which only learns the output's shape."""
+
+    def __enter__(self):
+        acc = current()
+        _thread.not_charged = getattr(_thread, "not_charged", [])
+        _thread.not_charged.append(None if acc is None else acc.paused())
+        if _thread.not_charged[-1] is not None:
+            _thread.not_charged[-1].__enter__()
+
+    def __exit__(self, *exc):
+        block = _thread.not_charged.pop()
+        if block is not None:
+            block.__exit__(*exc)
+
+
+class _Removable:
+    """A hook handle for a setting of torch's: ``remove()`` restores the default."""
+
+    def __init__(self, undo):
+        self.remove = undo
+
+
 _hooks = []
 
 
@@ -498,6 +523,8 @@ def install_hooks():
     from torch.nn.modules import module as nn_module
     from torch.optim import optimizer
 
+    set_sharding_propagation_context(_NotCharged())
+    _hooks.append(_Removable(lambda: set_sharding_propagation_context(None)))
     _hooks.extend([
         nn_module.register_module_forward_pre_hook(on_forward_pre),
         nn_module.register_module_forward_hook(on_forward_post),
