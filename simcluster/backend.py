@@ -689,9 +689,8 @@ class SimProcessGroup(dist.ProcessGroup):
             sender, receiver = recorder.clocks[send.src], recorder.clocks[recv.dst]
             start = max(send.posted, recv.posted, sender.send_free, receiver.recv_free)
             send.end = recv.end = start + recorder.cost.p2p_time(send.src, recv.dst, nbytes)
-            label = f"send {send.src}->{recv.dst}"
-            sender.run_comm(start, send.end, label, lane="send")
-            receiver.run_comm(start, send.end, label, lane="recv")
+            sender.run_comm(start, send.end, f"send {send.src}->{recv.dst}", lane="send")
+            receiver.run_comm(start, send.end, f"recv {send.src}->{recv.dst}", lane="recv")
             recorder.add_traffic(send.src, recv.dst, nbytes)
 
 
