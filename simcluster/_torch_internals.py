@@ -475,7 +475,6 @@ def _fake_mode_class():
                 return func(*args, **kwargs)   # this mode is off while it dispatches
             return super().__torch_dispatch__(func, types, args, kwargs)
 
-    SimFakeTensorMode.__name__ = SimFakeTensorMode.__qualname__ = "FakeTensorMode"
     return SimFakeTensorMode
 
 
