@@ -2,6 +2,9 @@
 answer, refuses the reference itself, and reports each mistake the lab is about —
 including ones that deadlock or raise — as one exact ❌ line."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -89,6 +92,25 @@ REFERENCE = " is the workbook's own reference answer, not yours — Hint: the ex
 ])
 def test_the_reference_itself_is_refused(capsys, check, answers, what):
     expect(capsys, check, answers, f"❌ {NAMES[check]}: this {what}{REFERENCE}")
+
+
+class SubclassOfTheReference(R.CopyToTP):
+    pass
+
+
+def test_a_subclass_of_the_reference_operator_is_refused(capsys):
+    expect(capsys, checks.check_conjugate_operators, (SubclassOfTheReference, ReduceFromTP),
+           f"❌ {NAMES[checks.check_conjugate_operators]}: this class{REFERENCE}")
+
+
+def test_what_the_lab_imports_holds_no_answer():
+    """The lab imports workbook.checks, workbook.quiz and the checks' models: none of
+    them may load the reference answers."""
+    code = ("import sys, workbook.checks, workbook.quiz, workbook.lesson06.checks; "
+            "print('workbook.lesson06._reference' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "False"
 
 
 def test_an_unwritten_exercise_says_so(capsys):
