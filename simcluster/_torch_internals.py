@@ -46,11 +46,19 @@ back. What we rely on, and why:
   (:func:`flop_formula`).
 * ``nn.Module._parameters`` holds a module's own parameters (:func:`own_parameters`),
   read on every module call without the cost of ``named_parameters``.
+* ``DTensor._op_dispatcher._custom_op_handlers`` is the process-wide table of ops DTensor
+  hands to Python handlers instead of its sharding rules. ``loss_parallel()`` adds its
+  cross-entropy handlers on entry and removes them on exit; with ranks as threads the
+  first rank to leave would take them away from the others. The table is part of each
+  rank's process state instead (:func:`dtensor_handlers`, :func:`set_dtensor_handlers`),
+  saved and restored at every hand-over like the RNG states. (DTensor's other toggle,
+  ``implicit_replication()``, is a thread-local flag in C++ already.)
 * numpy's ``np.random.mtrand._rand._bit_generator`` is the legacy global generator; its
   ctypes view gives its raw Mersenne Twister words cheaply (:func:`numpy_rng_words`).
 """
 
 import ctypes
+import sys
 import threading
 import warnings
 from typing import NamedTuple
@@ -701,6 +709,42 @@ def flop_formula(packet):
             return counter(*args, **kwargs, out_val=out)
 
     return count
+
+
+# ------------------------------------------------------------- for DTensor
+def _dtensor_dispatcher():
+    """DTensor's op dispatcher, or None while DTensor has not been imported."""
+    api = sys.modules.get("torch.distributed.tensor._api")
+    return None if api is None else api.DTensor._op_dispatcher
+
+
+def dtensor_handlers():
+    """The DTensor custom op handlers in force now, as ``(table, its entries)``, or None
+    before DTensor is imported: what :func:`set_dtensor_handlers` puts back."""
+    dispatcher = _dtensor_dispatcher()
+    if dispatcher is None:
+        return None
+    table = dispatcher._custom_op_handlers
+    return table, dict(table)
+
+
+def set_dtensor_handlers(state):
+    """Make ``state`` (from :func:`dtensor_handlers`) the handlers in force.
+
+    The table is edited in place (torch's ``loss_parallel()`` does so too) and replaced
+    only if someone replaced it (context parallelism does). A run imports DTensor before
+    its ranks start (:func:`install` imports FSDP2), so no rank's state is None.
+    """
+    dispatcher = _dtensor_dispatcher()
+    if dispatcher is None or state is None:
+        return
+    table, entries = state
+    if dispatcher._custom_op_handlers is not table:
+        dispatcher._custom_op_handlers = table
+    if table != entries:
+        table.clear()
+        table.update(entries)
+
 
 
 # ------------------------------------------------------------------ for numpy

@@ -78,7 +78,7 @@ class _Message:
 
     def __init__(self, src, dst, tag, tensor, posted):
         self.src, self.dst, self.tag, self.tensor = src, dst, tag, tensor
-        self.posted = posted  # simulated time it was posted
+        self.posted = posted  # simulated time its rank's compute stream posted it
         self.done = False
         self.end = 0.0
 
@@ -205,9 +205,16 @@ class SimWorld:
         return self.recorder.clocks[rank] if self.recorder else None
 
     def now(self, rank):
-        """When ``rank``'s communication stream can start something new."""
+        """When ``rank``'s communication stream can start a collective: its compute stream
+        has issued it and both lanes are free."""
         clock = self.clock(rank)
         return max(clock.now, clock.comm_free) if clock else 0.0
+
+    def posted(self, rank):
+        """When ``rank``'s compute stream issues a point-to-point op; the transfer waits
+        for the lanes it uses when it is matched (see ``_deliver``)."""
+        clock = self.clock(rank)
+        return clock.now if clock else 0.0
 
     def group(self, name, ranks, key=None):
         """The shared state of group ``name``, created by the first rank that asks.
@@ -613,7 +620,7 @@ class SimProcessGroup(dist.ProcessGroup):
         validation.point_to_point("send", self._global_rank, tensors[0])
         world, me = self._world, self._global_rank
         dst = self._peer(dst, "send")
-        msg = _Message(me, dst, tag, tensors[0], world.now(me))
+        msg = _Message(me, dst, tag, tensors[0], world.posted(me))
         key = (me, dst, tag)
         world.messages_sent[me] += 1
         world.bytes_sent[me] += tensors[0].numel() * tensors[0].element_size()
@@ -633,7 +640,7 @@ class SimProcessGroup(dist.ProcessGroup):
         validation.point_to_point("recv", self._global_rank, tensors[0])
         world, me = self._world, self._global_rank
         src = self._peer(src, "receive")
-        msg = _Message(src, me, tag, tensors[0], world.now(me))
+        msg = _Message(src, me, tag, tensors[0], world.posted(me))
         key = (src, me, tag)
         if world.sends[key]:
             self._deliver(world.sends[key].popleft(), msg)
@@ -647,7 +654,7 @@ class SimProcessGroup(dist.ProcessGroup):
         """Post a receive from any rank of the group: the earliest posted send wins."""
         validation.point_to_point("recv", self._global_rank, tensors[0])
         world, me = self._world, self._global_rank
-        msg = _Message(None, me, tag, tensors[0], world.now(me))
+        msg = _Message(None, me, tag, tensors[0], world.posted(me))
         what = _Wait("recv", f"waiting in recv from any rank (tag {tag}): nobody sent one")
         work = SimWork(world, msg, tensors, what, world.clock(me), self._group.ranks)
         for src in self._group.ranks:
@@ -674,12 +681,17 @@ class SimProcessGroup(dist.ProcessGroup):
         send.done = recv.done = True
         recorder = self._world.recorder
         if recorder is not None:
+            # Full duplex, as NVLink and InfiniBand are: the message needs the sender's
+            # send lane and the receiver's receive lane, so a rank's send and receive of
+            # one batch_isend_irecv overlap, while its sends to several peers queue on its
+            # egress (they share its bandwidth).
             nbytes = _nbytes([send.tensor])
-            start = max(send.posted, recv.posted)
+            sender, receiver = recorder.clocks[send.src], recorder.clocks[recv.dst]
+            start = max(send.posted, recv.posted, sender.send_free, receiver.recv_free)
             send.end = recv.end = start + recorder.cost.p2p_time(send.src, recv.dst, nbytes)
             label = f"send {send.src}->{recv.dst}"
-            recorder.clocks[send.src].run_comm(start, send.end, label)
-            recorder.clocks[recv.dst].run_comm(start, send.end, label)
+            sender.run_comm(start, send.end, label, lane="send")
+            receiver.run_comm(start, send.end, label, lane="recv")
             recorder.add_traffic(send.src, recv.dst, nbytes)
 
 

@@ -2,7 +2,11 @@
 
 A rank has two streams, as a GPU has: the compute stream runs the torch ops the rank
 issues, one after another, and the communication stream runs its collectives and
-point-to-point transfers. Each :class:`RankClock` keeps when each stream is next free,
+point-to-point transfers. The communication stream is full duplex, as NVLink and
+InfiniBand are: a send leaves on the rank's send lane (egress) while a receive arrives
+on its receive lane (ingress), so a rank that sends and receives at once (a ring step,
+``batch_isend_irecv`` in a pipeline) pays one transfer, not two. A collective uses
+both lanes. Each :class:`RankClock` keeps when each stream and lane is next free,
 totals per kind of work, and a list of :class:`ClockEvent` for timelines and traces.
 Every collective a run completes is kept as a :class:`CollectiveRecord`
 (``run.collectives``).
@@ -71,16 +75,18 @@ class RankClock:
 
     Attributes:
         now: when the compute stream is next free.
-        comm_free: when the communication stream is next free.
-        compute, comm, idle: simulated seconds spent computing, communicating, and
-            waiting on the compute stream.
+        send_free, recv_free: when the send lane (egress) and the receive lane (ingress)
+            of the communication stream are next free.
+        comm_free: when the communication stream is all free: the later of the two lanes.
+        compute, comm, idle: simulated seconds spent computing, communicating (a send and
+            a receive at the same time count once), and waiting on the compute stream.
         flops: floating-point operations the rank's compute performed.
         events: the :class:`ClockEvent` list, in the order they were recorded.
     """
 
     def __init__(self, overlap_slowdown=1.0):
         self.now = 0.0
-        self.comm_free = 0.0
+        self.send_free = self.recv_free = 0.0
         self.compute = 0.0
         self.comm = 0.0
         self.idle = 0.0
@@ -109,7 +115,8 @@ class RankClock:
     def _compute_end(self, t, work):
         """When ``work`` seconds of full-speed compute started at ``t`` end."""
         ends = self._busy_ends
-        if not ends or ends[-1] <= t:   # the usual case: no communication ahead
+        if not ends or ends[-1] <= t or self.overlap_slowdown == 1.0:
+            # the usual case: no communication ahead, or overlap costs nothing
             return t + work
         i = bisect.bisect_right(ends, t)   # the first busy span ending after t
         for begin, end in zip(self._busy_starts[i:], ends[i:]):
@@ -124,18 +131,28 @@ class RankClock:
             t = end
         return t + work
 
-    def run_comm(self, start, end, label):
+    @property
+    def comm_free(self):
+        """When the communication stream is all free (both lanes), e.g. for a collective."""
+        return max(self.send_free, self.recv_free)
+
+    def run_comm(self, start, end, label, lane=None):
         """Record that the communication stream was busy from ``start`` to ``end``.
 
-        Compute charged before this was known ran at full speed where it overlaps: the work
-        it could not have done in that time is charged now, after it.
+        ``lane`` is ``"send"`` or ``"recv"`` for one side of a point-to-point message,
+        None for a collective, which occupies both lanes. Compute charged before this was
+        known ran at full speed where it overlaps: the work it could not have done in that
+        time is charged now, after it.
         """
-        self.comm_free = max(self.comm_free, end)
-        self.comm += end - start
+        if lane != "recv":
+            self.send_free = max(self.send_free, end)
+        if lane != "send":
+            self.recv_free = max(self.recv_free, end)
         self.events.append(ClockEvent("comm", start, end, label))
+        fresh = self._mark_busy(start, end)   # the parts when no other transfer ran
+        self.comm += sum(b - a for a, b in fresh)
         if self.overlap_slowdown == 1.0:
             return
-        fresh = self._mark_busy(start, end)
         overlap = 0.0
         for event in reversed(self.events):
             if event.lane == "compute":

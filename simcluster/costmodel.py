@@ -47,7 +47,10 @@ e.g. ``flat_ring`` all-reduce costs ``2(p-1)·alpha + 2(p-1)/p·n·beta + (p-1)/
 Their messages inside a node use one pair of GPUs' links (on a mesh without NVSwitch,
 such as HGX A100 4-GPU, 100 GB/s), where NCCL's channels use all of a GPU's links.
 ``flat_ring`` is one ring through one NIC; ``binomial_tree`` sends whole buffers along a
-binomial tree; ``halving_doubling`` is Rabenseifner's (NCCL has none); ``hierarchical``
+binomial tree; ``halving_doubling`` is Rabenseifner's (NCCL has none) -- across nodes it is
+charged round by round, each round on the link its pairs use, since all ranks exchange at
+once, each through its own NIC (nearest partner first: only the small last rounds cross
+nodes); ``hierarchical``
 reduce-scatters inside each node, all-reduces 1/g of the data across nodes with one ring per
 local rank, then all-gathers inside each node -- a teaching algorithm, not one of NCCL's.
 All-to-all, gather and scatter (send/recv in NCCL) are ``direct``: every pair at once.
@@ -412,12 +415,53 @@ class CostModel:
                 + flat_time("all_reduce", "flat_ring", len(per_node), n / rings, inter)
                 + flat_time("all_gather", "flat_ring", g, n, intra))
 
+    def _round_cost(self, pairs):
+        """alpha-beta-gamma of one round in which every ``(src, dst)`` pair sends at once:
+        the fabric (one pair's links) when all pairs stay inside nodes, else a NIC, shared
+        when more ranks of a node cross at once than it has NICs."""
+        ranks = [r for pair in pairs for r in pair]
+        crossing = {}
+        for src, dst in pairs:
+            if self.spec.node_of(src) != self.spec.node_of(dst):
+                node = self.spec.node_of(src)
+                crossing[node] = crossing.get(node, 0) + 1
+        if not crossing:
+            return self._link_cost(ranks, inter=False)
+        share = min(min(1.0, self.spec.nodes[i].nics / k) for i, k in crossing.items())
+        return self._link_cost(ranks, inter=True, share=share)
+
+    def _halving_doubling(self, family, ranks, n):
+        """Rabenseifner's algorithm across nodes, round by round in MPICH's order (partners
+        1, 2, 4, ... apart): the same terms as :func:`flat_time`, but each round pays the
+        link its pairs use, as the ranks of a node cross on their own NICs at once."""
+        p = len(ranks)
+        q = 1 << (p.bit_length() - 1)   # the p - q extra ranks pair with ranks[:p - q]
+        rounds, step, size = [], 1, n / 2
+        while step < q:
+            rounds.append((self._round_cost([(ranks[i], ranks[i ^ step]) for i in range(q)]),
+                           size))
+            step, size = step * 2, size / 2
+        seconds = 0.0
+        if family != "all_gather":   # recursive halving: send half, add what comes back
+            seconds += sum(c.alpha + s * (c.beta + c.gamma) for c, s in rounds)
+        if family != "reduce_scatter":   # recursive doubling: the halves come back
+            seconds += sum(c.alpha + s * c.beta for c, s in rounds)
+        if p > q:   # hand the extra ranks' buffers in first, and their results back last
+            c = self._round_cost(list(zip(ranks[q:], ranks)))
+            before = n / p if family == "all_gather" else n
+            after = n / p if family == "reduce_scatter" else n
+            reduced = 0.0 if family == "all_gather" else n
+            seconds += 2 * c.alpha + (before + after) * c.beta + reduced * c.gamma
+        return seconds
+
     def _textbook_time(self, family, algorithm, ranks, n):
         spans_nodes = len({self.spec.node_of(r) for r in ranks}) > 1
         if algorithm == "hierarchical":
             if spans_nodes:
                 return self._hierarchical(ranks, n)
             algorithm = "flat_ring"  # inside one node it is just a ring
+        if algorithm == "halving_doubling" and spans_nodes:
+            return self._halving_doubling(family, ranks, n)
         among = len(ranks) if algorithm == "direct" else 2  # direct: every pair at once
         return flat_time(family, algorithm, len(ranks), n,
                          self._link_cost(ranks, spans_nodes, among))

@@ -42,7 +42,12 @@ def _fmt_seconds(s):
 def _overlap(events):
     """Seconds of communication that ran while the compute stream was busy."""
     compute = sorted((e.start, e.end) for e in events if e.lane == "compute")
-    comm = sorted((e.start, e.end) for e in events if e.lane == "comm")
+    comm = []   # the union of communication spans: a send and a receive may overlap
+    for start, end in sorted((e.start, e.end) for e in events if e.lane == "comm"):
+        if comm and start <= comm[-1][1]:
+            comm[-1] = (comm[-1][0], max(comm[-1][1], end))
+        else:
+            comm.append((start, end))
     total, i = 0.0, 0
     for cs, ce in comm:
         while i < len(compute) and compute[i][1] <= cs:

@@ -6,7 +6,7 @@ Why threads that take turns, instead of threads that run freely?
   ``wait()``); then the baton passes to the next rank, round-robin, that can make progress.
   The interleaving is therefore a pure function of the program, and so are the results.
 * **Per-rank process state.** Each rank keeps its own random-number state (torch,
-  ``random``, numpy) and default dtype, as if it were its own process: they are saved
+  ``random``, numpy), default dtype and DTensor op handlers, as if it were its own process: they are saved
   when a rank hands over the baton and restored when it gets it back.
 * **Never hang.** The scheduler always knows which ranks are waiting and for what. When
   no rank can make progress it raises :class:`~simcluster.DeadlockError` at once, instead
@@ -33,7 +33,8 @@ import time
 import numpy as np
 import torch
 
-from ._torch_internals import cpu_stream, default_cpu_stream, numpy_rng_words, set_cpu_stream
+from ._torch_internals import (cpu_stream, default_cpu_stream, dtensor_handlers,
+                               numpy_rng_words, set_cpu_stream, set_dtensor_handlers)
 from .errors import RankError, SimulationError, SimulationTimeout
 
 # Unseeded ranks start from fixed seeds (torch's historical default, and 0), so that even
@@ -70,8 +71,9 @@ class Abort(BaseException):
 
 
 class _ProcessState:
-    """What a real process would keep to itself but our threads share: RNGs, dtype, and
-    the selected CPU stream.
+    """What a real process would keep to itself but our threads share: RNGs, dtype, the
+    selected CPU stream, and DTensor's table of custom op handlers (``loss_parallel()``
+    edits it on entry and exit).
 
     ``live`` is shared by the ranks of one run: ``live[0]`` is numpy's state as it is live
     right now, as (full state, words), or None if unknown. It lets restore() skip
@@ -93,16 +95,17 @@ class _ProcessState:
     @staticmethod
     def capture():
         return (torch.get_rng_state(), random.getstate(), np.random.get_state(),
-                torch.get_default_dtype(), cpu_stream())
+                torch.get_default_dtype(), cpu_stream(), dtensor_handlers())
 
     @staticmethod
     def apply(state):
-        torch_rng, py_rng, np_rng, dtype, stream = state
+        torch_rng, py_rng, np_rng, dtype, stream, handlers = state
         torch.set_rng_state(torch_rng)
         random.setstate(py_rng)
         np.random.set_state(np_rng)
         torch.set_default_dtype(dtype)
         set_cpu_stream(stream)
+        set_dtensor_handlers(handlers)
 
     def save(self):
         """Remember the rank's state as it hands over the baton."""
@@ -111,15 +114,16 @@ class _ProcessState:
         if words != self.numpy_words or np_rng[3]:   # [3]: a cached Gaussian
             np_rng, self.numpy_words = np.random.get_state(), words
         self.state = (torch.get_rng_state(), random.getstate(), np_rng,
-                      torch.get_default_dtype(), cpu_stream())
+                      torch.get_default_dtype(), cpu_stream(), dtensor_handlers())
         self.live[0] = (np_rng, words)
 
     def restore(self):
         """Make the rank's state the live one as it takes the baton back."""
-        torch_rng, py_rng, np_rng, dtype, stream = self.state
+        torch_rng, py_rng, np_rng, dtype, stream, handlers = self.state
         torch.set_rng_state(torch_rng)
         random.setstate(py_rng)
         set_cpu_stream(stream)
+        set_dtensor_handlers(handlers)
         live = self.live[0]
         if live is None or live[1] != self.numpy_words or live[0][3] or np_rng[3]:
             np.random.set_state(np_rng)

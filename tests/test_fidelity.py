@@ -478,6 +478,52 @@ def test_halving_doubling_on_6_ranks_by_hand(node):
     assert sent == {0: pytest.approx(2.5 * n), 1: pytest.approx(2.5 * n),
                     2: pytest.approx(1.5 * n), 3: pytest.approx(1.5 * n), 4: n, 5: n}
 
+def _halving_doubling_across_nodes(p, n, family, per_node=8):
+    """Rabenseifner's rounds on dgx-a100 nodes of ``per_node`` GPUs, partners 1, 2, 4, ...
+    apart: a round whose partners are ``per_node`` or more apart crosses nodes, every rank
+    through its own NIC at once (α, β of InfiniBand), the others stay on NVLink. The
+    extra ranks of p > p' (on the last node) hand their buffers over InfiniBand."""
+    pp = 1 << (p.bit_length() - 1)
+    _, _, g = _alpha_beta_gamma(NVLINK)
+    rounds, step, size = [], 1, n / 2
+    while step < pp:
+        rounds.append((_alpha_beta_gamma(NVLINK if step < per_node else IB), size))
+        step, size = step * 2, size / 2
+    seconds = 0.0
+    if family != "all_gather":
+        seconds += sum(a + s * (b + g) for (a, b, _), s in rounds)
+    if family != "reduce_scatter":
+        seconds += sum(a + s * b for (a, b, _), s in rounds)
+    if p > pp:
+        a, b, _ = _alpha_beta_gamma(IB)
+        before = n / p if family == "all_gather" else n
+        after = n / p if family == "reduce_scatter" else n
+        seconds += 2 * a + (before + after) * b + (0 if family == "all_gather" else n * g)
+    return seconds
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather"])
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_halving_doubling_across_nodes_crosses_on_every_nic_at_once(op, nodes):
+    """Every rank exchanges with its partner at once, so a round that crosses nodes uses all
+    of a node's NICs, like NCCL's ring: not one NIC for every byte (85 ms at 1 GiB on two
+    nodes before). On 2 nodes, with nearest partners first, only the n/16 round crosses."""
+    cluster = sc.Cluster.preset("dgx-a100", nodes=nodes)
+    p, n = 8 * nodes, 3 * GiB // 4   # divisible by 16 and 24 ranks
+    run = cluster.run(_collective, world_size=p, args=(op, n), algorithms={op: "halving_doubling"})
+    (c,) = run.collectives
+    assert c.duration == pytest.approx(_halving_doubling_across_nodes(p, n, op), rel=REL)
+    if nodes == 2 and op == "all_reduce":
+        a_nv, b_nv, g = _alpha_beta_gamma(NVLINK)
+        a_ib, b_ib, _ = _alpha_beta_gamma(IB)
+        # 2·lg p·α + 2(p-1)/p·nβ + (p-1)/p·nγ, with each round's α and β on its link
+        by_hand = (2 * (3 * a_nv + a_ib) + 2 * (7 / 8 * n * b_nv + n / 16 * b_ib)
+                   + 15 / 16 * n * g)
+        assert c.duration == pytest.approx(by_hand, rel=REL)
+        one_nic = 2 * 4 * a_ib + 2 * 15 / 16 * n * b_ib + 15 / 16 * n * g
+        assert c.duration < one_nic / 5
+
+
 
 def test_nccl_rings_across_nodes_leave_each_node_through_every_nic():
     """The communication matrix of a 2-node ring all-reduce: 8 channels, each crossing

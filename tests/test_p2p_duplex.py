@@ -1,0 +1,144 @@
+"""Point-to-point messages are full duplex, as NVLink and InfiniBand are.
+
+A rank sends on its send lane (egress) while it receives on its receive lane (ingress):
+an exchange, a ring shift or a pipeline's steady state (activations forward while
+gradients come back) costs one transfer per step, not two. Sends of one rank to several
+peers share its egress and queue. Expected times are alpha + n·beta with the preset's
+link numbers typed in (as in ``test_fidelity.py``), never the cost model's formulas.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import simcluster as sc
+from simcluster.spec import preset
+
+MiB = 2**20
+REL = 1e-9
+NVLINK = preset("dgx-a100").nodes[0].fabric
+IB = preset("dgx-a100", nodes=2).inter_node_link
+SLOWDOWN = 1.189  # overlapped compute runs this much slower (test_fidelity.py: the source)
+
+
+def _transfer(link, nbytes):
+    """alpha + n·beta for one message on ``link``."""
+    return link.latency + nbytes / (link.bandwidth * link.efficiency)
+
+
+def _meta(nbytes):
+    return torch.empty(nbytes, dtype=torch.uint8, device="meta")
+
+
+@pytest.fixture(scope="module")
+def node():
+    return sc.Cluster.preset("dgx-a100")
+
+
+def _exchange(nbytes):
+    """Ranks 0 and 1 swap ``nbytes`` with one batch_isend_irecv each."""
+    peer = 1 - dist.get_rank()
+    ops = [dist.P2POp(dist.isend, _meta(nbytes), peer),
+           dist.P2POp(dist.irecv, _meta(nbytes), peer)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
+def test_an_exchange_of_two_ranks_takes_one_transfer(node):
+    n = 64 * MiB
+    run = node.run(_exchange, world_size=2, args=(n,))
+    one = _transfer(NVLINK, n)
+    assert run.elapsed == pytest.approx(one, rel=REL)
+    for r in range(2):
+        # the send and the receive overlap: the communication stream was busy once
+        assert run.clock(r).comm == pytest.approx(one, rel=REL)
+        assert run.summary().rows[r]["comm_s"] == pytest.approx(one, rel=REL)
+
+
+def _ring_shift(nbytes):
+    r, p = dist.get_rank(), dist.get_world_size()
+    send = dist.isend(_meta(nbytes), (r + 1) % p)
+    recv = dist.irecv(_meta(nbytes), (r - 1) % p)
+    send.wait()
+    recv.wait()
+
+
+def test_a_ring_shift_on_four_ranks_takes_one_transfer(node):
+    n = 16 * MiB
+    run = node.run(_ring_shift, world_size=4, args=(n,))
+    assert run.elapsed == pytest.approx(_transfer(NVLINK, n), rel=REL)
+
+
+def _send_to_two_peers(nbytes):
+    r = dist.get_rank()
+    if r == 0:
+        works = [dist.isend(_meta(nbytes), 1), dist.isend(_meta(nbytes), 2)]
+        for work in works:
+            work.wait()
+    else:
+        dist.recv(_meta(nbytes), 0)
+
+
+def test_two_sends_of_one_rank_share_its_egress(node):
+    n = 64 * MiB
+    run = node.run(_send_to_two_peers, world_size=3, args=(n,))
+    one = _transfer(NVLINK, n)
+    assert run.elapsed == pytest.approx(2 * one, rel=REL)
+    assert run.clock(0).comm == pytest.approx(2 * one, rel=REL)
+    ends = sorted(max(e.end for e in run.clock(r).events if e.lane == "comm") for r in (1, 2))
+    assert ends == pytest.approx([one, 2 * one], rel=REL)
+
+
+STAGES = (0, 8)   # one stage per node: activations and gradients cross InfiniBand
+
+
+def _matmul(size):
+    a = torch.empty(size, size, dtype=torch.bfloat16, device="meta")
+    return a @ a
+
+
+def _pipeline_steady_state(steps, size, nbytes):
+    """Two stages in 1F1B's steady state: each step computes, then stage 0 sends an
+    activation forward while it receives a gradient back, and stage 1 the reverse."""
+    r = dist.get_rank()
+    if r not in STAGES:
+        return
+    peer = STAGES[1 - STAGES.index(r)]
+    for _ in range(steps):
+        _matmul(size)
+        ops = [dist.P2POp(dist.isend, _meta(nbytes), peer),
+               dist.P2POp(dist.irecv, _meta(nbytes), peer)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+
+def test_a_pipeline_steady_state_sends_and_receives_at_once():
+    cluster = sc.Cluster.preset("dgx-a100", nodes=2)
+    steps, size, n = 4, 4096, 32 * MiB
+    run = cluster.run(_pipeline_steady_state, world_size=16, args=(steps, size, n))
+    compute = 2 * size**3 / preset("dgx-a100").nodes[0].device.flops_for(torch.bfloat16)
+    assert run.elapsed == pytest.approx(steps * (compute + _transfer(IB, n)), rel=REL)
+
+
+def _exchange_under_compute(nbytes, size):
+    """Post an exchange, compute while it runs, then wait for it."""
+    peer = 1 - dist.get_rank()
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, _meta(nbytes), peer),
+                                    dist.P2POp(dist.irecv, _meta(nbytes), peer)])
+    _matmul(size)
+    for work in works:
+        work.wait()
+
+
+def test_compute_under_a_send_and_a_receive_is_slowed_once(node):
+    """The overlap slowdown applies to the time the communication stream is busy, however
+    many transfers run in it at once."""
+    n, size = 16 * MiB, 8192
+    run = node.run(_exchange_under_compute, world_size=2, args=(n, size))
+    comm = _transfer(NVLINK, n)
+    compute = 2 * size**3 / preset("dgx-a100").nodes[0].device.flops_for(torch.bfloat16)
+    assert compute > comm   # the matmul outlasts the exchange
+    expected = comm + (compute - comm / SLOWDOWN)
+    assert run.elapsed == pytest.approx(expected, rel=REL)
+    for row in run.summary().rows:   # hidden once, not once per direction
+        assert row["overlap_s"] == pytest.approx(comm, rel=REL)
