@@ -297,13 +297,16 @@ def _parameters(layer, at):
     for name, param in zip(("weight", "bias"), found):
         if not isinstance(param, nn.Parameter):
             raise Failure(f"{at}: the layer's `{name}` is {type(param).__name__}, expected "
-                          "an nn.Parameter", "pass both slices to the layer class given "
-                                                 "above: it wraps them in nn.Parameter.")
+                          "an nn.Parameter",
+                          "pass both slices to the layer class given above: it wraps them "
+                          "in nn.Parameter.")
     return found
 
 
 def _linear_body(kind, fn):
-    in_f, out_f, dim, _ = LAYERS[kind]
+    """Every rank: its layer from ``fn``, forward on its input, backward; what came out,
+    what each pass called, and the bytes of storage the layer's parameters keep."""
+    in_f, out_f, _, _ = LAYERS[kind]
 
     def body():
         rank, t = dist.get_rank(), dist.get_world_size()
@@ -324,7 +327,8 @@ def _linear_body(kind, fn):
         stored = sum(p.untyped_storage().nbytes() for p in (weight, bias))
         return {"weight": weight.detach().clone(), "bias": bias.detach().clone(),
                 "out": y.detach().clone(), "x_grad": x.grad, "weight_grad": weight.grad,
-                "bias_grad": bias.grad, "stored": stored, "forward": forward, "backward": _passes(start + len(forward))}
+                "bias_grad": bias.grad, "stored": stored, "forward": forward,
+                "backward": _passes(start + len(forward))}
 
     return body
 
@@ -340,7 +344,9 @@ def _full_linear(kind):
 
 
 def _check_linear(kind, fn):
-    in_f, out_f, dim, collectives = LAYERS[kind]
+    """One kind of layer on every world size: shard, output, gradients, collectives per
+    pass, storage."""
+    _, _, dim, collectives = LAYERS[kind]
     full, y, x_grad = _full_linear(kind)
     for t in WORLD_SIZES:
         run = simulate(_cluster(), _linear_body(kind, fn), t,
