@@ -28,6 +28,15 @@ back. What we rely on, and why:
   is active ``dist._verify_params_across_processes``, ``dist.Reducer`` and
   ``Reducer._rebuild_buckets`` run under :class:`_RealBookkeeping`, which keeps those
   tensors real (and the gradient buckets fake). ``unset_fake_temporarily`` does it.
+  The used-parameter map (``find_unused_parameters=True``) is written and read back in
+  autograd hooks, out of reach of a wrapper: :func:`fake_tensor_mode` is a
+  ``FakeTensorMode`` subclass in which an op on real integer tensors alone runs real.
+* ``torch.distributed.pipelining``'s schedules vote on their stages' mode in their first
+  ``step()`` (``_PipelineSchedule._warmup_p2p``) with one-element integer tensors read by
+  ``.item()``, and stages send their metadata with ``send_object_list``. While a run is
+  active the warm-up runs under :class:`_RealBookkeeping` (patched once the module is
+  imported, :func:`_patch_pipelining`) and the object collectives (``dist.*_object*``)
+  with the fake mode set aside.
 * ``dist.init_process_group`` is wrapped, while a run is active, so that a learner's own
   call inside a rank function (as in a ``torchrun`` script) is accepted: the simulator has
   already initialised the default group, and torch would otherwise refuse a second one.
@@ -58,6 +67,7 @@ back. What we rely on, and why:
 """
 
 import ctypes
+import functools
 import sys
 import threading
 import warnings
@@ -196,7 +206,10 @@ def install(on_storage_resize, on_parameter, on_init_process_group):
             torch.UntypedStorage.resize_ = resize_
             _set_init_process_group(_init_process_group(on_init_process_group))
             _set_reducer_entry_points(_reducer_entry_points_with_real_bookkeeping())
+            _set_object_collectives({name: _without_fake_mode(function) for name, function
+                                     in _original_object_collectives.items()})
         _installed += 1
+        _patch_pipelining()
 
 
 def uninstall():
@@ -212,6 +225,8 @@ def uninstall():
             _fsdp_param_module().unsafe_setattr_param = _original_setattr_param
             _set_init_process_group(_original_init_process_group)
             _set_reducer_entry_points(_original_reducer_entry_points)
+            _set_object_collectives(_original_object_collectives)
+            _unpatch_pipelining()
 
 
 def _init_process_group(in_simulated_rank):
@@ -265,8 +280,8 @@ class _RealBookkeeping(TorchDispatchMode):
 
 
 def _with_real_bookkeeping(function):
-    """``function`` (a reducer entry point), run under :class:`_RealBookkeeping` when
-    tensors are fake."""
+    """``function`` (one that keeps bookkeeping in integer tensors it reads back), run
+    under :class:`_RealBookkeeping` when tensors are fake."""
 
     def call(*args, **kwargs):
         if not fake_mode_active():
@@ -274,8 +289,21 @@ def _with_real_bookkeeping(function):
         with _RealBookkeeping():
             return function(*args, **kwargs)
 
-    call.__doc__, call.__wrapped__ = function.__doc__, function
-    return call
+    return functools.update_wrapper(call, function)
+
+
+def _without_fake_mode(function):
+    """``function``, run with ``sc.fake_tensors()`` set aside: everything it makes is real."""
+
+    def call(*args, **kwargs):
+        if not fake_mode_active():
+            return function(*args, **kwargs)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return function(*args, **kwargs)
+
+    return functools.update_wrapper(call, function)
 
 
 _Reducer = torch._C._distributed_c10d.Reducer
@@ -295,6 +323,52 @@ def _reducer_entry_points_with_real_bookkeeping():
             _with_real_bookkeeping(_original_reducer_entry_points[2]))
 
 
+_original_warmup_p2p = None   # while patched: torch.distributed.pipelining's own
+
+
+def _patch_pipelining():
+    """During a run, once ``torch.distributed.pipelining`` is imported: its schedules'
+    warm-up keeps its integer tensors real inside ``sc.fake_tensors()``.
+
+    The first ``step()`` of a schedule runs a vote along the pipeline (``_warmup_p2p``):
+    each stage sends a one-element integer tensor made with ``torch.tensor``/``torch.zeros``
+    to the next, and reads the result with ``.item()``. Made under the fake mode, those
+    tensors have no value to read. The module is patched only when already imported
+    (importing it costs a second and imports ``torch._dynamo``): :func:`install` and
+    :func:`fake_tensor_mode` look.
+    """
+    global _original_warmup_p2p
+    schedules = sys.modules.get("torch.distributed.pipelining.schedules")
+    if schedules is None or _original_warmup_p2p is not None or not _installed:
+        return
+    _original_warmup_p2p = schedules._PipelineSchedule._warmup_p2p
+    schedules._PipelineSchedule._warmup_p2p = _with_real_bookkeeping(_original_warmup_p2p)
+
+
+def _unpatch_pipelining():
+    """Undo :func:`_patch_pipelining`."""
+    global _original_warmup_p2p
+    if _original_warmup_p2p is not None:
+        schedules = sys.modules["torch.distributed.pipelining.schedules"]
+        schedules._PipelineSchedule._warmup_p2p = _original_warmup_p2p
+        _original_warmup_p2p = None
+
+
+# Collectives of picklable objects send a pickle's bytes and its length in tensors they
+# make themselves (from a buffer, which the fake mode would make a meta storage of) and
+# read back: they run with the fake mode set aside (pipelining sends its stage metadata so).
+_OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list", "gather_object",
+                       "recv_object_list", "scatter_object_list", "send_object_list")
+_original_object_collectives = {name: getattr(c10d, name) for name in _OBJECT_COLLECTIVES}
+
+
+def _set_object_collectives(functions):
+    """Install ``{name: function}`` as ``dist.<name>`` (and in ``distributed_c10d``)."""
+    for name, function in functions.items():
+        setattr(dist, name, function)
+        setattr(c10d, name, function)
+
+
 def _set_reducer_entry_points(entry_points):
     """Install ``(verify_params_across_processes, Reducer, Reducer._rebuild_buckets)``
     where DDP looks them up."""
@@ -305,10 +379,58 @@ def _set_reducer_entry_points(entry_points):
 
 
 def fake_tensor_mode():
-    """A context in which new tensors have shapes and dtypes but no data (FakeTensorMode)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """A context in which new tensors have shapes and dtypes but no data (FakeTensorMode),
+    except what is computed from real integer tensors alone (see :func:`_fake_mode_class`).
+    """
+    global _fake_mode_type
+    if _fake_mode_type is None:
+        _fake_mode_type = _fake_mode_class()
+    _patch_pipelining()
+    return _fake_mode_type(allow_non_fake_inputs=True)
 
-    return FakeTensorMode(allow_non_fake_inputs=True)
+
+_fake_mode_type = None
+
+
+def _fake_mode_class():
+    """FakeTensorMode, but an op whose tensors are all real integers (or booleans) runs
+    on their data.
+
+    Torch's own bookkeeping keeps counters and flags in small integer tensors it made real
+    and reads them back with ``.item()``: DDP's reducer marks the parameters a step used
+    (``find_unused_parameters=True``) in one and reads it after the backward pass. In
+    plain FakeTensorMode every op on them turns them fake, and the read stops with
+    ``DataDependentOutputException: aten._local_scalar_dense``. Floating-point data, and
+    every op that touches a fake tensor, stay fake, so a large model is still not
+    allocated.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    def real_integers_only(values, found):
+        """True if ``values`` hold real integer tensors and no other tensor; None if no
+        tensor at all."""
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                if type(value) is not torch.Tensor or value.is_floating_point() \
+                        or value.is_complex():
+                    return False
+                found = True
+            elif isinstance(value, (list, tuple)):
+                found = real_integers_only(value, found)
+                if found is False:
+                    return False
+        return found
+
+    class SimFakeTensorMode(FakeTensorMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if FakeTensor not in types \
+                    and real_integers_only((*args, *kwargs.values()), None) is True:
+                return func(*args, **kwargs)   # this mode is off while it dispatches
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    SimFakeTensorMode.__name__ = SimFakeTensorMode.__qualname__ = "FakeTensorMode"
+    return SimFakeTensorMode
 
 
 class _FakeCache:

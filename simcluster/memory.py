@@ -22,6 +22,9 @@ class MemoryAccount:
         in_use: ``{category: bytes}`` held now.
         total: bytes held now.
         peak, peak_by_category: the largest total so far, and ``in_use`` at that moment.
+        category_peaks: ``{category: the most bytes it held at any moment}`` — for one
+            category this can exceed its share at the total peak (a pipeline stage's
+            activations peak while its gradients are still small).
         history: ``[(simulated time, total bytes)]``, one entry per time the total changed.
     """
 
@@ -32,6 +35,7 @@ class MemoryAccount:
         self.total = 0
         self.peak = 0
         self.peak_by_category = dict(self.in_use)
+        self.category_peaks = dict(self.in_use)
         self.history = [(0.0, 0)]
         self._live = {}          # storage key -> [nbytes, category, weak reference]
         self._closed = False     # the rank has finished: the record is final
@@ -49,6 +53,7 @@ class MemoryAccount:
         """Make the current total the peak, as torch.cuda.reset_peak_memory_stats does."""
         self.peak = self.total
         self.peak_by_category = dict(self.in_use)
+        self.category_peaks = dict(self.in_use)
 
     def close(self):
         """Freeze the record: storages freed after the rank returned change nothing."""
@@ -82,6 +87,8 @@ class MemoryAccount:
             self.in_use[entry[1]] -= entry[0]
             self.in_use[category] += entry[0]
             entry[1] = category
+            if self.in_use[category] > self.category_peaks[category]:
+                self.category_peaks[category] = self.in_use[category]
 
     def resize(self, key, nbytes, storage):
         """A storage was resized in place (FSDP2 frees and refills parameters this way)."""
@@ -99,7 +106,9 @@ class MemoryAccount:
     def _change(self, category, delta):
         if self._closed:
             return
-        self.in_use[category] += delta
+        in_use = self.in_use[category] = self.in_use[category] + delta
+        if in_use > self.category_peaks[category]:
+            self.category_peaks[category] = in_use
         self.total += delta
         if self.total > self.peak:
             self.peak = self.total

@@ -2,19 +2,28 @@
 
 
 class Summary:
-    """Per-rank totals of a run; prints as a text table, renders as HTML in a notebook."""
+    """Per-rank totals of a run; prints as a text table, renders as HTML in a notebook.
 
-    COLUMNS = ("rank", "compute_s", "comm_s", "idle_s", "overlap_s", "peak_memory_GiB")
+    ``rows[r]`` is a dict with keys :data:`COLUMNS`: seconds of compute, communication,
+    idle and overlap; ``peak_memory_GiB``, the most memory the rank held at once; and
+    ``peak_activations_GiB``, the most its activations alone held at any moment (not
+    necessarily at the total peak) — what sets a pipeline stage's memory apart from
+    another's.
+    """
+
+    COLUMNS = ("rank", "compute_s", "comm_s", "idle_s", "overlap_s", "peak_memory_GiB",
+               "peak_activations_GiB")
 
     def __init__(self, rows):
         self.rows = rows  # one dict per rank, keys COLUMNS
 
     def _cells(self):
         return [[str(row["rank"])] + [_fmt_seconds(row[c]) for c in self.COLUMNS[1:5]]
-                + [f"{row['peak_memory_GiB']:.3f}"] for row in self.rows]
+                + [f"{row[c]:.3f}" for c in self.COLUMNS[5:]] for row in self.rows]
 
     def __str__(self):
-        header = ["rank", "compute", "communication", "idle", "overlap", "peak memory GiB"]
+        header = ["rank", "compute", "communication", "idle", "overlap", "peak memory GiB",
+                  "peak activations GiB"]
         cells = [header] + self._cells()
         widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
         return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells)
@@ -23,7 +32,8 @@ class Summary:
         return str(self)
 
     def _repr_html_(self):
-        header = ["rank", "compute", "communication", "idle", "overlap", "peak memory (GiB)"]
+        header = ["rank", "compute", "communication", "idle", "overlap", "peak memory (GiB)",
+                  "peak activations (GiB)"]
         head = "".join(f"<th>{h}</th>" for h in header)
         body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>"
                        for row in self._cells())
@@ -113,14 +123,26 @@ class Run:
         memory = self._need_accounting().memories[rank]
         return {**memory.peak_by_category, "total": memory.peak}
 
+    def category_peaks(self, rank):
+        """``{category: bytes}``: the most each category held on ``rank`` at any moment.
+
+        Unlike :meth:`peak_memory`, each category's own maximum, wherever in time it fell:
+        a pipeline stage's activations peak at the end of its forwards, before the
+        gradients that make the total peak exist.
+        """
+        return dict(self._need_accounting().memories[rank].category_peaks)
+
     def summary(self):
-        """Per rank: compute, communication, idle, overlap (seconds) and peak memory."""
+        """Per rank: compute, communication, idle, overlap (seconds), peak memory and peak
+        activation memory (GiB); see :class:`Summary`."""
         rec = self._need_accounting()
         rows = []
         for r, clock in enumerate(rec.clocks):
+            memory = rec.memories[r]
             rows.append({"rank": r, "compute_s": clock.compute, "comm_s": clock.comm,
                          "idle_s": clock.idle, "overlap_s": _overlap(clock.events),
-                         "peak_memory_GiB": rec.memories[r].peak / 2**30})
+                         "peak_memory_GiB": memory.peak / 2**30,
+                         "peak_activations_GiB": memory.category_peaks["activations"] / 2**30})
         return Summary(rows)
 
     # ------------------------------------------------------------ pictures and traces

@@ -143,6 +143,45 @@ def test_large_model_is_accounted_without_being_allocated():
     assert psi * 2 <= peak["total"] < psi * 4
 
 
+class _Branches(nn.Module):
+    """A trunk every rank uses, and a branch only the ranks in ``users`` use."""
+
+    def __init__(self, users):
+        super().__init__()
+        self.users = users
+        self.trunk, self.branch = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        x = self.trunk(x)
+        return self.branch(x) if dist.get_rank() in self.users else x
+
+
+def _find_unused(fake, users, steps=2):
+    def fn():
+        with sc.fake_tensors() if fake else contextlib.nullcontext():
+            torch.manual_seed(0)
+            ddp = DDP(_Branches(users), find_unused_parameters=True)
+            for _ in range(steps):
+                ddp.zero_grad(set_to_none=True)
+                ddp(torch.randn(BATCH, WIDTH)).sum().backward()
+            return [p.grad is not None for p in ddp.module.branch.parameters()]
+
+    return sc.Cluster.preset("dgx-a100", nodes=1).run(fn, world_size=4)
+
+
+@pytest.mark.parametrize("users", [(), (0,), (0, 1, 2, 3)], ids=["nobody", "rank 0", "all"])
+def test_find_unused_parameters_on_fake_tensors_matches_real(users):
+    """DDP marks the parameters each rank used in a small integer tensor, all-reduces it
+    and reads it back with ``.item()`` after the backward pass (it used to stop with
+    ``DataDependentOutputException: aten._local_scalar_dense``). The branch gets a
+    gradient on every rank iff some rank used it, on fake tensors as on real ones."""
+    fake, real = _find_unused(True, users), _find_unused(False, users)
+    assert fake.results == real.results == [[bool(users)] * 2] * 4
+    assert records(fake) == records(real)
+    for rank in range(4):
+        assert fake.peak_memory(rank) == real.peak_memory(rank)
+
+
 def test_torch_is_restored_after_the_run():
     train(True, steps=1, world_size=2)
     assert dist.Reducer is torch._C._distributed_c10d.Reducer

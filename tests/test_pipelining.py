@@ -1,0 +1,183 @@
+"""``torch.distributed.pipelining`` on the simulator: every schedule of this torch, as a
+learner writes it.
+
+* On small real tensors each schedule's gradients and losses equal the single-process
+  model's.
+* Inside ``sc.fake_tensors()`` each schedule runs a model far larger than this machine
+  (the warm-up vote and the stage metadata travel in small tensors torch reads back with
+  ``.item()``; they used to stop with ``DataDependentOutputException``).
+* What a pipeline lesson measures behaves as the textbook says: GPipe's activation
+  memory grows with the number of micro-batches m, 1F1B's stays bounded by about p
+  micro-batches, the bubble follows (p − 1)/(m + p − 1), and a device has one compute
+  stream (DualPipeV's overlap of two micro-batches gains nothing here).
+"""
+
+import contextlib
+import resource
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed import pipelining
+
+import simcluster as sc
+from workbook.pipeline import bubble, bubble_formula
+
+SCHEDULES = ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleLoopedBFS",
+             "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+GiB = 2**30
+
+
+def test_these_are_all_the_schedules_of_this_torch():
+    found = {n for n in dir(pipelining) if n.startswith("Schedule") and n != "ScheduleClass"}
+    assert found - {"_ScheduleForwardOnly"} == set(SCHEDULES)
+
+
+def stage_indices(schedule, rank, p):
+    """The stages ``rank`` holds: one for GPipe/1F1B, two otherwise — looped (r, r + p)
+    or, for the V schedules, (r, 2p − 1 − r)."""
+    if schedule in ("ScheduleGPipe", "Schedule1F1B"):
+        return [rank]
+    if schedule in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV"):
+        return [rank, 2 * p - 1 - rank]
+    return [rank, rank + p]
+
+
+def mse(output, target):
+    return ((output - target) ** 2).mean()
+
+
+def make_stage_module(index, width, layers):
+    """Stage ``index`` of the model: ``layers`` of Linear + ReLU, seeded by its index so
+    every rank (and the reference) builds the same weights."""
+    torch.manual_seed(index)
+    return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())])
+
+
+def run_schedule(schedule, m, width, rows, layers, fake=False, static=False):
+    """On each rank: build its stages, run one ``step()`` of ``schedule`` over ``m``
+    micro-batches of ``rows`` rows; return each stage's ``{index: gradients}`` and the
+    last stage's losses. ``static`` gives PipelineStage the shapes (no metadata pass)."""
+    r, p = dist.get_rank(), dist.get_world_size()
+    indices = stage_indices(schedule, r, p)
+    n = p * len(indices)
+    with sc.fake_tensors() if fake else contextlib.nullcontext():
+        modules = [make_stage_module(i, width, layers) for i in indices]
+        shapes = {}
+        stages = []
+        for module, i in zip(modules, indices):
+            if static:
+                shapes = {"input_args": torch.empty(rows, width, requires_grad=i > 0),
+                          "output_args": torch.empty(rows, width, requires_grad=True)}
+            stages.append(pipelining.PipelineStage(module, i, n, torch.device("cpu"), **shapes))
+        cls = getattr(pipelining, schedule)
+        step = cls(stages[0] if len(stages) == 1 else stages, n_microbatches=m, loss_fn=mse)
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(m * rows, width, generator=g), torch.randn(m * rows, width, generator=g)
+        losses = []
+        step.step(*([x] if 0 in indices else []),
+                  **({"target": y, "losses": losses} if n - 1 in indices else {}))
+    if fake:
+        return None
+    return ({i: [q.grad.clone() for q in mod.parameters()] for i, mod in zip(indices, modules)},
+            [loss.detach() for loss in losses])
+
+
+# ---------------------------------------------------------------- real tensors: values
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_schedule_matches_the_single_process_model(schedule):
+    p, m, width, rows, layers = 2, 4, 8, 2, 1
+    run = sc.Cluster.preset("dgx-a100").run(run_schedule, world_size=p,
+                                            args=(schedule, m, width, rows, layers))
+    grads, losses = {}, []
+    for rank_grads, rank_losses in run.results:
+        grads.update(rank_grads)
+        losses += rank_losses
+    n = len(grads)
+    model = nn.Sequential(*[make_stage_module(i, width, layers) for i in range(n)])
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(m * rows, width, generator=g), torch.randn(m * rows, width, generator=g)
+    want = [mse(model(xc), yc) for xc, yc in zip(x.chunk(m), y.chunk(m))]
+    (sum(want) / m).backward()   # the schedules scale each micro-batch's loss by 1/m
+    torch.testing.assert_close(losses, [w.detach() for w in want])
+    for i in range(n):
+        for got, param in zip(grads[i], model[i].parameters()):
+            torch.testing.assert_close(got, param.grad, msg=f"{schedule}: stage {i}")
+
+
+# -------------------------------------------------------- fake tensors: a model too big
+WIDTH, ROWS = 16384, 1024            # a Linear's weight is 1 GiB of fp32
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_schedule_runs_a_model_too_large_to_be_real(schedule):
+    """4 ranks, each holding 4 GiB of weights: ~40 GiB of device memory simulated in all,
+    none of it allocated; one compute stream per device."""
+    p, m = 4, 8
+    layers = 4 // len(stage_indices(schedule, 0, p))      # 4 layers per rank
+    run = sc.Cluster.preset("dgx-a100").run(run_schedule, world_size=p,
+                                            args=(schedule, m, WIDTH, ROWS, layers, True))
+    peaks = [run.peak_memory(r) for r in range(p)]
+    for r, peak in enumerate(peaks):
+        assert peak["parameters"] == 4 * (WIDTH * WIDTH + WIDTH) * 4, f"rank {r}"
+        assert peak["total"] > 8 * GiB, f"rank {r}: weights and gradients"
+        assert run.category_peaks(r)["activations"] > 0, f"rank {r}"
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
+    assert max_rss < sum(peak["total"] for peak in peaks) / 4
+    for r in range(p):
+        compute = sorted((e.start, e.end) for e in run.clock(r).events if e.lane == "compute")
+        assert all(a[1] <= b[0] for a, b in zip(compute, compute[1:])), (
+            f"rank {r}: two compute events overlap; a device has one compute stream")
+    assert run.elapsed > 0
+
+
+# ------------------------------------------------------ what a pipeline lesson measures
+def _measure(schedule, m, p=4, layers=2):
+    return sc.Cluster.preset("dgx-a100").run(
+        run_schedule, world_size=p, args=(schedule, m, 8192, 1024, layers, True, True))
+
+
+@pytest.fixture(scope="module")
+def gpipe_and_1f1b():
+    return {(s, m): _measure(s, m) for s in ("ScheduleGPipe", "Schedule1F1B") for m in (4, 8, 16)}
+
+
+def test_gpipe_activations_grow_with_m_and_1f1b_activations_do_not(gpipe_and_1f1b):
+    p = 4
+    # what backward keeps of one micro-batch: each layer's ReLU output (the next Linear's
+    # input; ReLU's backward reads it too), 2 layers × 1024 × 8192 fp32
+    per_micro_batch = 2 * 1024 * 8192 * 4
+    for r in range(p - 1):   # the last stage also keeps every micro-batch's output
+        for m in (4, 8, 16):
+            gpipe = gpipe_and_1f1b["ScheduleGPipe", m].category_peaks(r)["activations"]
+            assert m * per_micro_batch <= gpipe <= (m + 1) * per_micro_batch, (r, m)
+            one_f_one_b = gpipe_and_1f1b["Schedule1F1B", m].category_peaks(r)["activations"]
+            assert one_f_one_b <= (p - r + 1) * per_micro_batch, (r, m)
+        assert gpipe_and_1f1b["Schedule1F1B", 8].category_peaks(r)["activations"] == \
+            gpipe_and_1f1b["Schedule1F1B", 16].category_peaks(r)["activations"]
+    # the summary shows it: stage 0 of GPipe holds all 16 micro-batches, of 1F1B about p
+    rows = {s: gpipe_and_1f1b[s, 16].summary().rows[0] for s in ("ScheduleGPipe", "Schedule1F1B")}
+    assert rows["ScheduleGPipe"]["peak_activations_GiB"] > 3 * rows["Schedule1F1B"]["peak_activations_GiB"]
+
+
+def test_the_bubble_follows_the_formula(gpipe_and_1f1b):
+    """With the stage shapes given (no metadata pass on the first step) and compute that
+    dwarfs communication, the middle stages idle (p − 1)/(m + p − 1) of the time, for
+    GPipe and 1F1B alike. (The first and last stages differ: the first computes no input
+    gradient, the last computes the loss.)"""
+    for (schedule, m), run in gpipe_and_1f1b.items():
+        assert bubble(run, [1, 2]) == pytest.approx(bubble_formula(4, m), abs=0.015), (schedule, m)
+    for m in (4, 8, 16):
+        assert gpipe_and_1f1b["ScheduleGPipe", m].elapsed == pytest.approx(
+            gpipe_and_1f1b["Schedule1F1B", m].elapsed, rel=0.01)
+
+
+def test_torch_is_restored_after_the_run():
+    from torch.distributed.pipelining import schedules
+
+    warmup, recv = schedules._PipelineSchedule._warmup_p2p, dist.recv_object_list
+    sc.Cluster.preset("dgx-a100").run(run_schedule, world_size=2,
+                                      args=("ScheduleGPipe", 2, 8, 2, 1, True))
+    assert schedules._PipelineSchedule._warmup_p2p is warmup
+    assert dist.recv_object_list is recv
