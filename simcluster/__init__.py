@@ -65,8 +65,13 @@ def fake_tensors():
     machine can be measured — DDP, FSDP2 and optimizers run on them unchanged. DDP issues
     the same collectives, at the same simulated times, as on real tensors: its shape check
     at construction, the broadcast of the model, the rebuild of its buckets after the
-    first step (the few small integer tensors these read back stay real). Make a
-    ``DeviceMesh`` before entering (building one reads real values).
+    first step (the few small integer tensors these read back stay real). The same holds
+    for DDP with ``find_unused_parameters=True``, for the ``torch.distributed.pipelining``
+    schedules (their first ``step()`` votes along the pipeline and sends the stages' shapes
+    as objects) and for ``dist.*_object*`` collectives: an op on real integer tensors alone
+    runs on their data, and everything else stays fake. Make a ``DeviceMesh`` before
+    entering (building one reads real values), and import ``torch.distributed.pipelining``
+    before entering too.
     """
     from ._torch_internals import fake_tensor_mode
 

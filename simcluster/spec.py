@@ -30,6 +30,11 @@ class DeviceSpec:
 
     ``compute_capability`` (8.0 for A100, 9.0 for H100) picks the row of NCCL's tuning
     tables that the cost model uses, as NCCL does.
+
+    A simulated device has ONE compute stream: its rank's ops run one after another, each
+    at the roofline of these peaks, never two at once (communication runs beside them on
+    the communication stream). Overlapping two micro-batches' compute on one GPU, as
+    DualPipe-style schedules do, therefore gains nothing on the simulator.
     """
 
     name: str

@@ -176,3 +176,27 @@ def test_sequence_parallel_gpt_with_loss_parallel_matches_single_process():
             torch.testing.assert_close(grads[name], p.grad, msg=f"rank {rank}: {name}")
     # sequence parallelism: the block's all-reduce became reduce-scatter + all-gather
     assert {"reduce_scatter_tensor", "all_gather_into_tensor"} <= {c.op for c in run.collectives}
+
+
+def _count_with_comm_debug_mode():
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(HIDDEN, 2 * HIDDEN), nn.ReLU(), nn.Linear(2 * HIDDEN, HIDDEN))
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    x = torch.randn(4, HIDDEN, requires_grad=True)
+    with CommDebugMode() as comm:
+        model(x).sum().backward()
+    return {module: {phase: {str(op): n for op, n in ops.items()} for phase, ops in phases.items()}
+            for module, phases in comm.comm_module_counts.items() if module.startswith("Sequential.")}
+
+
+def test_comm_debug_mode_counts_each_ranks_own_collectives():
+    """The Megatron MLP: one all-reduce forward (row-parallel output), one backward
+    (column-parallel input gradient), each in its own module, on every rank."""
+    run = sc.Cluster.preset("dgx-a100").run(_count_with_comm_debug_mode, world_size=4)
+    all_reduce = {"c10d_functional.all_reduce": 1}
+    assert run.results == [{"Sequential.0": {"forward": {}, "backward": all_reduce},
+                            "Sequential.2": {"forward": all_reduce, "backward": {}}}] * 4

@@ -101,6 +101,35 @@ def test_peak_is_the_sum_of_the_categories_at_the_peak(adam_run):
     assert adam_run.summary().rows[0]["peak_memory_GiB"] == peak["total"] / GiB
 
 
+def test_each_category_has_its_own_peak(adam_run):
+    """The activations peak after the forward pass; the total peaks in opt.step(), when
+    they are gone: ``category_peaks`` and the summary's ``peak_activations_GiB`` give
+    the former, ``peak_memory`` the latter."""
+    peaks, at_peak = adam_run.category_peaks(0), adam_run.peak_memory(0)
+    activations = F32 * 64 * 1024
+    assert at_peak["activations"] == 0
+    assert peaks["activations"] == activations
+    assert adam_run.summary().rows[0]["peak_activations_GiB"] == activations / GiB
+    assert "peak activations GiB" in str(adam_run.summary())
+    for category in CATEGORIES:
+        assert peaks[category] >= at_peak[category]
+        assert peaks[category] >= max(s[category] for s in adam_run.results[0].values())
+
+
+def _peaks_after_reset():
+    x = torch.empty(1024, device="meta")
+    with sc.fake_tensors():
+        y = nn.Linear(256, 256)(torch.randn(8, 256))
+    del x, y
+    sc.reset_peak_memory()
+    return dict(accounting.current().memory.category_peaks)
+
+
+def test_reset_peak_memory_resets_the_category_peaks(node):
+    peaks = node.run(_peaks_after_reset, world_size=1).results[0]
+    assert peaks["activations"] == 0 and peaks["other"] == 0
+
+
 def _mlp_forward(batch, grad):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 128))

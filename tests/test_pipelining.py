@@ -181,3 +181,14 @@ def test_torch_is_restored_after_the_run():
                                       args=("ScheduleGPipe", 2, 8, 2, 1, True))
     assert schedules._PipelineSchedule._warmup_p2p is warmup
     assert dist.recv_object_list is recv
+
+
+def test_dualpipev_gains_nothing_from_its_overlap_on_one_compute_stream():
+    """DualPipeV's OVERLAP_F_B steps pair a forward with a backward; on one compute stream
+    (and with torch's default, which runs them in turn) each costs both, so DualPipeV is
+    slower than ZBVZeroBubble on the same V-shaped stages for the same compute."""
+    runs = {s: _measure(s, 8, layers=1) for s in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")}
+    assert runs["ScheduleDualPipeV"].elapsed > 1.1 * runs["ScheduleZBVZeroBubble"].elapsed
+    for r in range(4):   # the same work on each rank, in a different order
+        assert runs["ScheduleDualPipeV"].clock(r).compute == pytest.approx(
+            runs["ScheduleZBVZeroBubble"].clock(r).compute, rel=0.01)
