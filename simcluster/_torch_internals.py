@@ -62,11 +62,16 @@ back. What we rely on, and why:
   rank's process state instead (:func:`dtensor_handlers`, :func:`set_dtensor_handlers`),
   saved and restored at every hand-over like the RNG states. (DTensor's other toggle,
   ``implicit_replication()``, is a thread-local flag in C++ already.)
+* ``ShardingPropagator._fake_mode_lock`` wraps DTensor's replay of each op on fake
+  tensors of the global shapes, which only learns the output's shape; accounting charges
+  nothing inside it (:func:`set_sharding_propagation_context`), else every DTensor op
+  would cost the rank its global size on top of its local one.
 * numpy's ``np.random.mtrand._rand._bit_generator`` is the legacy global generator; its
   ctypes view gives its raw Mersenne Twister words cheaply (:func:`numpy_rng_words`).
 """
 
 import ctypes
+import contextlib
 import functools
 import sys
 import threading
@@ -793,6 +798,21 @@ def fake_tensor_types():
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     return (FakeTensor, FunctionalTensor)
+
+
+def set_sharding_propagation_context(context):
+    """Run DTensor's output-shape propagation inside ``context`` (None: torch's default).
+
+    For every op on DTensors, DTensor first replays the op on fake tensors of the
+    *global* shapes to learn the output's shape (``_propagate_tensor_meta_non_cached``),
+    then runs it on the local shards. Only the second is the rank's work. Torch wraps the
+    replay in ``ShardingPropagator._fake_mode_lock`` (a ``nullcontext`` unless a test sets
+    a lock): ``context``, a reusable context manager, takes that place.
+    """
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    ShardingPropagator._fake_mode_lock = (contextlib.nullcontext() if context is None
+                                          else context)
 
 
 def _shapes(value):

@@ -25,7 +25,8 @@ import torch
 
 from ._torch_internals import (DispatchMode, ModuleStack, fake_dispatch, fake_mode_active,
                                fake_tensor_types, flop_formula, in_backward, key_of_storage,
-                               own_parameters, storage_key)
+                               own_parameters, set_sharding_propagation_context,
+                               storage_key)
 from .clock import CollectiveRecord, RankClock
 from .memory import MemoryAccount
 
@@ -77,16 +78,16 @@ class RankAccounting(DispatchMode):
         # This runs for every op of every rank, and each microsecond here is about 5 % of
         # a small model's step: keep it lean (no pytree, cached op info and costs).
         kwargs = kwargs or {}
-        if self._paused:
-            return func(*args, **kwargs)
         fake = False
         for t in types:
             if t is not torch.Tensor:
                 if t not in self._fake_types:
                     return NotImplemented  # let tensor subclasses (DTensor) unwrap to plain ops
                 fake = True
-        is_view, timeless, counter = _OP_INFO.get(func) or _op_info(func)
         run = fake_dispatch if fake or fake_mode_active() else _call
+        if self._paused:
+            return run(func, args, kwargs)
+        is_view, timeless, counter = _OP_INFO.get(func) or _op_info(func)
         if is_view:   # a view reads no data: it neither waits nor takes time
             return run(func, args, kwargs)
         inputs = _tensors(args, [])
@@ -276,6 +277,30 @@ class Recorder:
             nbytes=nbytes, start=start, end=end))
 
 
+class _NotCharged:
+    """A reusable ``with`` block in which the calling rank is charged nothing: DTensor's
+    replay of each op at the global shape, which only learns the output's shape."""
+
+    def __enter__(self):
+        acc = current()
+        _thread.not_charged = getattr(_thread, "not_charged", [])
+        _thread.not_charged.append(None if acc is None else acc.paused())
+        if _thread.not_charged[-1] is not None:
+            _thread.not_charged[-1].__enter__()
+
+    def __exit__(self, *exc):
+        block = _thread.not_charged.pop()
+        if block is not None:
+            block.__exit__(*exc)
+
+
+class _Removable:
+    """A hook handle for a setting of torch's: ``remove()`` restores the default."""
+
+    def __init__(self, undo):
+        self.remove = undo
+
+
 _hooks = []
 
 
@@ -284,6 +309,8 @@ def install_hooks():
     from torch.nn.modules import module as nn_module
     from torch.optim import optimizer
 
+    set_sharding_propagation_context(_NotCharged())
+    _hooks.append(_Removable(lambda: set_sharding_propagation_context(None)))
     _hooks.extend([
         nn_module.register_module_forward_pre_hook(on_forward_pre),
         nn_module.register_module_forward_hook(on_forward_post),

@@ -14,6 +14,8 @@ from workbook.lesson02.checks import (check_fp16_allreduce, check_halving_doubli
 from workbook.lesson03.checks import (check_accumulation, check_allreduce_in_buckets,
                                       check_average_gradients, check_distributed_trainer,
                                       check_overlapped_ddp)
+from workbook.lesson04.checks import (check_balance, check_boundary_bytes,
+                                      check_forward_backward)
 from workbook.lesson06.checks import (check_conjugate_operators, check_megatron_mlp,
                                       check_parallel_linears, check_sequence_parallel)
 
@@ -23,5 +25,6 @@ __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_topk_error_feedback", "check_tree_allreduce",
            "check_accumulation", "check_allreduce_in_buckets", "check_average_gradients",
            "check_distributed_trainer", "check_overlapped_ddp",
+           "check_balance", "check_boundary_bytes", "check_forward_backward",
            "check_conjugate_operators", "check_megatron_mlp", "check_parallel_linears",
            "check_sequence_parallel"]
