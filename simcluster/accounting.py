@@ -89,6 +89,7 @@ class RankAccounting(DispatchMode):
         self.modules = ModuleStack()
         self.in_optimizer_step = False   # what is allocated now is optimizer state
         self.host_step = False           # ... by an optimizer step that runs on the host
+        self.making_buffers = False      # DDP's reducer is making its gradient buckets
         self._paused = False     # True while the simulator computes a collective's result
         self.module_time = recorder.module_time[rank]
 
@@ -104,6 +105,8 @@ class RankAccounting(DispatchMode):
 
     def category(self):
         """The category of memory allocated right now."""
+        if self.making_buffers:
+            return "communication buffers"
         if self.in_optimizer_step:
             return "optimizer state"
         if in_backward():
@@ -434,6 +437,22 @@ def on_storage_resize(storage, nbytes):
     acc = current()
     if acc is not None:
         acc.resize(storage, nbytes)
+
+
+@contextlib.contextmanager
+def reducer_buckets():
+    """A ``with`` block in which DDP's C++ reducer makes its gradient buckets: what it
+    allocates is communication buffers (DDP all-reduces them), even inside the forward
+    pass, where DDP remakes them after the first step."""
+    acc = current()
+    if acc is None:
+        yield
+        return
+    was, acc.making_buffers = acc.making_buffers, True
+    try:
+        yield
+    finally:
+        acc.making_buffers = was
 
 
 def on_gradients_to_host(pairs):
