@@ -1,4 +1,4 @@
-"""A learner works in lab 02 (and lab 03), as `make progress`, `make labs` and `make test`
+"""A learner works in labs 02, 03, 04 and 05, as `make progress`, `make labs` and `make test`
 see it.
 
 1. One exercise filled in, in a freshly generated lab (never the learner's own labs/
@@ -19,7 +19,8 @@ import pytest
 from workbook import labs, progress
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ["02_gradient_aggregation.ipynb", "03_data_parallel.ipynb"]
+NAMES = ["02_gradient_aggregation.ipynb", "03_data_parallel.ipynb", "04_model_parallel.ipynb",
+         "05_pipeline_parallel.ipynb"]
 
 pytestmark = pytest.mark.slow
 
