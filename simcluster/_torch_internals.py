@@ -14,6 +14,11 @@ back. What we rely on, and why:
 * ``torch.distributed.fsdp._fully_shard._fsdp_param.unsafe_setattr_param`` is how FSDP2
   swaps a module's parameters for sharded ones without ``register_parameter``; it is
   wrapped so memory accounting knows the shards are parameters.
+* ``torch.distributed.fsdp._fully_shard._fsdp_param_group.foreach_reduce`` reduce-scatters
+  FSDP2's gradients; with ``CPUOffloadPolicy`` it moves each sharded gradient to the host
+  with ``.to("cpu")``, which is no move when the simulated GPU is the CPU. It is wrapped
+  so accounting hears which gradients went to the host (each ``FSDPParam``'s
+  ``offload_to_cpu``, ``sharded_param`` and its ``grad``).
 * ``torch._subclasses.FakeTensorMode`` backs :func:`fake_tensor_mode`, and its dispatch
   cache (``_cache_key``, ``FakeTensorMode.cache``, ``_output_from_cache_entry``) backs
   :func:`fake_dispatch`, a faster road to the same cached results.
@@ -34,17 +39,15 @@ back. What we rely on, and why:
 * ``torch.distributed.pipelining``'s schedules vote on their stages' mode in their first
   ``step()`` (``_PipelineSchedule._warmup_p2p``) with one-element integer tensors read by
   ``.item()``, and stages send their metadata with ``send_object_list``. While a run is
-  active the warm-up runs under :class:`_RealBookkeeping` (patched when the run starts or,
-  by an import hook on ``sys.meta_path``, when a rank first imports the module:
-  :func:`_patch_pipelining`) and the object collectives (``dist.*_object*``)
-  with the fake mode set aside.
-* ``torch.ops._c10d_functional`` (functional collectives: DTensor's redistributions) have
-  meta kernels that FakeTensorMode answers with, never calling the process group; inside
-  ``sc.fake_tensors()`` they run torch's own ``CompositeExplicitAutograd`` kernel instead
-  (``OpOverload._op_dk``, :func:`_functional_collective`). And
-  ``_functional_collectives._are_we_tracing`` takes any fake mode for ``torch.compile``
-  tracing (then results are waited on at once, not when first used): while a run is
-  active our fake mode is not tracing (:func:`_are_we_tracing`).
+  active the warm-up runs under :class:`_RealBookkeeping` (patched when the module is
+  imported, :func:`_patch_pipelining`, through an import hook on ``sys.meta_path`` if a
+  rank imports it) and the object collectives (``dist.*_object*``) with the fake mode
+  set aside.
+* ``torch.distributed._functional_collectives._are_we_tracing`` takes any fake mode for
+  ``torch.compile`` tracing, and a functional collective issued while tracing is waited
+  on at once instead of when its result is first used: while a run is active the
+  simulator's fake mode is not tracing (:func:`_are_we_tracing`), so communication on
+  fake tensors overlaps compute as on real ones.
 * ``torch.nn.modules.module._global_forward_pre_hooks`` and the other global module-hook
   dicts are process-wide; while a run is active they are stand-ins in which a hook
   registered in a rank thread fires only for that rank (:class:`_RankLocalHooks`), so
@@ -58,6 +61,10 @@ back. What we rely on, and why:
   imports ``torch._dynamo`` (1-4 s) on the first op and costs ~0.5 µs per op after.
 * ``torch.utils.module_tracker.ModuleTracker``'s ``_get_mod_name`` names modules the way
   torch's own tools do ("Sequential.0"); :class:`ModuleStack` reuses it.
+* ``torch._C._disabled_torch_dispatch_impl`` is the ``__torch_dispatch__`` that
+  ``nn.Parameter`` and every tensor subclass without a dispatch of its own inherit: the
+  accounting mode treats those as plain tensors (:func:`dispatch_kind`), as FakeTensorMode
+  does, so that ``p.data`` (a detach torch routes through the mode) works.
 * ``torch._C._current_graph_task_id`` tells whether autograd is running a backward pass
   on this thread (:func:`in_backward`).
 * ``UntypedStorage._cdata``, the address of a storage's C++ object, identifies the memory
@@ -181,6 +188,7 @@ class _ThreadLocalWorld:
 _installed = 0
 _install_lock = threading.Lock()
 _original_setattr_param = None
+_original_foreach_reduce = None
 _original_storage_resize = torch.UntypedStorage.resize_
 
 
@@ -190,7 +198,31 @@ def _fsdp_param_module():
     return _fsdp_param
 
 
-def install(on_storage_resize, on_parameter, on_init_process_group):
+def _fsdp_param_group_module():
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+    return _fsdp_param_group
+
+
+def _foreach_reduce(on_gradients_to_host):
+    """FSDP2's ``foreach_reduce``, telling ``on_gradients_to_host`` which gradients it moved
+    to the host (those of parameters with ``CPUOffloadPolicy``)."""
+    original = _original_foreach_reduce
+
+    def foreach_reduce(fsdp_params, *args, **kwargs):
+        result = original(fsdp_params, *args, **kwargs)
+        offloaded = [(p.sharded_param, p.sharded_param.grad) for p in fsdp_params
+                     if p.offload_to_cpu]
+        if offloaded:
+            on_gradients_to_host(offloaded)
+        return result
+
+    foreach_reduce.__doc__, foreach_reduce.__wrapped__ = original.__doc__, original
+    return foreach_reduce
+
+
+def install(on_storage_resize, on_parameter, on_init_process_group,
+            on_gradients_to_host=None, reducer_buckets=None):
     """Make process-group state per-thread, and report what accounting cannot see.
 
     Called when a run starts (importing simcluster changes nothing in torch). FSDP2 frees
@@ -199,9 +231,12 @@ def install(on_storage_resize, on_parameter, on_init_process_group):
     ``on_storage_resize(storage, nbytes)`` and ``on_parameter(module, name, param)`` hear
     of both. ``dist.init_process_group`` first asks ``on_init_process_group(backend,
     kwargs)``, which returns True when it has handled the call (see
-    :func:`_init_process_group`). Nested calls are counted.
+    :func:`_init_process_group`). After FSDP2 reduce-scatters the gradients of parameters
+    it offloads to the CPU, ``on_gradients_to_host([(parameter, gradient), ...])`` hears
+    of them. DDP's C++ reducer allocates its gradient buckets inside ``reducer_buckets()``,
+    a context factory. Nested calls are counted.
     """
-    global _installed, _original_setattr_param
+    global _installed, _original_setattr_param, _original_foreach_reduce
     with _install_lock:
         if _installed == 0:
             fsdp_param = _fsdp_param_module()
@@ -212,6 +247,10 @@ def install(on_storage_resize, on_parameter, on_init_process_group):
                 on_parameter(module, name, param)
 
             fsdp_param.unsafe_setattr_param = unsafe_setattr_param
+            group = _fsdp_param_group_module()
+            _original_foreach_reduce = group.foreach_reduce
+            if on_gradients_to_host is not None:
+                group.foreach_reduce = _foreach_reduce(on_gradients_to_host)
             c10d._world = _ThreadLocalWorld()
             _ThreadLocalWorld.outside = threading.get_ident()
             torch._C._distributed_c10d._set_thread_isolation_mode(True)
@@ -223,14 +262,16 @@ def install(on_storage_resize, on_parameter, on_init_process_group):
 
             torch.UntypedStorage.resize_ = resize_
             _set_init_process_group(_init_process_group(on_init_process_group))
-            _set_reducer_entry_points(_reducer_entry_points_with_real_bookkeeping())
+            _set_reducer_entry_points(_reducer_entry_points_with_real_bookkeeping(
+                reducer_buckets))
             _set_object_collectives({name: _without_fake_mode(function) for name, function
                                      in _original_object_collectives.items()})
             _functional_collectives_module()._are_we_tracing = _are_we_tracing
             _set_rank_local_module_hooks(True)
-            sys.meta_path.insert(0, _import_hook)
         _installed += 1
         _patch_pipelining()
+        if _original_warmup_p2p is None and _patch_on_import not in sys.meta_path:
+            sys.meta_path.insert(0, _patch_on_import)
 
 
 def uninstall():
@@ -244,13 +285,15 @@ def uninstall():
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
             torch.UntypedStorage.resize_ = _original_storage_resize
             _fsdp_param_module().unsafe_setattr_param = _original_setattr_param
+            _fsdp_param_group_module().foreach_reduce = _original_foreach_reduce
             _set_init_process_group(_original_init_process_group)
             _set_reducer_entry_points(_original_reducer_entry_points)
             _set_object_collectives(_original_object_collectives)
             _functional_collectives_module()._are_we_tracing = _original_are_we_tracing
             _set_rank_local_module_hooks(False)
-            sys.meta_path.remove(_import_hook)
             _unpatch_pipelining()
+            if _patch_on_import in sys.meta_path:
+                sys.meta_path.remove(_patch_on_import)
 
 
 def _functional_collectives_module():
@@ -458,16 +501,28 @@ _original_reducer_entry_points = (dist._verify_params_across_processes, dist.Red
                                   _Reducer._rebuild_buckets)
 
 
-def _reducer_entry_points_with_real_bookkeeping():
+def _reducer_entry_points_with_real_bookkeeping(buckets=None):
     """Replacements for :data:`_original_reducer_entry_points`: the same calls, with the
-    reducer's bookkeeping kept real inside ``sc.fake_tensors()``."""
+    reducer's bookkeeping kept real inside ``sc.fake_tensors()``, and the reducer's
+    gradient buckets (made at construction, remade by ``_rebuild_buckets`` in the first
+    forward after a step) allocated inside ``buckets()``, a context factory (or None)."""
+
+    def allocating_buckets(function):
+        if buckets is None:
+            return function
+
+        def call(*args, **kwargs):
+            with buckets():
+                return function(*args, **kwargs)
+
+        return functools.update_wrapper(call, function)
 
     class Reducer(_Reducer):
-        __init__ = _with_real_bookkeeping(_Reducer.__init__)
+        __init__ = allocating_buckets(_with_real_bookkeeping(_Reducer.__init__))
 
     Reducer.__name__ = Reducer.__qualname__ = _Reducer.__name__
     return (_with_real_bookkeeping(_original_reducer_entry_points[0]), Reducer,
-            _with_real_bookkeeping(_original_reducer_entry_points[2]))
+            allocating_buckets(_with_real_bookkeeping(_original_reducer_entry_points[2])))
 
 
 _original_warmup_p2p = None   # while patched: torch.distributed.pipelining's own
@@ -481,9 +536,9 @@ def _patch_pipelining():
     The first ``step()`` of a schedule runs a vote along the pipeline (``_warmup_p2p``):
     each stage sends a one-element integer tensor made with ``torch.tensor``/``torch.zeros``
     to the next, and reads the result with ``.item()``. Made under the fake mode, those
-    tensors have no value to read. Importing the module costs 2-4 s (it imports
-    ``torch._dynamo``), so a run does not import it: :func:`install` patches it if it is
-    imported already, and :class:`_PatchPipeliningOnImport` the moment a rank imports it.
+    tensors have no value to read. Importing the module costs a second and imports
+    ``torch._dynamo``, so a run patches it only if it is imported: at the start of the
+    run, or as a rank imports it (:class:`_PatchPipeliningOnImport`).
     """
     global _original_warmup_p2p
     schedules = sys.modules.get(_SCHEDULES)
@@ -504,40 +559,31 @@ def _unpatch_pipelining():
 
 
 class _PatchPipeliningOnImport(importlib.abc.MetaPathFinder):
-    """An import hook, on ``sys.meta_path`` while a run is active: when
-    ``torch.distributed.pipelining.schedules`` is first imported (inside a rank, even
-    inside ``sc.fake_tensors()``), :func:`_patch_pipelining` runs right after it loads."""
+    """On ``sys.meta_path`` during a run: when ``torch.distributed.pipelining.schedules``
+    is first imported (inside a rank, even inside ``sc.fake_tensors()``), it is patched
+    (:func:`_patch_pipelining`) as soon as it has loaded."""
+
+    NAME = "torch.distributed.pipelining.schedules"
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != _SCHEDULES:
+        if fullname != self.NAME:
             return None
         for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = None if finder is self or find is None else find(fullname, path, target)
-            if spec is not None:
-                spec.loader = _PatchAfterLoading(spec.loader)
+            find = None if finder is self else getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None and spec.loader is not None:
+                load = spec.loader.exec_module
+
+                def exec_module(module):
+                    load(module)
+                    _patch_pipelining()
+
+                spec.loader.exec_module = exec_module   # this spec's own loader
                 return spec
         return None
 
 
-class _PatchAfterLoading(importlib.abc.Loader):
-    """``loader``, and :func:`_patch_pipelining` once it has executed the module."""
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        _patch_pipelining()
-
-    def __getattr__(self, name):   # get_source, get_filename, ... for tracebacks
-        return getattr(self._loader, name)
-
-
-_import_hook = _PatchPipeliningOnImport()
+_patch_on_import = _PatchPipeliningOnImport()
 
 
 # Collectives of picklable objects send a pickle's bytes and its length in tensors they
@@ -577,23 +623,12 @@ def fake_tensor_mode():
 _fake_mode_type = None
 
 
-def _functional_collective(func, args, kwargs):
-    """A functional collective (``torch.ops._c10d_functional``: DTensor's redistributions,
-    ``torch.distributed._functional_collectives``) on fake tensors, run by torch's own
-    kernel so that it reaches the process group, as it does on real tensors.
-
-    FakeTensorMode answers these ops from their meta kernels (an empty result, a no-op
-    ``wait_tensor``): the collective would never be issued, charged or recorded. Torch's
-    C++ kernel (registered as ``CompositeExplicitAutograd``) makes its output with
-    ``clone``/``empty`` (which stay fake), calls the group's backend with it, and
-    registers the work that ``wait_tensor`` later waits on.
-    """
-    return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
-
-
 def _fake_mode_class():
-    """FakeTensorMode, but an op whose tensors are all real integers (or booleans) runs
-    on their data.
+    """FakeTensorMode, but functional collectives reach the simulated network, and an op
+    whose tensors are all real integers (or booleans) runs on their data.
+
+    Functional collectives (``torch.ops._c10d_functional``) run their real kernels, which
+    call the process group, so DTensor's communication is simulated on fake tensors too.
 
     Torch's own bookkeeping keeps counters and flags in small integer tensors it made real
     and reads them back with ``.item()``: DDP's reducer marks the parameters a step used
@@ -620,17 +655,23 @@ def _fake_mode_class():
                     return False
         return found
 
+    cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
     class SimFakeTensorMode(FakeTensorMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func.namespace == "_c10d_functional":
-                return _functional_collective(func, args, kwargs)
+                # Functional collectives (DTensor's, torch.compile's) are answered from
+                # shapes alone by FakeTensorMode, and never reach the process group. Their
+                # CPU kernels call the group as on real tensors (the sim backend moves no
+                # data between fake tensors); what they allocate stays fake.
+                with self:
+                    return func.redispatch(cpu, *args, **kwargs)
             if FakeTensor not in types \
                     and real_integers_only((*args, *kwargs.values()), None) is True:
                 return func(*args, **kwargs)   # this mode is off while it dispatches
             return super().__torch_dispatch__(func, types, args, kwargs)
 
-    SimFakeTensorMode.__name__ = SimFakeTensorMode.__qualname__ = "FakeTensorMode"
     return SimFakeTensorMode
 
 
@@ -716,8 +757,6 @@ class _FakeCache:
                 "dtype": kwargs.get("dtype") or t.dtype, "layout": torch.strided,
                 "device": torch.device(kwargs["device"]),
                 "pin_memory": bool(kwargs.get("pin_memory"))})
-        if func.namespace == "_c10d_functional":   # a collective: never from a cache
-            return _functional_collective(func, args, kwargs)
         if func.namespace == "profiler":
             # record_function's markers (FSDP2 sets many) hold no tensors: no fake needed.
             with torch._C._DisableTorchDispatch():
@@ -996,6 +1035,29 @@ def fake_tensor_types():
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     return (FakeTensor, FunctionalTensor)
+
+
+PLAIN, FAKE, SUBCLASS = "plain", "fake", "subclass"
+
+
+def dispatch_kind(cls):
+    """How a dispatch mode should treat a tensor of type ``cls`` that it finds among an
+    op's ``types``: ``PLAIN`` (a tensor with data), ``FAKE`` (no data) or ``SUBCLASS``
+    (a wrapper such as DTensor, which unwraps itself into plain ops if the mode returns
+    ``NotImplemented``).
+
+    A subclass that does not define ``__torch_dispatch__`` (``nn.Parameter``, a learner's
+    own ``Tensor`` subclass) inherits ``torch._C._disabled_torch_dispatch_impl``: torch
+    never hands it an op, so it is plain. It still shows up in ``types`` when torch detaches
+    it under a mode (``p.data`` calls ``aten.detach`` through the mode with the tensor's own
+    type), and a mode that answered ``NotImplemented`` there would leave the op with no
+    handler at all. FakeTensorMode makes the same distinction (``_check_for_subclass_arg``).
+    """
+    if issubclass(cls, fake_tensor_types()):
+        return FAKE
+    if cls.__torch_dispatch__ is torch._C._disabled_torch_dispatch_impl:
+        return PLAIN
+    return SUBCLASS
 
 
 def set_sharding_propagation_context(context):
