@@ -99,14 +99,16 @@ def make_model(layers, width, dtype=torch.bfloat16, seed=0):
 
 
 def zero_step(stage, layers=8, width=64, batch=4, steps=2, fake=False, mixed=False,
-              offload=False):
+              offload=False, prefetch=False):
     """What every rank runs: ``steps`` training steps of :func:`make_model` in ZeRO
     ``stage`` (0-3, as :data:`STAGES` spells it), with :class:`MixedPrecisionAdam`.
 
     ``mixed`` keeps the model in fp32 and lets FSDP2 compute in bf16
     (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``) with torch's own Adam:
     the fp32 parameters are then the master weights. ``offload`` adds FSDP2's
-    ``CPUOffloadPolicy()``. Both only for stages 2 and 3. Each rank reads its own batch.
+    ``CPUOffloadPolicy()``, ``prefetch`` FSDP2's explicit prefetching (each layer's
+    forward issues the next layer's all-gather, each backward the previous one's). All
+    three only for stages 2 and 3. Each rank reads its own batch.
 
     Barriers mark the start of the last step and its end (after the optimizer step), so
     that its collectives can be told apart in ``run.collectives``; the peak is reset at
@@ -114,8 +116,8 @@ def zero_step(stage, layers=8, width=64, batch=4, steps=2, fake=False, mixed=Fal
     step, before zero_grad; "host": the same for host memory; "params": rank's local
     parameters (real tensors only)}``.
     """
-    if (mixed or offload) and stage < 2:
-        raise ValueError("mixed and offload are FSDP2 policies: use stage 2 or 3")
+    if (mixed or offload or prefetch) and stage < 2:
+        raise ValueError("mixed, offload and prefetch are FSDP2's: use stage 2 or 3")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))   # before fake mode
     with sc.fake_tensors() if fake else contextlib.nullcontext():
         model = make_model(layers, width, torch.float32 if mixed else torch.bfloat16)
@@ -131,10 +133,14 @@ def zero_step(stage, layers=8, width=64, batch=4, steps=2, fake=False, mixed=Fal
                                                            reduce_dtype=torch.float32)
             if offload:
                 policy["offload_policy"] = CPUOffloadPolicy()
-            for layer in model:
-                if isinstance(layer, nn.Linear):
-                    fully_shard(layer, **policy)
+            linears = [layer for layer in model if isinstance(layer, nn.Linear)]
+            for layer in linears:
+                fully_shard(layer, **policy)
             fully_shard(model, **policy)
+            if prefetch:
+                for before, after in zip(linears, linears[1:]):
+                    before.set_modules_to_forward_prefetch([after])
+                    after.set_modules_to_backward_prefetch([before])
             optimizer = (torch.optim.Adam if mixed else MixedPrecisionAdam)(model.parameters())
         g = torch.Generator().manual_seed(1 + dist.get_rank())
         for step in range(steps):
