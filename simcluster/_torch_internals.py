@@ -39,9 +39,10 @@ back. What we rely on, and why:
 * ``torch.distributed.pipelining``'s schedules vote on their stages' mode in their first
   ``step()`` (``_PipelineSchedule._warmup_p2p``) with one-element integer tensors read by
   ``.item()``, and stages send their metadata with ``send_object_list``. While a run is
-  active the warm-up runs under :class:`_RealBookkeeping` (patched once the module is
-  imported, :func:`_patch_pipelining`) and the object collectives (``dist.*_object*``)
-  with the fake mode set aside.
+  active the warm-up runs under :class:`_RealBookkeeping` (patched when the module is
+  imported, :func:`_patch_pipelining`, through an import hook on ``sys.meta_path`` if a
+  rank imports it) and the object collectives (``dist.*_object*``) with the fake mode
+  set aside.
 * ``dist.init_process_group`` is wrapped, while a run is active, so that a learner's own
   call inside a rank function (as in a ``torchrun`` script) is accepted: the simulator has
   already initialised the default group, and torch would otherwise refuse a second one.
@@ -82,6 +83,7 @@ back. What we rely on, and why:
 import ctypes
 import contextlib
 import functools
+import importlib.abc
 import sys
 import threading
 import warnings
@@ -211,7 +213,7 @@ def _foreach_reduce(on_gradients_to_host):
 
 
 def install(on_storage_resize, on_parameter, on_init_process_group,
-            on_gradients_to_host=None):
+            on_gradients_to_host=None, reducer_buckets=None):
     """Make process-group state per-thread, and report what accounting cannot see.
 
     Called when a run starts (importing simcluster changes nothing in torch). FSDP2 frees
@@ -222,7 +224,8 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
     kwargs)``, which returns True when it has handled the call (see
     :func:`_init_process_group`). After FSDP2 reduce-scatters the gradients of parameters
     it offloads to the CPU, ``on_gradients_to_host([(parameter, gradient), ...])`` hears
-    of them. Nested calls are counted.
+    of them. DDP's C++ reducer allocates its gradient buckets inside ``reducer_buckets()``,
+    a context factory. Nested calls are counted.
     """
     global _installed, _original_setattr_param, _original_foreach_reduce
     with _install_lock:
@@ -250,11 +253,14 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
 
             torch.UntypedStorage.resize_ = resize_
             _set_init_process_group(_init_process_group(on_init_process_group))
-            _set_reducer_entry_points(_reducer_entry_points_with_real_bookkeeping())
+            _set_reducer_entry_points(_reducer_entry_points_with_real_bookkeeping(
+                reducer_buckets))
             _set_object_collectives({name: _without_fake_mode(function) for name, function
                                      in _original_object_collectives.items()})
         _installed += 1
         _patch_pipelining()
+        if _original_warmup_p2p is None and _patch_on_import not in sys.meta_path:
+            sys.meta_path.insert(0, _patch_on_import)
 
 
 def uninstall():
@@ -273,6 +279,8 @@ def uninstall():
             _set_reducer_entry_points(_original_reducer_entry_points)
             _set_object_collectives(_original_object_collectives)
             _unpatch_pipelining()
+            if _patch_on_import in sys.meta_path:
+                sys.meta_path.remove(_patch_on_import)
 
 
 def _init_process_group(in_simulated_rank):
@@ -357,16 +365,28 @@ _original_reducer_entry_points = (dist._verify_params_across_processes, dist.Red
                                   _Reducer._rebuild_buckets)
 
 
-def _reducer_entry_points_with_real_bookkeeping():
+def _reducer_entry_points_with_real_bookkeeping(buckets=None):
     """Replacements for :data:`_original_reducer_entry_points`: the same calls, with the
-    reducer's bookkeeping kept real inside ``sc.fake_tensors()``."""
+    reducer's bookkeeping kept real inside ``sc.fake_tensors()``, and the reducer's
+    gradient buckets (made at construction, remade by ``_rebuild_buckets`` in the first
+    forward after a step) allocated inside ``buckets()``, a context factory (or None)."""
+
+    def allocating_buckets(function):
+        if buckets is None:
+            return function
+
+        def call(*args, **kwargs):
+            with buckets():
+                return function(*args, **kwargs)
+
+        return functools.update_wrapper(call, function)
 
     class Reducer(_Reducer):
-        __init__ = _with_real_bookkeeping(_Reducer.__init__)
+        __init__ = allocating_buckets(_with_real_bookkeeping(_Reducer.__init__))
 
     Reducer.__name__ = Reducer.__qualname__ = _Reducer.__name__
     return (_with_real_bookkeeping(_original_reducer_entry_points[0]), Reducer,
-            _with_real_bookkeeping(_original_reducer_entry_points[2]))
+            allocating_buckets(_with_real_bookkeeping(_original_reducer_entry_points[2])))
 
 
 _original_warmup_p2p = None   # while patched: torch.distributed.pipelining's own
@@ -379,9 +399,9 @@ def _patch_pipelining():
     The first ``step()`` of a schedule runs a vote along the pipeline (``_warmup_p2p``):
     each stage sends a one-element integer tensor made with ``torch.tensor``/``torch.zeros``
     to the next, and reads the result with ``.item()``. Made under the fake mode, those
-    tensors have no value to read. The module is patched only when already imported
-    (importing it costs a second and imports ``torch._dynamo``): :func:`install` and
-    :func:`fake_tensor_mode` look.
+    tensors have no value to read. Importing the module costs a second and imports
+    ``torch._dynamo``, so a run patches it only if it is imported: at the start of the
+    run, or as a rank imports it (:class:`_PatchPipeliningOnImport`).
     """
     global _original_warmup_p2p
     schedules = sys.modules.get("torch.distributed.pipelining.schedules")
@@ -398,6 +418,34 @@ def _unpatch_pipelining():
         schedules = sys.modules["torch.distributed.pipelining.schedules"]
         schedules._PipelineSchedule._warmup_p2p = _original_warmup_p2p
         _original_warmup_p2p = None
+
+
+class _PatchPipeliningOnImport(importlib.abc.MetaPathFinder):
+    """On ``sys.meta_path`` during a run: when ``torch.distributed.pipelining.schedules``
+    is first imported (inside a rank, even inside ``sc.fake_tensors()``), it is patched
+    (:func:`_patch_pipelining`) as soon as it has loaded."""
+
+    NAME = "torch.distributed.pipelining.schedules"
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.NAME:
+            return None
+        for finder in sys.meta_path:
+            find = None if finder is self else getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None and spec.loader is not None:
+                load = spec.loader.exec_module
+
+                def exec_module(module):
+                    load(module)
+                    _patch_pipelining()
+
+                spec.loader.exec_module = exec_module   # this spec's own loader
+                return spec
+        return None
+
+
+_patch_on_import = _PatchPipeliningOnImport()
 
 
 # Collectives of picklable objects send a pickle's bytes and its length in tensors they
@@ -439,8 +487,11 @@ _fake_mode_type = None
 
 
 def _fake_mode_class():
-    """FakeTensorMode, but an op whose tensors are all real integers (or booleans) runs
-    on their data.
+    """FakeTensorMode, but functional collectives reach the simulated network, and an op
+    whose tensors are all real integers (or booleans) runs on their data.
+
+    Functional collectives (``torch.ops._c10d_functional``) run their real kernels, which
+    call the process group, so DTensor's communication is simulated on fake tensors too.
 
     Torch's own bookkeeping keeps counters and flags in small integer tensors it made real
     and reads them back with ``.item()``: DDP's reducer marks the parameters a step used
@@ -467,15 +518,23 @@ def _fake_mode_class():
                     return False
         return found
 
+    cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
     class SimFakeTensorMode(FakeTensorMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if func.namespace == "_c10d_functional":
+                # Functional collectives (DTensor's, torch.compile's) are answered from
+                # shapes alone by FakeTensorMode, and never reach the process group. Their
+                # CPU kernels call the group as on real tensors (the sim backend moves no
+                # data between fake tensors); what they allocate stays fake.
+                with self:
+                    return func.redispatch(cpu, *args, **kwargs)
             if FakeTensor not in types \
                     and real_integers_only((*args, *kwargs.values()), None) is True:
                 return func(*args, **kwargs)   # this mode is off while it dispatches
             return super().__torch_dispatch__(func, types, args, kwargs)
 
-    SimFakeTensorMode.__name__ = SimFakeTensorMode.__qualname__ = "FakeTensorMode"
     return SimFakeTensorMode
 
 
@@ -841,21 +900,6 @@ def fake_tensor_types():
     return (FakeTensor, FunctionalTensor)
 
 
-def set_sharding_propagation_context(context):
-    """Run DTensor's output-shape propagation inside ``context`` (None: torch's default).
-
-    For every op on DTensors, DTensor first replays the op on fake tensors of the
-    *global* shapes to learn the output's shape (``_propagate_tensor_meta_non_cached``),
-    then runs it on the local shards. Only the second is the rank's work. Torch wraps the
-    replay in ``ShardingPropagator._fake_mode_lock`` (a ``nullcontext`` unless a test sets
-    a lock): ``context``, a reusable context manager, takes that place.
-    """
-    from torch.distributed.tensor._sharding_prop import ShardingPropagator
-
-    ShardingPropagator._fake_mode_lock = (contextlib.nullcontext() if context is None
-                                          else context)
-
-
 PLAIN, FAKE, SUBCLASS = "plain", "fake", "subclass"
 
 
@@ -877,6 +921,21 @@ def dispatch_kind(cls):
     if cls.__torch_dispatch__ is torch._C._disabled_torch_dispatch_impl:
         return PLAIN
     return SUBCLASS
+
+
+def set_sharding_propagation_context(context):
+    """Run DTensor's output-shape propagation inside ``context`` (None: torch's default).
+
+    For every op on DTensors, DTensor first replays the op on fake tensors of the
+    *global* shapes to learn the output's shape (``_propagate_tensor_meta_non_cached``),
+    then runs it on the local shards. Only the second is the rank's work. Torch wraps the
+    replay in ``ShardingPropagator._fake_mode_lock`` (a ``nullcontext`` unless a test sets
+    a lock): ``context``, a reusable context manager, takes that place.
+    """
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    ShardingPropagator._fake_mode_lock = (contextlib.nullcontext() if context is None
+                                          else context)
 
 
 def _shapes(value):

@@ -123,15 +123,6 @@ class Run:
         memory = self._need_accounting().memories[rank]
         return {**memory.peak_by_category, "total": memory.peak}
 
-    def category_peaks(self, rank):
-        """``{category: bytes}``: the most each category held on ``rank`` at any moment.
-
-        Unlike :meth:`peak_memory`, each category's own maximum, wherever in time it fell:
-        a pipeline stage's activations peak at the end of its forwards, before the
-        gradients that make the total peak exist.
-        """
-        return dict(self._need_accounting().memories[rank].category_peaks)
-
     def peak_host_memory(self, rank):
         """``{category: bytes}`` ``rank`` held in host memory at its host peak, plus
         ``"total"`` (pinned memory: what CPU offload keeps off the device)."""
@@ -143,6 +134,15 @@ class Run:
         """Per rank, ``{"host->device": bytes, "device->host": bytes}`` copied over its
         PCIe link."""
         return [dict(t) for t in self._need_accounting().host_transfers]
+
+    def category_peaks(self, rank):
+        """``{category: bytes}``: the most each category held on ``rank`` at any moment.
+
+        Unlike :meth:`peak_memory`, each category's own maximum, wherever in time it fell:
+        a pipeline stage's activations peak at the end of its forwards, before the
+        gradients that make the total peak exist.
+        """
+        return dict(self._need_accounting().memories[rank].category_peaks)
 
     def summary(self):
         """Per rank: compute, communication, idle, overlap (seconds), peak memory and peak

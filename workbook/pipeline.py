@@ -9,7 +9,9 @@ is here is the arithmetic both need:
   ``(p - 1) / (v·m + p - 1)`` for ``p`` stages, ``m`` micro-batches and ``v`` model
   chunks per stage (GPipe and 1F1B: ``v = 1``);
 * :func:`bubble`: the same fraction measured on a finished run: how much of the wall
-  time the stages' compute streams did not compute.
+  time the stages' compute streams did not compute;
+* :func:`bubble_uneven`: the formula for stages of unequal cost, where the slowest
+  stage sets the pace.
 """
 
 import torch.nn as nn
@@ -47,9 +49,27 @@ def bubble_formula(p, m, v=1):
     return (p - 1) / (v * m + p - 1)
 
 
-def bubble(run, ranks=None):
+def bubble(run, ranks=None, since=0.0):
     """The measured bubble of a finished run: ``1 - compute / elapsed``, averaged over
-    ``ranks`` (default: all). Communication a stage waits for counts as bubble."""
+    ``ranks`` (default: all). Communication a stage waits for counts as bubble.
+
+    ``since`` (simulated seconds) measures only from then to the end of the run, e.g.
+    from the end of a barrier that closes the set-up (building the model is not part of
+    the schedule)."""
     ranks = range(run.world_size) if ranks is None else ranks
-    computes = [run.clock(r).compute for r in ranks]
-    return 1 - sum(computes) / (len(computes) * run.elapsed)
+    computes = [sum(max(0.0, e.end - max(e.start, since)) for e in run.clock(r).events
+                    if e.lane == "compute") for r in ranks]
+    return 1 - sum(computes) / (len(computes) * (run.elapsed - since))
+
+
+def bubble_uneven(costs, m):
+    """The bubble of GPipe or 1F1B over stages of unequal cost, as a fraction of wall time.
+
+    ``costs[s]`` is stage ``s``'s compute time for one micro-batch (any unit). The first
+    micro-batch passes every stage once (``sum(costs)``); each of the other ``m - 1`` then
+    leaves the pipeline one slowest-stage time later (``max(costs)``), forward and
+    backward alike. Each stage computes ``m · costs[s]`` of that. With equal costs this is
+    :func:`bubble_formula` ``(p, m)``.
+    """
+    wall = sum(costs) + (m - 1) * max(costs)
+    return 1 - sum(costs) * m / (len(costs) * wall)

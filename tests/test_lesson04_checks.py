@@ -1,0 +1,380 @@
+"""Lab 04's checks (model parallelism, the naive split): every check passes the reference
+answer, refuses the reference itself (and the lesson's own naive split), and reports each
+mistake the lab is about — including ones that deadlock or raise — as one exact ❌ line."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _check_helpers import learner_namespace, line
+from workbook import checking, checks, modelparallel
+from workbook.lesson04 import _reference as R
+
+NAMES = {checks.check_forward_backward: "forward and backward across stages",
+         checks.check_balance: "balance stages",
+         checks.check_boundary_bytes: "bytes across boundaries"}   # as each check prints it
+STAGES, BALANCE, BYTES = (f"❌ {name}: " for name in NAMES.values())
+
+MINE = learner_namespace(R, R.forward_backward, R.balance, R.boundary_bytes)
+
+
+def expect(capsys, check, answer, message):
+    assert line(capsys, check, answer)[1] == message
+
+
+@pytest.fixture
+def short_timeout(monkeypatch):
+    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
+
+
+# ------------------------------------------------------------ the reference passes
+
+
+@pytest.mark.parametrize("check, answer, text", [
+    (checks.check_forward_backward, MINE["forward_backward"],
+     "loss and gradients equal the whole model's on world sizes 1, 2, 3, 4, activations of 6 "
+     "different widths"),
+    (checks.check_balance, MINE["balance"],
+     "within 0.0% of the best cut's simulated time on 4 profiles (p = 3, 4)"),
+    (checks.check_boundary_bytes, MINE["boundary_bytes"],
+     "bytes per boundary equal the measured traffic on 4 splits (float32, bfloat16, "
+     "float64)"),
+])
+def test_reference_passes(capsys, check, answer, text):
+    expect(capsys, check, answer, f"✅ {NAMES[check]}: {text}")
+
+
+@pytest.mark.parametrize("check, reference", [
+    (checks.check_forward_backward, R.forward_backward),
+    (checks.check_forward_backward, modelparallel.naive_split_step),
+    (checks.check_balance, R.balance),
+    (checks.check_boundary_bytes, R.boundary_bytes),
+])
+def test_the_reference_itself_is_refused(capsys, check, reference):
+    expect(capsys, check, reference,
+           f"❌ {NAMES[check]}: this function is the workbook's own reference answer, not "
+           "yours — Hint: the exercise is to write it yourself, in the cell above.")
+
+
+def test_an_unwritten_exercise_says_so(capsys):
+    def forward_backward(stage, in_shape, x, y, loss_fn):
+        raise NotImplementedError("recv, forward, send; then the gradients back")
+
+    expect(capsys, checks.check_forward_backward, forward_backward,
+           STAGES + "world size 1: rank 0 raised NotImplementedError: recv, forward, send; "
+           "then the gradients back — Hint: " + checking.HINTS["not_started"])
+
+
+def test_the_lab_does_not_import_the_answers():
+    # What the lab imports must not load the answers nor the lesson's naive split.
+    code = ("import sys, workbook.checks; print(sorted(m for m in ('workbook.lesson04._reference',"
+            " 'workbook.modelparallel') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ------------------------------------------------ exercise 1: forward and backward
+
+
+def receives_the_gradient_first(stage, in_shape, x, y, loss_fn):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank > 0:
+        x = torch.empty(in_shape)
+        dist.recv(x, rank - 1)
+        x.requires_grad_()
+    out = stage(x)
+    if rank == p - 1:
+        loss = loss_fn(out, y)
+        loss.backward()
+    else:
+        grad = torch.empty_like(out)
+        dist.recv(grad, rank + 1)           # waits for a gradient nobody can compute yet
+        dist.send(out.detach(), rank + 1)
+        out.backward(grad)
+        loss = None
+    if rank > 0:
+        dist.send(x.grad, rank - 1)
+    return loss
+
+
+def forgets_requires_grad(stage, in_shape, x, y, loss_fn):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank > 0:
+        x = torch.empty(in_shape)
+        dist.recv(x, rank - 1)
+    out = stage(x)
+    loss = None
+    if rank == p - 1:
+        loss = loss_fn(out, y)
+        loss.backward()
+    else:
+        dist.send(out.detach(), rank + 1)
+        grad = torch.empty_like(out)
+        dist.recv(grad, rank + 1)
+        out.backward(grad)
+    if rank > 0:
+        dist.send(x.grad, rank - 1)
+    return loss
+
+
+def gradient_buffer_shaped_like_the_input(stage, in_shape, x, y, loss_fn):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank > 0:
+        x = torch.empty(in_shape)
+        dist.recv(x, rank - 1)
+        x.requires_grad_()
+    out = stage(x)
+    loss = None
+    if rank == p - 1:
+        loss = loss_fn(out, y)
+        loss.backward()
+    else:
+        dist.send(out.detach(), rank + 1)
+        grad = torch.empty_like(x)
+        dist.recv(grad, rank + 1)
+        out.backward(grad)
+    if rank > 0:
+        dist.send(x.grad, rank - 1)
+    return loss
+
+
+def returns_nothing(stage, in_shape, x, y, loss_fn):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank > 0:
+        x = torch.empty(in_shape)
+        dist.recv(x, rank - 1)
+        x.requires_grad_()
+    out = stage(x)
+    if rank == p - 1:
+        loss_fn(out, y).backward()
+    else:
+        dist.send(out.detach(), rank + 1)
+        grad = torch.empty_like(out)
+        dist.recv(grad, rank + 1)
+        out.backward(grad)
+    if rank > 0:
+        dist.send(x.grad, rank - 1)
+
+
+def loss_of_the_stage_sum(stage, in_shape, x, y, loss_fn):
+    # every stage but the last backpropagates its own output's sum instead of the
+    # gradient it received
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank > 0:
+        x = torch.empty(in_shape)
+        dist.recv(x, rank - 1)
+        x.requires_grad_()
+    out = stage(x)
+    loss = None
+    if rank == p - 1:
+        loss = loss_fn(out, y)
+        loss.backward()
+    else:
+        dist.send(out.detach(), rank + 1)
+        grad = torch.empty_like(out)
+        dist.recv(grad, rank + 1)
+        out.sum().backward()
+    if rank > 0:
+        dist.send(x.grad, rank - 1)
+    return loss
+
+
+STAGE_VALUES = ("print each rank's activation after forward on world size 2, and compare "
+                "with the whole model's layers run one by one.")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (receives_the_gradient_first,
+     "world size 2, cut before layers 3: deadlock (rank 0: recv from rank 1; rank 1: recv "
+     "from rank 0) — Hint: every waiting rank is receiving and nobody is sending: make one "
+     "side send first, or use isend/irecv."),
+    (forgets_requires_grad,
+     "world size 2, cut before layers 3: rank 1 raised TypeError: Invalid function "
+     "argument. Expected parameter `tensor` of type torch.Tensor — Hint: a received "
+     "activation is a new leaf tensor: call x.requires_grad_() right after dist.recv(x, "
+     "...), or backward leaves x.grad as None and there is no gradient to send back."),
+    (gradient_buffer_shaped_like_the_input,
+     "world size 2, cut before layers 3: mismatch in send/recv on group WORLD: the "
+     "shape/dtype differs (rank 0: receives (5, 6) torch.float32, rank 1: sends (5, 12) "
+     "torch.float32) — Hint: the receiving tensor must have the same shape and dtype as "
+     "the sent one."),
+    (returns_nothing,
+     "world size 1: the last rank returned None, not the loss — Hint: the last rank "
+     "computes loss = loss_fn(out, y), calls loss.backward() and returns the loss; the "
+     "other ranks return None."),
+    (loss_of_the_stage_sum,
+     "world size 2, cut before layers 3: rank 0, gradient of 0.weight, element 0: "
+     "expected -0.001508, got 2.74 — Hint: " + STAGE_VALUES),
+])
+def test_forward_backward_mistakes(capsys, short_timeout, answer, message):
+    expect(capsys, checks.check_forward_backward, answer, STAGES + message)
+
+
+def test_a_stage_that_skips_backward_has_no_gradient(capsys, short_timeout):
+    def first_stage_skips_backward(stage, in_shape, x, y, loss_fn):
+        rank, p = dist.get_rank(), dist.get_world_size()
+        if rank > 0:
+            x = torch.empty(in_shape)
+            dist.recv(x, rank - 1)
+            x.requires_grad_()
+        out = stage(x)
+        loss = None
+        if rank == p - 1:
+            loss = loss_fn(out, y)
+            loss.backward()
+        else:
+            dist.send(out.detach(), rank + 1)
+            grad = torch.empty_like(out)
+            dist.recv(grad, rank + 1)
+            if rank > 0:
+                out.backward(grad)
+        if rank > 0:
+            dist.send(x.grad, rank - 1)
+        return loss
+
+    expect(capsys, checks.check_forward_backward, first_stage_skips_backward,
+           STAGES + "world size 2, cut before layers 3: rank 0, gradient of 0.weight is "
+           "None (this stage did not run backward) — Hint: every stage but the last "
+           "receives the gradient of its output from rank r + 1 and calls "
+           "out.backward(grad); then every stage but the first sends x.grad to rank r − 1.")
+
+
+# ------------------------------------------------------------- exercise 2: balance
+
+def equal_layer_counts(layer_times, p):
+    n = len(layer_times)
+    sizes = [n // p + (1 if i < n % p else 0) for i in range(p)]
+    return [sum(sizes[:i + 1]) for i in range(p - 1)]
+
+
+def cut_at_the_running_average(layer_times, p):
+    total, cut, acc = sum(layer_times), [], 0.0
+    for i, t in enumerate(layer_times):
+        if len(cut) < p - 1 and acc >= (len(cut) + 1) * total / p:
+            cut.append(i)
+        acc += t
+    return cut
+
+
+def last_layer_of_each_stage(layer_times, p):
+    # the best cut, given as the last layer of stages 0 … p-2 instead of the first of the next
+    return [b - 1 for b in MINE["balance"](layer_times, p)]
+
+
+def sorts_the_layers(layer_times, p):
+    return layer_times.sort()[:p - 1]
+
+
+PACE = ("the slowest stage sets the pace of the stream: choose the cut whose largest stage "
+        "sum is smallest (try every cut, or binary-search the largest stage time and cut "
+        "greedily under it).")
+LM3 = "language model (heavy head), 9 layers, p = 3: "
+
+
+@pytest.mark.parametrize("answer, message", [
+    (equal_layer_counts,
+     LM3 + "your cut [3, 6] makes stages of 10.572 ms, 10.572 ms, 21.144 ms; 4 micro-batches "
+     "took 106.833 ms, 1.25× the best cut [4, 8]'s 85.689 ms — Hint: " + PACE),
+    (cut_at_the_running_average,
+     LM3 + "your cut [5, 8] makes stages of 17.620 ms, 10.572 ms, 14.096 ms; 4 micro-batches "
+     "took 95.832 ms, 1.12× the best cut [4, 8]'s 85.689 ms — Hint: " + PACE),
+    (last_layer_of_each_stage,
+     LM3 + "your cut [3, 7] makes stages of 10.572 ms, 14.096 ms, 17.620 ms; 4 micro-batches "
+     "took 96.261 ms, 1.12× the best cut [4, 8]'s 85.689 ms — Hint: " + PACE),
+    (sorts_the_layers,
+     LM3 + "balance raised TypeError: 'NoneType' object is not subscriptable — Hint: read "
+     "the message above; call balance(layer_times, p) yourself on a short list to see the "
+     "whole traceback."),
+    (lambda layer_times, p: list(range(1, p + 1)),
+     LM3 + "returned [1, 2, 3], which does not cut 9 layers into 3 non-empty stages — Hint: "
+     "return the 2 indices of the layers where stages 1 … 2 start, increasing, each "
+     "between 1 and 8 (layer 0 always starts stage 0)."),
+])
+def test_balance_mistakes(capsys, answer, message):
+    expect(capsys, checks.check_balance, answer, BALANCE + message)
+
+
+def test_a_balance_that_never_ends_is_stopped(capsys, short_timeout):
+    def cut_where_the_sum_passes(layer_times, p):
+        cut, i = [], 1
+        while len(cut) < p - 1:
+            if sum(layer_times[:i]) > sum(layer_times) / p:
+                cut.append(i)          # i is never incremented
+        return cut
+
+    expect(capsys, checks.check_balance, cut_where_the_sum_passes,
+           BALANCE + LM3 + "rank 0 was still running after 2 s of wall-clock time (an "
+           "infinite loop?) — Hint: " + checking.HINTS["timeout"])
+
+
+# ------------------------------------------------------- exercise 3: boundary bytes
+
+def forward_only(stages, in_shape):
+    x = torch.zeros(in_shape, dtype=next(stages[0].parameters()).dtype)
+    sizes = []
+    with torch.no_grad():
+        for stage in stages[:-1]:
+            x = stage(x)
+            sizes.append(x.numel() * x.element_size())
+    return sizes
+
+
+def counts_elements(stages, in_shape):
+    x = torch.zeros(in_shape, dtype=next(stages[0].parameters()).dtype)
+    sizes = []
+    with torch.no_grad():
+        for stage in stages[:-1]:
+            x = stage(x)
+            sizes.append(2 * x.numel())
+    return sizes
+
+
+def the_stage_inputs(stages, in_shape):
+    x = torch.zeros(in_shape, dtype=next(stages[0].parameters()).dtype)
+    sizes = []
+    with torch.no_grad():
+        for stage in stages[:-1]:
+            sizes.append(2 * x.numel() * x.element_size())
+            x = stage(x)
+    return sizes
+
+
+def assumes_float32(stages, in_shape):
+    x = torch.zeros(in_shape)
+    sizes = []
+    with torch.no_grad():
+        for stage in stages[:-1]:
+            x = stage(x)
+            sizes.append(2 * x.numel() * 4)
+    return sizes
+
+
+BYTES_CASE = "world size 2, cut before layers 2, 5 rows of float32: boundary 0 (stage 0 → 1): "
+
+
+@pytest.mark.parametrize("answer, message", [
+    (forward_only,
+     BYTES_CASE + "the simulator measured 640 bytes, you said 320 — Hint: that is the "
+     "forward activation only: backward sends its gradient back across the same boundary, "
+     "with the same shape and dtype."),
+    (counts_elements,
+     BYTES_CASE + "the simulator measured 640 bytes, you said 160 — Hint: count bytes, not "
+     "elements: multiply by the element size."),
+    (the_stage_inputs,
+     BYTES_CASE + "the simulator measured 640 bytes, you said 240 — Hint: the activation "
+     "leaving stage i is the output of its last layer: run the stages one after another on "
+     "a tensor of in_shape and look at the shapes and dtype."),
+    (assumes_float32,
+     "boundary_bytes raised RuntimeError: mat1 and mat2 must have the same dtype, but got "
+     "Float and BFloat16 — Hint: " + checking.HINTS["exception"]),
+    (lambda stages, in_shape: [0] * len(stages),
+     "world size 2, cut before layers 2, 5 rows of float32: returned 2 numbers for 1 "
+     "boundaries — Hint: one number per boundary between consecutive stages: "
+     "len(stages) - 1 of them."),
+])
+def test_boundary_bytes_mistakes(capsys, answer, message):
+    expect(capsys, checks.check_boundary_bytes, answer, BYTES + message)
