@@ -178,6 +178,7 @@ _installed = 0
 _install_lock = threading.Lock()
 _original_setattr_param = None
 _original_foreach_reduce = None
+_original_foreach_all_gather = None
 _original_storage_resize = torch.UntypedStorage.resize_
 
 
@@ -191,6 +192,19 @@ def _fsdp_param_group_module():
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
     return _fsdp_param_group
+
+
+def _foreach_all_gather(original):
+    """FSDP2's ``foreach_all_gather``, whose input and output buffers (a flat copy of the
+    shards, and the unsharded flat buffer they are gathered into) count as communication
+    buffers, also when it runs in the backward pass."""
+
+    def foreach_all_gather(*args, **kwargs):
+        with _allocating_as("communication buffers"):
+            return original(*args, **kwargs)
+
+    foreach_all_gather.__doc__, foreach_all_gather.__wrapped__ = original.__doc__, original
+    return foreach_all_gather
 
 
 def _foreach_reduce(on_gradients_to_host):
@@ -211,7 +225,7 @@ def _foreach_reduce(on_gradients_to_host):
 
 
 def install(on_storage_resize, on_parameter, on_init_process_group,
-            on_gradients_to_host=None):
+            on_gradients_to_host=None, allocating_as=None):
     """Make process-group state per-thread, and report what accounting cannot see.
 
     Called when a run starts (importing simcluster changes nothing in torch). FSDP2 frees
@@ -222,11 +236,15 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
     kwargs)``, which returns True when it has handled the call (see
     :func:`_init_process_group`). After FSDP2 reduce-scatters the gradients of parameters
     it offloads to the CPU, ``on_gradients_to_host([(parameter, gradient), ...])`` hears
-    of them. Nested calls are counted.
+    of them. DDP's reducer allocates its buckets under ``allocating_as(category)``, a
+    ``with`` block in which new memory counts as ``category`` ("communication buffers", or
+    "gradients" when the gradients are views into the buckets). Nested calls are counted.
     """
-    global _installed, _original_setattr_param, _original_foreach_reduce
+    global _installed, _original_setattr_param, _original_foreach_reduce, _allocating_as_hook
+    global _original_foreach_all_gather
     with _install_lock:
         if _installed == 0:
+            _allocating_as_hook = allocating_as
             fsdp_param = _fsdp_param_module()
             _original_setattr_param = fsdp_param.unsafe_setattr_param
 
@@ -237,6 +255,8 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
             fsdp_param.unsafe_setattr_param = unsafe_setattr_param
             group = _fsdp_param_group_module()
             _original_foreach_reduce = group.foreach_reduce
+            _original_foreach_all_gather = group.foreach_all_gather
+            group.foreach_all_gather = _foreach_all_gather(_original_foreach_all_gather)
             if on_gradients_to_host is not None:
                 group.foreach_reduce = _foreach_reduce(on_gradients_to_host)
             c10d._world = _ThreadLocalWorld()
@@ -259,7 +279,7 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
 
 def uninstall():
     """Undo :func:`install` once the last active run has finished."""
-    global _installed
+    global _installed, _allocating_as_hook
     with _install_lock:
         _installed -= 1
         if _installed == 0:
@@ -269,9 +289,11 @@ def uninstall():
             torch.UntypedStorage.resize_ = _original_storage_resize
             _fsdp_param_module().unsafe_setattr_param = _original_setattr_param
             _fsdp_param_group_module().foreach_reduce = _original_foreach_reduce
+            _fsdp_param_group_module().foreach_all_gather = _original_foreach_all_gather
             _set_init_process_group(_original_init_process_group)
             _set_reducer_entry_points(_original_reducer_entry_points)
             _set_object_collectives(_original_object_collectives)
+            _allocating_as_hook = None
             _unpatch_pipelining()
 
 
@@ -361,12 +383,34 @@ def _reducer_entry_points_with_real_bookkeeping():
     """Replacements for :data:`_original_reducer_entry_points`: the same calls, with the
     reducer's bookkeeping kept real inside ``sc.fake_tensors()``."""
 
+    init = _with_real_bookkeeping(_Reducer.__init__)
+    rebuild = _with_real_bookkeeping(_original_reducer_entry_points[2])
+
     class Reducer(_Reducer):
-        __init__ = _with_real_bookkeeping(_Reducer.__init__)
+        def __init__(self, *args, **kwargs):
+            # DDP passes gradient_as_bucket_view eighth: its buckets then hold the gradients
+            views = args[7] if len(args) > 7 else kwargs.get("gradient_as_bucket_view", False)
+            self._sim_bucket_category = "gradients" if views else "communication buffers"
+            with _allocating_as(self._sim_bucket_category):
+                init(self, *args, **kwargs)
+
+    def rebuild_buckets(self):
+        with _allocating_as(getattr(self, "_sim_bucket_category", "communication buffers")):
+            return rebuild(self)
 
     Reducer.__name__ = Reducer.__qualname__ = _Reducer.__name__
     return (_with_real_bookkeeping(_original_reducer_entry_points[0]), Reducer,
-            _with_real_bookkeeping(_original_reducer_entry_points[2]))
+            functools.update_wrapper(rebuild_buckets, rebuild))
+
+
+def _allocating_as(category):
+    """A ``with`` block in which the calling rank counts new memory as ``category``
+    (:func:`install`'s ``allocating_as``), or nothing outside a run."""
+    return contextlib.nullcontext() if _allocating_as_hook is None \
+        else _allocating_as_hook(category)
+
+
+_allocating_as_hook = None   # install()'s allocating_as while installed
 
 
 _original_warmup_p2p = None   # while patched: torch.distributed.pipelining's own
@@ -780,19 +824,41 @@ class ModuleStack(ModuleTracker):
     backward pass with multi-grad hooks, which break ``torch.autograd.grad`` on leaf
     inputs (as torch.distributed.pipelining calls it). Backward time is labelled
     "(backward)" instead.
+
+    Forwards that run during a backward pass are activation checkpointing's recomputation
+    (``torch.utils.checkpoint``): they are tracked apart (:attr:`recomputing`) and never
+    join :attr:`parents`, because the non-reentrant checkpoint stops its recomputation
+    early, by raising, once it has the tensors backward needs, so their forward never
+    returns and they would stay "running" forever.
     """
 
     _innermost = "Global"   # the deepest module running now, kept as parents change
+    _recomputed = frozenset()   # modules entered during the backward pass, not yet left
 
     def enter(self, module):
         """``module``'s forward starts."""
-        self.parents.add(self._get_mod_name(module))
+        name = self._get_mod_name(module)
+        if _graph_task_id() != -1:
+            self._recomputed = self._recomputed | {name}
+            return
+        self._recomputed = frozenset()   # a new forward: recomputations cut short are over
+        self.parents.add(name)
         self._innermost = max(self.parents, key=len)
 
     def leave(self, module):
         """``module``'s forward has returned."""
-        self.parents.discard(self._get_mod_name(module))
+        name = self._get_mod_name(module)
+        if name in self._recomputed:
+            self._recomputed = self._recomputed - {name}
+            return
+        self.parents.discard(name)
         self._innermost = max(self.parents, key=len)
+
+    @property
+    def recomputing(self):
+        """True while a module's forward runs inside the backward pass (a checkpointed
+        block recomputing its activations)."""
+        return bool(self._recomputed)
 
     @property
     def inside_module(self):

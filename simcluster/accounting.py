@@ -90,6 +90,7 @@ class RankAccounting(DispatchMode):
         self.in_optimizer_step = False   # what is allocated now is optimizer state
         self.host_step = False           # ... by an optimizer step that runs on the host
         self._paused = False     # True while the simulator computes a collective's result
+        self.allocating_as = None   # a category that overrides category() (see allocating_as)
         self.module_time = recorder.module_time[rank]
 
     @contextlib.contextmanager
@@ -103,10 +104,18 @@ class RankAccounting(DispatchMode):
             self._paused = was
 
     def category(self):
-        """The category of memory allocated right now."""
+        """The category of memory allocated right now.
+
+        In the backward pass a module's forward with grad enabled is activation
+        checkpointing recomputing a block: what it allocates is activations again.
+        """
+        if self.allocating_as is not None:
+            return self.allocating_as
         if self.in_optimizer_step:
             return "optimizer state"
         if in_backward():
+            if self.modules.recomputing and torch.is_grad_enabled():
+                return "activations"
             return "gradients"
         if self.modules.inside_module and torch.is_grad_enabled():
             return "activations"
@@ -243,6 +252,23 @@ class RankAccounting(DispatchMode):
         self.host.allocate(key_of_storage(storage), storage.nbytes(), category, storage)
         return out
 
+    def _to_copy(self, run, args, kwargs):
+        """``aten._to_copy``: a cast copy of a parameter (autocast's bf16 weights, which it
+        caches for the forward) is a parameter, in another precision; any other copy
+        takes the category of what runs now."""
+        inputs = _tensors(args, [])
+        if self.clock.has_pending_reads:
+            self.clock.wait_for_read(storage_key(args[0]))
+        if self.memory.category_of(storage_key(args[0])) != "parameters":
+            return self._dispatch_with_host(_TO_COPY, run, args, kwargs, inputs, False,
+                                            None)
+        was, self.allocating_as = self.allocating_as, "parameters"
+        try:
+            return self._dispatch_with_host(_TO_COPY, run, args, kwargs, inputs, False,
+                                            None)
+        finally:
+            self.allocating_as = was
+
     def retag(self, key, category):
         """Move live storage ``key`` to ``category``, on the device or the host."""
         self.memory.retag(key, category)
@@ -332,9 +358,12 @@ def tensors_in(values):
 
 _OP_INFO = {}
 _CLONE = torch.ops.aten.clone.default
-# Ops the simulator answers itself: pinned memory is the simulated host's.
+_TO_COPY = torch.ops.aten._to_copy.default
+# Ops the simulator answers itself: pinned memory is the simulated host's; a cast of a
+# parameter is a parameter.
 _SPECIAL = {torch.ops.aten.is_pinned.default: RankAccounting._is_pinned,
-            torch.ops.aten._pin_memory.default: RankAccounting._pin_memory}
+            torch.ops.aten._pin_memory.default: RankAccounting._pin_memory,
+            _TO_COPY: RankAccounting._to_copy}
 _KIND = {}   # tensor type -> dispatch_kind(type)
 
 
@@ -369,6 +398,21 @@ def current():
 def bind_thread(accounting):
     """Make ``accounting`` the calling thread's accountant (None to unbind)."""
     _thread.accounting = accounting
+
+
+@contextlib.contextmanager
+def allocating_as(category):
+    """A ``with`` block in which the calling rank counts the memory it allocates as
+    ``category`` (DDP's buckets); does nothing outside a rank or without accounting."""
+    acc = current()
+    if acc is None:
+        yield
+        return
+    was, acc.allocating_as = acc.allocating_as, category
+    try:
+        yield
+    finally:
+        acc.allocating_as = was
 
 
 def paused():
