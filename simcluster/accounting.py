@@ -171,6 +171,8 @@ class RankAccounting(DispatchMode):
             except (TypeError, ValueError, RuntimeError):
                 flops = 0
         dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
+        if flops and dtype is _F32 and func.overloadpacket in _TF32_OPS:
+            dtype = _fp32_matmul_dtype()
         seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes)
         label = self.modules.innermost()
         clock.flops += flops
@@ -212,6 +214,8 @@ class RankAccounting(DispatchMode):
         elif not on_host and from_host:
             self.transfer(HOST_TO_DEVICE, from_host, outputs)
         flops, nbytes, dtype = _work(counter, args, kwargs, out, inputs, outputs)
+        if flops and dtype is _F32 and func.overloadpacket in _TF32_OPS:
+            dtype = _fp32_matmul_dtype()
         cost, label = self.recorder.cost, self.modules.innermost()
         if on_host:
             seconds, label = cost.host_roofline(self.rank, flops, nbytes), f"host: {label}"
@@ -305,6 +309,20 @@ class RankAccounting(DispatchMode):
             if not memory.holds(key) and not (host.total and host.holds(key)):
                 category = category or self.category()
                 account.allocate(key, storage.nbytes(), category, storage)
+
+
+_F32 = torch.float32
+# fp32 matrix multiplies that cuBLAS runs on tensor cores in TF32 when the rank allows it
+_TF32_OPS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm,
+             torch.ops.aten.baddbmm}
+
+
+def _fp32_matmul_dtype():
+    """What an fp32 matmul computes in on this rank: "tf32" (tensor cores) if it set
+    ``torch.set_float32_matmul_precision("high")`` or ``"medium"`` (or
+    ``torch.backends.cuda.matmul.allow_tf32 = True``), else float32, PyTorch's default
+    ("highest"). On CUDA "medium" also runs in TF32: cuBLAS has no bf16 path for fp32."""
+    return _F32 if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
 def _call(func, args, kwargs):
