@@ -207,17 +207,18 @@ def _foreach_all_gather(original):
     return foreach_all_gather
 
 
-def _foreach_reduce(on_gradients_to_host):
-    """FSDP2's ``foreach_reduce``, telling ``on_gradients_to_host`` which gradients it moved
-    to the host (those of parameters with ``CPUOffloadPolicy``)."""
+def _foreach_reduce(on_sharded_gradients):
+    """FSDP2's ``foreach_reduce``, whose buffers (the flat reduce-scatter input, the
+    output before it becomes the sharded gradients) count as communication buffers; then
+    ``on_sharded_gradients([(parameter, gradient), ...])`` hears of the sharded gradients
+    it made (views into the reduce-scatter's output, moved to the host for parameters with
+    ``CPUOffloadPolicy``)."""
     original = _original_foreach_reduce
 
     def foreach_reduce(fsdp_params, *args, **kwargs):
-        result = original(fsdp_params, *args, **kwargs)
-        offloaded = [(p.sharded_param, p.sharded_param.grad) for p in fsdp_params
-                     if p.offload_to_cpu]
-        if offloaded:
-            on_gradients_to_host(offloaded)
+        with _allocating_as("communication buffers"):
+            result = original(fsdp_params, *args, **kwargs)
+        on_sharded_gradients([(p.sharded_param, p.sharded_param.grad) for p in fsdp_params])
         return result
 
     foreach_reduce.__doc__, foreach_reduce.__wrapped__ = original.__doc__, original
@@ -225,7 +226,7 @@ def _foreach_reduce(on_gradients_to_host):
 
 
 def install(on_storage_resize, on_parameter, on_init_process_group,
-            on_gradients_to_host=None, allocating_as=None):
+            on_sharded_gradients=None, allocating_as=None):
     """Make process-group state per-thread, and report what accounting cannot see.
 
     Called when a run starts (importing simcluster changes nothing in torch). FSDP2 frees
@@ -234,9 +235,9 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
     ``on_storage_resize(storage, nbytes)`` and ``on_parameter(module, name, param)`` hear
     of both. ``dist.init_process_group`` first asks ``on_init_process_group(backend,
     kwargs)``, which returns True when it has handled the call (see
-    :func:`_init_process_group`). After FSDP2 reduce-scatters the gradients of parameters
-    it offloads to the CPU, ``on_gradients_to_host([(parameter, gradient), ...])`` hears
-    of them. DDP's reducer allocates its buckets under ``allocating_as(category)``, a
+    :func:`_init_process_group`). After FSDP2 reduce-scatters gradients (and moves those
+    of parameters it offloads to the CPU), ``on_sharded_gradients([(parameter, gradient),
+    ...])`` hears of them. DDP's reducer allocates its buckets under ``allocating_as(category)``, a
     ``with`` block in which new memory counts as ``category`` ("communication buffers", or
     "gradients" when the gradients are views into the buckets). Nested calls are counted.
     """
@@ -257,8 +258,8 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
             _original_foreach_reduce = group.foreach_reduce
             _original_foreach_all_gather = group.foreach_all_gather
             group.foreach_all_gather = _foreach_all_gather(_original_foreach_all_gather)
-            if on_gradients_to_host is not None:
-                group.foreach_reduce = _foreach_reduce(on_gradients_to_host)
+            if on_sharded_gradients is not None:
+                group.foreach_reduce = _foreach_reduce(on_sharded_gradients)
             c10d._world = _ThreadLocalWorld()
             _ThreadLocalWorld.outside = threading.get_ident()
             torch._C._distributed_c10d._set_thread_isolation_mode(True)

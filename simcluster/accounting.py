@@ -37,7 +37,7 @@ A transfer takes ``latency + bytes / PCIe bandwidth`` on the rank's communicatio
 the compute stream waits for it, except on a side stream (FSDP2's all-gather copy-in),
 where only the ops that read the result wait. Gradients FSDP2 moves to the host after the
 reduce-scatter (``.to("cpu")``, also a no-op to torch) are handed to the host account
-(:func:`on_gradients_to_host`).
+(:func:`on_sharded_gradients`).
 """
 
 import contextlib
@@ -493,17 +493,21 @@ def on_storage_resize(storage, nbytes):
         acc.resize(storage, nbytes)
 
 
-def on_gradients_to_host(pairs):
-    """FSDP2 has reduce-scattered the gradients of offloaded parameters and moved them to
-    the host (``.to("cpu")``, which torch sees as no move): ``pairs`` are
-    ``(parameter, gradient)``. A gradient goes to the host where its parameter lives there,
-    crossing the link once per storage (the reduce-scatter's output holds them all)."""
+def on_sharded_gradients(pairs):
+    """FSDP2 has reduce-scattered gradients: ``pairs`` are ``(parameter, gradient)``. Each
+    gradient (a view into the reduce-scatter's output, allocated as a communication
+    buffer) is a gradient. FSDP2 has moved the gradients of offloaded parameters to the
+    host (``.to("cpu")``, which torch sees as no move): a gradient goes to the host where
+    its parameter lives there, crossing the link once per storage (the reduce-scatter's
+    output holds them all)."""
     acc = current()
     if acc is None:
         return
     for param, grad in pairs:
-        if grad is not None and acc.on_host(local_tensor(param)):
-            acc.to_host(local_tensor(grad))
+        if grad is not None:
+            acc.retag(storage_key(local_tensor(grad)), "gradients")
+            if acc.on_host(local_tensor(param)):
+                acc.to_host(local_tensor(grad))
 
 
 class Recorder:

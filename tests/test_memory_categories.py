@@ -158,20 +158,23 @@ def _fsdp_step():
         lambda m, args: seen.append((_category(m.weight), dict(
             accounting.current().memory.in_use))))
     model(torch.randn(4, WIDTH)).sum().backward()
-    return seen, accounting.current().memory.category_peaks
+    shards = {_category(p.grad.to_local()) for p in model.parameters()}
+    return seen, accounting.current().memory.category_peaks, shards
 
 
 def test_fsdp2_unsharded_parameters_and_all_gather_buffers(node):
     """In forward a layer computes with its unsharded parameters ("parameters"); the
     all-gather that rebuilt them used communication buffers, in forward and in backward
-    (where FSDP2 gathers each layer's parameters again): none of it is "gradients"."""
+    (where FSDP2 gathers each layer's parameters again), and so did the reduce-scatter:
+    only the gradients themselves, unsharded and then sharded, are "gradients"."""
     layer = F32 * (WIDTH * WIDTH + WIDTH)
-    for seen, peaks in node.run(_fsdp_step, world_size=2).results:
+    for seen, peaks, shards in node.run(_fsdp_step, world_size=2).results:
+        assert shards == {"gradients"}
         [(weight, in_use)] = seen
         assert weight == "parameters"
         assert in_use["parameters"] >= layer   # the unsharded layer, plus shards
         assert in_use["communication buffers"] >= layer
         assert in_use["gradients"] == 0
-        # backward: one layer's unsharded gradients and the reduce-scatter's flat input
-        # (not yet told apart from gradients), then shards; not the all-gathered weights
-        assert peaks["gradients"] < 3 * layer
+        # backward: one layer's unsharded gradients, a few activation gradients and the
+        # shards; not the all-gathered weights nor the reduce-scatter's flat buffers
+        assert peaks["gradients"] < 2 * layer
