@@ -207,6 +207,17 @@ def _foreach_all_gather(original):
     return foreach_all_gather
 
 
+_GradScaler = torch.amp.GradScaler
+_original_scaler_init = _GradScaler._lazy_init_scale_growth_tracker
+
+
+def _scaler_init(scaler, device):
+    """``GradScaler``'s creation of its scale and growth tracker, which live as long as the
+    optimizer's state: they count as optimizer state."""
+    with _allocating_as("optimizer state"):
+        _original_scaler_init(scaler, device)
+
+
 def _foreach_reduce(on_sharded_gradients):
     """FSDP2's ``foreach_reduce``, whose buffers (the flat reduce-scatter input, the
     output before it becomes the sharded gradients) count as communication buffers; then
@@ -239,13 +250,15 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
     of parameters it offloads to the CPU), ``on_sharded_gradients([(parameter, gradient),
     ...])`` hears of them. DDP's reducer allocates its buckets under ``allocating_as(category)``, a
     ``with`` block in which new memory counts as ``category`` ("communication buffers", or
-    "gradients" when the gradients are views into the buckets). Nested calls are counted.
+    "gradients" when the gradients are views into the buckets); ``GradScaler`` its scale
+    (optimizer state). Nested calls are counted.
     """
     global _installed, _original_setattr_param, _original_foreach_reduce, _allocating_as_hook
     global _original_foreach_all_gather
     with _install_lock:
         if _installed == 0:
             _allocating_as_hook = allocating_as
+            _GradScaler._lazy_init_scale_growth_tracker = _scaler_init
             fsdp_param = _fsdp_param_module()
             _original_setattr_param = fsdp_param.unsafe_setattr_param
 
@@ -295,6 +308,7 @@ def uninstall():
             _set_reducer_entry_points(_original_reducer_entry_points)
             _set_object_collectives(_original_object_collectives)
             _allocating_as_hook = None
+            _GradScaler._lazy_init_scale_growth_tracker = _original_scaler_init
             _unpatch_pipelining()
 
 

@@ -178,3 +178,15 @@ def test_fsdp2_unsharded_parameters_and_all_gather_buffers(node):
         # backward: one layer's unsharded gradients, a few activation gradients and the
         # shards; not the all-gathered weights nor the reduce-scatter's flat buffers
         assert peaks["gradients"] < 2 * layer
+
+
+def _grad_scaler_state():
+    scaler = torch.amp.GradScaler("cpu")
+    model = nn.Linear(WIDTH, WIDTH)
+    scaler.scale(model(torch.randn(4, WIDTH)).sum()).backward()
+    return _category(scaler._scale), _category(scaler._growth_tracker)
+
+
+def test_grad_scaler_state_is_optimizer_state(node):
+    """The loss scale and its growth tracker live as long as the optimizer's state."""
+    assert node.run(_grad_scaler_state, world_size=1).results[0] == ("optimizer state",) * 2

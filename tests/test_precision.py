@@ -59,3 +59,33 @@ def test_tf32_is_a_per_rank_setting(node):
     assert fast == pytest.approx(FLOPS / (156 * TFLOPS), rel=1e-6)
     assert slow == pytest.approx(FLOPS / (19.5 * TFLOPS), rel=1e-6)
     assert torch.get_float32_matmul_precision() == before
+
+
+def _scaled_steps():
+    """Three fp16 steps with a GradScaler; the second one's gradients overflow fp16."""
+    import torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=1)
+    log = []
+    for step in range(3):
+        x = torch.randn(4, 8) * (1e4 if step == 1 else 1.0)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x).square().sum()
+        before = model.weight.detach().clone()
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        log.append((scale, scaler.get_scale(), not torch.equal(before, model.weight)))
+    return log
+
+
+def test_grad_scaler_skips_the_steps_whose_fp16_gradients_overflow(node):
+    """torch.amp.GradScaler works inside a rank (device "cpu", the simulated GPU): a step
+    whose scaled fp16 gradients overflow is skipped and the scale backs off; the others
+    update the weights and grow it."""
+    log = node.run(_scaled_steps, world_size=1).results[0]
+    assert log == [(256.0, 512.0, True), (512.0, 256.0, False), (256.0, 512.0, True)]
