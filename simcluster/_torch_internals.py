@@ -39,9 +39,10 @@ back. What we rely on, and why:
 * ``torch.distributed.pipelining``'s schedules vote on their stages' mode in their first
   ``step()`` (``_PipelineSchedule._warmup_p2p``) with one-element integer tensors read by
   ``.item()``, and stages send their metadata with ``send_object_list``. While a run is
-  active the warm-up runs under :class:`_RealBookkeeping` (patched once the module is
-  imported, :func:`_patch_pipelining`) and the object collectives (``dist.*_object*``)
-  with the fake mode set aside.
+  active the warm-up runs under :class:`_RealBookkeeping` (patched when the module is
+  imported, :func:`_patch_pipelining`, through an import hook on ``sys.meta_path`` if a
+  rank imports it) and the object collectives (``dist.*_object*``) with the fake mode
+  set aside.
 * ``dist.init_process_group`` is wrapped, while a run is active, so that a learner's own
   call inside a rank function (as in a ``torchrun`` script) is accepted: the simulator has
   already initialised the default group, and torch would otherwise refuse a second one.
@@ -82,6 +83,7 @@ back. What we rely on, and why:
 import ctypes
 import contextlib
 import functools
+import importlib.abc
 import sys
 import threading
 import warnings
@@ -289,6 +291,8 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
                                      in _original_object_collectives.items()})
         _installed += 1
         _patch_pipelining()
+        if _original_warmup_p2p is None and _patch_on_import not in sys.meta_path:
+            sys.meta_path.insert(0, _patch_on_import)
 
 
 def uninstall():
@@ -310,6 +314,8 @@ def uninstall():
             _allocating_as_hook = None
             _GradScaler._lazy_init_scale_growth_tracker = _original_scaler_init
             _unpatch_pipelining()
+            if _patch_on_import in sys.meta_path:
+                sys.meta_path.remove(_patch_on_import)
 
 
 def _init_process_group(in_simulated_rank):
@@ -396,7 +402,10 @@ _original_reducer_entry_points = (dist._verify_params_across_processes, dist.Red
 
 def _reducer_entry_points_with_real_bookkeeping():
     """Replacements for :data:`_original_reducer_entry_points`: the same calls, with the
-    reducer's bookkeeping kept real inside ``sc.fake_tensors()``."""
+    reducer's bookkeeping kept real inside ``sc.fake_tensors()``, and the reducer's
+    gradient buckets (made at construction, remade by ``_rebuild_buckets`` in the first
+    forward after a step) allocated as communication buffers, or as gradients when the
+    gradients are views into them (``gradient_as_bucket_view=True``)."""
 
     init = _with_real_bookkeeping(_Reducer.__init__)
     rebuild = _with_real_bookkeeping(_original_reducer_entry_points[2])
@@ -438,9 +447,9 @@ def _patch_pipelining():
     The first ``step()`` of a schedule runs a vote along the pipeline (``_warmup_p2p``):
     each stage sends a one-element integer tensor made with ``torch.tensor``/``torch.zeros``
     to the next, and reads the result with ``.item()``. Made under the fake mode, those
-    tensors have no value to read. The module is patched only when already imported
-    (importing it costs a second and imports ``torch._dynamo``): :func:`install` and
-    :func:`fake_tensor_mode` look.
+    tensors have no value to read. Importing the module costs a second and imports
+    ``torch._dynamo``, so a run patches it only if it is imported: at the start of the
+    run, or as a rank imports it (:class:`_PatchPipeliningOnImport`).
     """
     global _original_warmup_p2p
     schedules = sys.modules.get("torch.distributed.pipelining.schedules")
@@ -457,6 +466,34 @@ def _unpatch_pipelining():
         schedules = sys.modules["torch.distributed.pipelining.schedules"]
         schedules._PipelineSchedule._warmup_p2p = _original_warmup_p2p
         _original_warmup_p2p = None
+
+
+class _PatchPipeliningOnImport(importlib.abc.MetaPathFinder):
+    """On ``sys.meta_path`` during a run: when ``torch.distributed.pipelining.schedules``
+    is first imported (inside a rank, even inside ``sc.fake_tensors()``), it is patched
+    (:func:`_patch_pipelining`) as soon as it has loaded."""
+
+    NAME = "torch.distributed.pipelining.schedules"
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.NAME:
+            return None
+        for finder in sys.meta_path:
+            find = None if finder is self else getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None and spec.loader is not None:
+                load = spec.loader.exec_module
+
+                def exec_module(module):
+                    load(module)
+                    _patch_pipelining()
+
+                spec.loader.exec_module = exec_module   # this spec's own loader
+                return spec
+        return None
+
+
+_patch_on_import = _PatchPipeliningOnImport()
 
 
 # Collectives of picklable objects send a pickle's bytes and its length in tensors they
@@ -498,8 +535,11 @@ _fake_mode_type = None
 
 
 def _fake_mode_class():
-    """FakeTensorMode, but an op whose tensors are all real integers (or booleans) runs
-    on their data.
+    """FakeTensorMode, but functional collectives reach the simulated network, and an op
+    whose tensors are all real integers (or booleans) runs on their data.
+
+    Functional collectives (``torch.ops._c10d_functional``) run their real kernels, which
+    call the process group, so DTensor's communication is simulated on fake tensors too.
 
     Torch's own bookkeeping keeps counters and flags in small integer tensors it made real
     and reads them back with ``.item()``: DDP's reducer marks the parameters a step used
@@ -526,9 +566,18 @@ def _fake_mode_class():
                     return False
         return found
 
+    cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
     class SimFakeTensorMode(FakeTensorMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if func.namespace == "_c10d_functional":
+                # Functional collectives (DTensor's, torch.compile's) are answered from
+                # shapes alone by FakeTensorMode, and never reach the process group. Their
+                # CPU kernels call the group as on real tensors (the sim backend moves no
+                # data between fake tensors); what they allocate stays fake.
+                with self:
+                    return func.redispatch(cpu, *args, **kwargs)
             if FakeTensor not in types \
                     and real_integers_only((*args, *kwargs.values()), None) is True:
                 return func(*args, **kwargs)   # this mode is off while it dispatches

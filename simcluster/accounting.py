@@ -224,16 +224,19 @@ class RankAccounting(DispatchMode):
         self._charge(seconds, flops, label)
         return out
 
-    def transfer(self, direction, nbytes, outputs=()):
+    def transfer(self, direction, nbytes, outputs=(), wait=None):
         """Copy ``nbytes`` over the rank's PCIe link in ``direction`` (:data:`TRANSFERS`),
-        after what its communication stream has queued. The compute stream waits for it;
-        on a side stream only the ops that read ``outputs`` do."""
+        after what its communication stream has queued. The compute stream waits for it
+        (``wait``; default: unless on a side stream); otherwise only the ops that read
+        ``outputs`` do."""
         clock = self.clock
         start = max(clock.now, clock.comm_free)
         end = start + self.recorder.cost.host_transfer_time(self.rank, nbytes)
         clock.run_comm(start, end, direction)
         self.recorder.host_transfers[self.rank][direction] += nbytes
-        if on_side_stream() and outputs:
+        if wait is None:
+            wait = not (on_side_stream() and outputs)
+        if not wait:
             for t in outputs:
                 clock.ready_when_read(storage_key(t), end)
         else:
@@ -290,7 +293,9 @@ class RankAccounting(DispatchMode):
         if key is None or self.host.holds(key) or not self.memory.holds(key):
             return
         nbytes = self.memory.hand_over(key, self.host)
-        self.transfer(DEVICE_TO_HOST, nbytes, [tensor])
+        # FSDP2 copies on its reduce-scatter stream and waits at the end of the backward
+        # pass: here the first op that reads the gradient (the optimizer's) waits.
+        self.transfer(DEVICE_TO_HOST, nbytes, [tensor], wait=False)
 
     def on_host(self, tensor):
         """True if ``tensor``'s storage lives in the simulated host memory."""

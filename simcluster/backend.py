@@ -676,8 +676,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 "shape/dtype", {send.src: f"sends {_shape(send.tensor)} {send.tensor.dtype}",
                                 recv.dst: f"receives {_shape(recv.tensor)} {recv.tensor.dtype}"},
                 None, self._group.label, "send/recv",
-                "the receiving tensor must have as many elements as the sent one, of the "
-                "same dtype."))
+                "the receiving tensor must have the same shape and dtype as the sent one."))
         with torch.no_grad(), accounting.paused():
             recv.tensor.detach().copy_(send.tensor.reshape(recv.tensor.shape))
         recv.src = send.src

@@ -14,6 +14,8 @@ learner writes it.
 
 import contextlib
 import resource
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -255,5 +257,32 @@ def test_a_message_is_matched_by_element_count_and_dtype_not_shape():
     assert node.run(_send_and_receive, world_size=2, args=((), (1,))).results[1] == [0.0]
     assert node.run(_send_and_receive, world_size=2,
                     args=((2, 3), (3, 2))).results[1] == [[0, 1], [2, 3], [4, 5]]
-    with pytest.raises(sc.CollectiveMismatchError, match="as many elements as the sent one"):
+    with pytest.raises(sc.CollectiveMismatchError, match="shape/dtype differs"):
         node.run(_send_and_receive, world_size=2, args=((4,), (3,)))
+
+
+# Runs in a fresh interpreter, where torch.distributed.pipelining is not imported yet.
+_IMPORTED_INSIDE_FAKE_TENSORS = """
+import sys, torch, torch.nn as nn, torch.distributed as dist
+import simcluster as sc
+assert "torch.distributed.pipelining" not in sys.modules
+def fn():
+    r, p = dist.get_rank(), dist.get_world_size()
+    with sc.fake_tensors():
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+        stage = PipelineStage(nn.Linear(4096, 4096), r, p, torch.device("cpu"))
+        schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda o, t: o.sum())
+        x = torch.randn(8, 4096)
+        schedule.step(x) if r == 0 else schedule.step(target=x, losses=[])
+    return "ok"
+run = sc.Cluster.preset("dgx-a100").run(fn, world_size=2)
+from torch.distributed.pipelining import schedules
+print(run.results, hasattr(schedules._PipelineSchedule._warmup_p2p, "__wrapped__"),
+      [type(f).__name__ for f in sys.meta_path if "Pipelining" in type(f).__name__])
+"""
+
+
+def test_pipelining_imported_inside_fake_tensors_works_too():
+    out = subprocess.run([sys.executable, "-c", _IMPORTED_INSIDE_FAKE_TENSORS], check=True,
+                         capture_output=True, text=True, timeout=300).stdout
+    assert out.strip().splitlines()[-1] == "['ok', 'ok'] False []"
