@@ -250,10 +250,11 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
     kwargs)``, which returns True when it has handled the call (see
     :func:`_init_process_group`). After FSDP2 reduce-scatters gradients (and moves those
     of parameters it offloads to the CPU), ``on_sharded_gradients([(parameter, gradient),
-    ...])`` hears of them. DDP's reducer allocates its buckets under ``allocating_as(category)``, a
-    ``with`` block in which new memory counts as ``category`` ("communication buffers", or
-    "gradients" when the gradients are views into the buckets); ``GradScaler`` its scale
-    (optimizer state). Nested calls are counted.
+    ...])`` hears of them. ``allocating_as(category)`` is a ``with`` block in which new
+    memory counts as ``category``: DDP's reducer makes its buckets in one
+    ("communication buffers", or "gradients" when the gradients are views into them),
+    FSDP2 its all-gather and reduce-scatter buffers ("communication buffers") and
+    ``GradScaler`` its scale ("optimizer state"). Nested calls are counted.
     """
     global _installed, _original_setattr_param, _original_foreach_reduce, _allocating_as_hook
     global _original_foreach_all_gather
