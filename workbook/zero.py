@@ -71,7 +71,10 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["step"] = 0
-                    state["master"] = p.detach().float()
+                    # allocated, then filled: a cast of the parameter would be counted
+                    # as a (low-precision) copy of the parameter, not as optimizer state
+                    state["master"] = torch.empty_like(p, dtype=torch.float32)
+                    state["master"].copy_(p.detach())
                     state["exp_avg"] = torch.zeros_like(state["master"])
                     state["exp_avg_sq"] = torch.zeros_like(state["master"])
                 state["step"] += 1
