@@ -46,6 +46,18 @@ def memory_in_use():
     return dict(acc.memory.in_use)
 
 
+def host_memory_in_use():
+    """Inside a rank: ``{category: bytes}`` this rank holds in its share of its node's host
+    memory right now (pinned memory: what CPU offload keeps off the device)."""
+    from .accounting import current
+
+    acc = current()
+    if acc is None:
+        raise RuntimeError("host_memory_in_use() only works inside cluster.run with "
+                           "accounting on")
+    return dict(acc.host.in_use)
+
+
 def reset_peak_memory():
     """Inside a rank: start measuring the peak afresh, like
     ``torch.cuda.reset_peak_memory_stats()`` (e.g. after building and sharding a model)."""
@@ -83,5 +95,5 @@ __all__ = [
     "NetworkSpec", "PRESETS",
     "SimulationError", "RankError", "DeadlockError", "CollectiveMismatchError",
     "SimulationTimeout", "OutOfMemoryError", "fake_tensors", "collectives_called",
-    "memory_in_use", "reset_peak_memory", "CollectiveRecord", "ClockEvent",
+    "memory_in_use", "host_memory_in_use", "reset_peak_memory", "CollectiveRecord", "ClockEvent",
 ]

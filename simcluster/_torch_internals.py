@@ -14,6 +14,11 @@ back. What we rely on, and why:
 * ``torch.distributed.fsdp._fully_shard._fsdp_param.unsafe_setattr_param`` is how FSDP2
   swaps a module's parameters for sharded ones without ``register_parameter``; it is
   wrapped so memory accounting knows the shards are parameters.
+* ``torch.distributed.fsdp._fully_shard._fsdp_param_group.foreach_reduce`` reduce-scatters
+  FSDP2's gradients; with ``CPUOffloadPolicy`` it moves each sharded gradient to the host
+  with ``.to("cpu")``, which is no move when the simulated GPU is the CPU. It is wrapped
+  so accounting hears which gradients went to the host (each ``FSDPParam``'s
+  ``offload_to_cpu``, ``sharded_param`` and its ``grad``).
 * ``torch._subclasses.FakeTensorMode`` backs :func:`fake_tensor_mode`, and its dispatch
   cache (``_cache_key``, ``FakeTensorMode.cache``, ``_output_from_cache_entry``) backs
   :func:`fake_dispatch`, a faster road to the same cached results.
@@ -46,6 +51,10 @@ back. What we rely on, and why:
   imports ``torch._dynamo`` (1-4 s) on the first op and costs ~0.5 µs per op after.
 * ``torch.utils.module_tracker.ModuleTracker``'s ``_get_mod_name`` names modules the way
   torch's own tools do ("Sequential.0"); :class:`ModuleStack` reuses it.
+* ``torch._C._disabled_torch_dispatch_impl`` is the ``__torch_dispatch__`` that
+  ``nn.Parameter`` and every tensor subclass without a dispatch of its own inherit: the
+  accounting mode treats those as plain tensors (:func:`dispatch_kind`), as FakeTensorMode
+  does, so that ``p.data`` (a detach torch routes through the mode) works.
 * ``torch._C._current_graph_task_id`` tells whether autograd is running a backward pass
   on this thread (:func:`in_backward`).
 * ``UntypedStorage._cdata``, the address of a storage's C++ object, identifies the memory
@@ -168,6 +177,7 @@ class _ThreadLocalWorld:
 _installed = 0
 _install_lock = threading.Lock()
 _original_setattr_param = None
+_original_foreach_reduce = None
 _original_storage_resize = torch.UntypedStorage.resize_
 
 
@@ -177,7 +187,31 @@ def _fsdp_param_module():
     return _fsdp_param
 
 
-def install(on_storage_resize, on_parameter, on_init_process_group):
+def _fsdp_param_group_module():
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+    return _fsdp_param_group
+
+
+def _foreach_reduce(on_gradients_to_host):
+    """FSDP2's ``foreach_reduce``, telling ``on_gradients_to_host`` which gradients it moved
+    to the host (those of parameters with ``CPUOffloadPolicy``)."""
+    original = _original_foreach_reduce
+
+    def foreach_reduce(fsdp_params, *args, **kwargs):
+        result = original(fsdp_params, *args, **kwargs)
+        offloaded = [(p.sharded_param, p.sharded_param.grad) for p in fsdp_params
+                     if p.offload_to_cpu]
+        if offloaded:
+            on_gradients_to_host(offloaded)
+        return result
+
+    foreach_reduce.__doc__, foreach_reduce.__wrapped__ = original.__doc__, original
+    return foreach_reduce
+
+
+def install(on_storage_resize, on_parameter, on_init_process_group,
+            on_gradients_to_host=None):
     """Make process-group state per-thread, and report what accounting cannot see.
 
     Called when a run starts (importing simcluster changes nothing in torch). FSDP2 frees
@@ -186,9 +220,11 @@ def install(on_storage_resize, on_parameter, on_init_process_group):
     ``on_storage_resize(storage, nbytes)`` and ``on_parameter(module, name, param)`` hear
     of both. ``dist.init_process_group`` first asks ``on_init_process_group(backend,
     kwargs)``, which returns True when it has handled the call (see
-    :func:`_init_process_group`). Nested calls are counted.
+    :func:`_init_process_group`). After FSDP2 reduce-scatters the gradients of parameters
+    it offloads to the CPU, ``on_gradients_to_host([(parameter, gradient), ...])`` hears
+    of them. Nested calls are counted.
     """
-    global _installed, _original_setattr_param
+    global _installed, _original_setattr_param, _original_foreach_reduce
     with _install_lock:
         if _installed == 0:
             fsdp_param = _fsdp_param_module()
@@ -199,6 +235,10 @@ def install(on_storage_resize, on_parameter, on_init_process_group):
                 on_parameter(module, name, param)
 
             fsdp_param.unsafe_setattr_param = unsafe_setattr_param
+            group = _fsdp_param_group_module()
+            _original_foreach_reduce = group.foreach_reduce
+            if on_gradients_to_host is not None:
+                group.foreach_reduce = _foreach_reduce(on_gradients_to_host)
             c10d._world = _ThreadLocalWorld()
             _ThreadLocalWorld.outside = threading.get_ident()
             torch._C._distributed_c10d._set_thread_isolation_mode(True)
@@ -228,6 +268,7 @@ def uninstall():
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
             torch.UntypedStorage.resize_ = _original_storage_resize
             _fsdp_param_module().unsafe_setattr_param = _original_setattr_param
+            _fsdp_param_group_module().foreach_reduce = _original_foreach_reduce
             _set_init_process_group(_original_init_process_group)
             _set_reducer_entry_points(_original_reducer_entry_points)
             _set_object_collectives(_original_object_collectives)
@@ -798,6 +839,29 @@ def fake_tensor_types():
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     return (FakeTensor, FunctionalTensor)
+
+
+PLAIN, FAKE, SUBCLASS = "plain", "fake", "subclass"
+
+
+def dispatch_kind(cls):
+    """How a dispatch mode should treat a tensor of type ``cls`` that it finds among an
+    op's ``types``: ``PLAIN`` (a tensor with data), ``FAKE`` (no data) or ``SUBCLASS``
+    (a wrapper such as DTensor, which unwraps itself into plain ops if the mode returns
+    ``NotImplemented``).
+
+    A subclass that does not define ``__torch_dispatch__`` (``nn.Parameter``, a learner's
+    own ``Tensor`` subclass) inherits ``torch._C._disabled_torch_dispatch_impl``: torch
+    never hands it an op, so it is plain. It still shows up in ``types`` when torch detaches
+    it under a mode (``p.data`` calls ``aten.detach`` through the mode with the tensor's own
+    type), and a mode that answered ``NotImplemented`` there would leave the op with no
+    handler at all. FakeTensorMode makes the same distinction (``_check_for_subclass_arg``).
+    """
+    if issubclass(cls, fake_tensor_types()):
+        return FAKE
+    if cls.__torch_dispatch__ is torch._C._disabled_torch_dispatch_impl:
+        return PLAIN
+    return SUBCLASS
 
 
 def set_sharding_propagation_context(context):

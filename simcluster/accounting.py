@@ -16,19 +16,56 @@ Each rank runs under a :class:`RankAccounting` dispatch mode, which sees every a
 Process-wide hooks (module calls, parameter registration, optimizer steps) tell the
 calling rank's mode which module runs and what new memory is for. The
 :class:`Recorder` holds everything one run measures.
+
+**Device and host.** A rank's tensors are CPU tensors to torch, and they live on the
+simulated GPU: ``"cpu"`` is the device. Its share of the node's host memory
+(:class:`~simcluster.spec.HostSpec`) holds pinned memory: what ``pin_memory()``, a factory
+with ``pin_memory=True`` or FSDP2's ``CPUOffloadPolicy`` put there (the simulator answers
+``is_pinned`` and ``pin_memory`` itself, with no accelerator needed), and what the
+optimizer step of host parameters creates. Where an op runs decides where its new tensors
+live:
+
+* on the host: a factory with ``pin_memory=True``, an op that writes into a host tensor,
+  and every op of an optimizer step whose parameters live on the host (CPU offload runs
+  the optimizer on the CPUs). It takes the host's time (:meth:`CostModel.host_roofline`);
+  the device tensors it reads cross the PCIe link first (device->host).
+* on the device: everything else; the host tensors it reads cross the link first
+  (host->device), as FSDP2's ``.to(device)`` of an offloaded shard does (a no-op to torch,
+  since both are ``"cpu"``).
+
+A transfer takes ``latency + bytes / PCIe bandwidth`` on the rank's communication stream;
+the compute stream waits for it, except on a side stream (FSDP2's all-gather copy-in),
+where only the ops that read the result wait. Gradients FSDP2 moves to the host after the
+reduce-scatter (``.to("cpu")``, also a no-op to torch) are handed to the host account
+(:func:`on_gradients_to_host`).
 """
 
 import contextlib
 import threading
+from typing import NamedTuple
 
 import torch
 
-from ._torch_internals import (DispatchMode, ModuleStack, fake_dispatch, fake_mode_active,
-                               fake_tensor_types, flop_formula, in_backward, key_of_storage,
-                               own_parameters, set_sharding_propagation_context,
-                               storage_key)
+from ._torch_internals import (FAKE, SUBCLASS, DispatchMode, ModuleStack, dispatch_kind,
+                               fake_dispatch, fake_mode_active, flop_formula, in_backward,
+                               key_of_storage, on_side_stream, own_parameters,
+                               set_sharding_propagation_context, storage_key)
 from .clock import CollectiveRecord, RankClock
 from .memory import MemoryAccount
+
+HOST_TO_DEVICE, DEVICE_TO_HOST = "host->device", "device->host"
+TRANSFERS = (HOST_TO_DEVICE, DEVICE_TO_HOST)
+
+
+class HostShare(NamedTuple):
+    """A rank's share of its node's host memory, as a :class:`MemoryAccount` sees it."""
+
+    name: str
+    memory: int
+    where: str
+    advice: str = ("Offload less (keep the parameters on the GPU, offload only the "
+                   "optimizer state), or use more nodes.")
+
 
 # Ops that only allocate or relabel memory: no time is charged for them.
 _FREE_OPS = {"detach", "alias", "lift_fresh", "_local_scalar_dense", "empty", "empty_like",
@@ -48,11 +85,12 @@ class RankAccounting(DispatchMode):
         self.rank, self.recorder = rank, recorder
         self.clock = recorder.clocks[rank]
         self.memory = recorder.memories[rank]
+        self.host = recorder.host_memories[rank]
         self.modules = ModuleStack()
         self.in_optimizer_step = False   # what is allocated now is optimizer state
+        self.host_step = False           # ... by an optimizer step that runs on the host
         self._paused = False     # True while the simulator computes a collective's result
         self.module_time = recorder.module_time[rank]
-        self._fake_types = fake_tensor_types()
 
     @contextlib.contextmanager
     def paused(self):
@@ -81,15 +119,19 @@ class RankAccounting(DispatchMode):
         fake = False
         for t in types:
             if t is not torch.Tensor:
-                if t not in self._fake_types:
+                kind = _KIND.get(t) or _kind(t)
+                if kind is SUBCLASS:
                     return NotImplemented  # let tensor subclasses (DTensor) unwrap to plain ops
-                fake = True
+                if kind is FAKE:
+                    fake = True
         run = fake_dispatch if fake or fake_mode_active() else _call
         if self._paused:
             return run(func, args, kwargs)
-        is_view, timeless, counter = _OP_INFO.get(func) or _op_info(func)
+        is_view, timeless, counter, special = _OP_INFO.get(func) or _op_info(func)
         if is_view:   # a view reads no data: it neither waits nor takes time
             return run(func, args, kwargs)
+        if special is not None:
+            return special(self, run, args, kwargs)
         inputs = _tensors(args, [])
         if kwargs:
             _tensors(kwargs.values(), inputs)
@@ -97,12 +139,15 @@ class RankAccounting(DispatchMode):
         if clock.has_pending_reads:
             for t in inputs:
                 clock.wait_for_read(storage_key(t))
+        if self.host.total or self.host_step or (kwargs and kwargs.get("pin_memory")):
+            return self._dispatch_with_host(func, run, args, kwargs, inputs, timeless, counter)
+        # Nothing on the host: the device-only path, inlined (see _dispatch_with_host).
         out = run(func, args, kwargs)
         if type(out) is torch.Tensor or isinstance(out, torch.Tensor):
             outputs = [out]
         else:
             outputs = _tensors(out, []) if isinstance(out, (list, tuple)) else []
-        self._count_memory(outputs)
+        self._count_memory(outputs, self.memory)
         if timeless:
             return out
         nbytes = 0
@@ -125,22 +170,147 @@ class RankAccounting(DispatchMode):
         module_time[label] = module_time.get(label, 0.0) + seconds
         return out
 
-    def _count_memory(self, outputs):
+    def _charge(self, seconds, flops, label):
+        """Run ``seconds`` of compute of ``flops`` FLOPs in ``label`` on the clock."""
+        clock = self.clock
+        clock.flops += flops
+        seconds = clock.run_compute(seconds, label)
+        module_time = self.module_time
+        module_time[label] = module_time.get(label, 0.0) + seconds
+
+    def _dispatch_with_host(self, func, run, args, kwargs, inputs, timeless, counter):
+        """One op while the rank holds host memory (see the module's docstring): where it
+        runs, what crosses the PCIe link, where its new tensors live."""
+        host = self.host
+        pinned = bool(kwargs.get("pin_memory"))
+        if pinned:   # there is no accelerator to pin with: the simulated host holds it
+            kwargs = {**kwargs, "pin_memory": False}
+        from_host = from_device = 0
+        for t in inputs:   # (python scalars wrapped as tensors are in neither: they are free)
+            key = storage_key(t)
+            if host.holds(key):
+                from_host += _nbytes(t)
+            elif self.memory.holds(key):
+                from_device += _nbytes(t)
+        out = run(func, args, kwargs)
+        outputs = _outputs(out)
+        on_host = pinned or self.host_step or any(host.holds(storage_key(t)) for t in outputs)
+        self._count_memory(outputs, host if on_host else self.memory)
+        if timeless:   # it reads no data (detach, alias, empty_like): nothing crosses
+            return out
+        if on_host and from_device:
+            self.transfer(DEVICE_TO_HOST, from_device, outputs)
+        elif not on_host and from_host:
+            self.transfer(HOST_TO_DEVICE, from_host, outputs)
+        flops, nbytes, dtype = _work(counter, args, kwargs, out, inputs, outputs)
+        cost, label = self.recorder.cost, self.modules.innermost()
+        if on_host:
+            seconds, label = cost.host_roofline(self.rank, flops, nbytes), f"host: {label}"
+        else:
+            seconds = cost.roofline(self.rank, flops, dtype, nbytes)
+        self._charge(seconds, flops, label)
+        return out
+
+    def transfer(self, direction, nbytes, outputs=()):
+        """Copy ``nbytes`` over the rank's PCIe link in ``direction`` (:data:`TRANSFERS`),
+        after what its communication stream has queued. The compute stream waits for it;
+        on a side stream only the ops that read ``outputs`` do."""
+        clock = self.clock
+        start = max(clock.now, clock.comm_free)
+        end = start + self.recorder.cost.host_transfer_time(self.rank, nbytes)
+        clock.run_comm(start, end, direction)
+        self.recorder.host_transfers[self.rank][direction] += nbytes
+        if on_side_stream() and outputs:
+            for t in outputs:
+                clock.ready_when_read(storage_key(t), end)
+        else:
+            clock.wait_until(end, f"wait for {direction}")
+
+    def _is_pinned(self, run, args, kwargs):
+        """``aten.is_pinned``: whether the tensor lives in the simulated host memory."""
+        return self.host.holds(storage_key(args[0]))
+
+    def _pin_memory(self, run, args, kwargs):
+        """``aten._pin_memory``: a copy of the tensor in the simulated host memory."""
+        source = args[0]
+        out = run(_CLONE, (source,), {})
+        key, nbytes = storage_key(source), _nbytes(source)
+        category = (self.memory.category_of(key) or self.host.category_of(key)
+                    or self.category())
+        if not self.host.holds(key):
+            self.transfer(DEVICE_TO_HOST, nbytes, [out])
+        storage = out.untyped_storage()
+        self.host.allocate(key_of_storage(storage), storage.nbytes(), category, storage)
+        return out
+
+    def retag(self, key, category):
+        """Move live storage ``key`` to ``category``, on the device or the host."""
+        self.memory.retag(key, category)
+        self.host.retag(key, category)
+
+    def resize(self, storage, nbytes):
+        """Storage ``storage`` was resized in place to ``nbytes``."""
+        key = key_of_storage(storage)
+        (self.host if self.host.holds(key) else self.memory).resize(key, nbytes, storage)
+
+    def to_host(self, tensor):
+        """``tensor``'s storage moves from the device to the host (its bytes cross the
+        link); nothing happens if it is on the host already."""
+        key = storage_key(tensor)
+        if key is None or self.host.holds(key) or not self.memory.holds(key):
+            return
+        nbytes = self.memory.hand_over(key, self.host)
+        self.transfer(DEVICE_TO_HOST, nbytes, [tensor])
+
+    def on_host(self, tensor):
+        """True if ``tensor``'s storage lives in the simulated host memory."""
+        return self.host.holds(storage_key(tensor))
+
+    def _count_memory(self, outputs, account):
+        """Count the storages among ``outputs`` that no account holds yet in ``account``."""
         category = None
-        memory = self.memory
+        memory, host = self.memory, self.host
         for t in outputs:
             try:
                 storage = t.untyped_storage()
             except (RuntimeError, NotImplementedError):
                 continue
             key = key_of_storage(storage)
-            if not memory.holds(key):
+            if not memory.holds(key) and not (host.total and host.holds(key)):
                 category = category or self.category()
-                memory.allocate(key, storage.nbytes(), category, storage)
+                account.allocate(key, storage.nbytes(), category, storage)
 
 
 def _call(func, args, kwargs):
     return func(*args, **kwargs)
+
+
+def _outputs(out):
+    """The tensors an op returned, as a list."""
+    if type(out) is torch.Tensor or isinstance(out, torch.Tensor):
+        return [out]
+    return _tensors(out, []) if isinstance(out, (list, tuple)) else []
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def _work(counter, args, kwargs, out, inputs, outputs):
+    """``(FLOPs, bytes read and written, dtype)`` of an op, for its roofline time."""
+    nbytes = 0
+    for t in inputs:
+        nbytes += t.numel() * t.element_size()
+    for t in outputs:
+        nbytes += t.numel() * t.element_size()
+    flops = 0
+    if counter is not None:
+        try:
+            flops = counter(args, kwargs, out)
+        except (TypeError, ValueError, RuntimeError):
+            flops = 0
+    dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
+    return flops, nbytes, dtype
 
 
 def _tensors(values, into):
@@ -161,16 +331,29 @@ def tensors_in(values):
 
 
 _OP_INFO = {}
+_CLONE = torch.ops.aten.clone.default
+# Ops the simulator answers itself: pinned memory is the simulated host's.
+_SPECIAL = {torch.ops.aten.is_pinned.default: RankAccounting._is_pinned,
+            torch.ops.aten._pin_memory.default: RankAccounting._pin_memory}
+_KIND = {}   # tensor type -> dispatch_kind(type)
+
+
+def _kind(cls):
+    """:func:`dispatch_kind` of a tensor type, computed once per type."""
+    kind = _KIND[cls] = dispatch_kind(cls)
+    return kind
 
 
 def _op_info(func):
-    """``(is_view, timeless, flop_formula)`` of an aten op, computed once per op."""
+    """``(is_view, timeless, flop_formula, special)`` of an aten op, computed once per op;
+    ``special`` is the :class:`RankAccounting` method that answers it instead of torch."""
     info = _OP_INFO.get(func)
     if info is None:
         packet = func.overloadpacket
         # prim ops (prim.device, ...) only answer questions about a tensor: no time.
         timeless = packet.__name__ in _FREE_OPS or func.namespace == "prim"
-        info = _OP_INFO[func] = (func.is_view, timeless, flop_formula(packet))
+        info = _OP_INFO[func] = (func.is_view, timeless, flop_formula(packet),
+                                 _SPECIAL.get(func))
     return info
 
 
@@ -204,7 +387,7 @@ def on_forward_pre(module, args):
         # resharding): whatever a module holds as a parameter when it runs is one.
         for param in own_parameters(module):
             if param is not None:
-                acc.memory.retag(storage_key(local_tensor(param)), "parameters")
+                acc.retag(storage_key(local_tensor(param)), "parameters")
 
 
 def on_forward_post(module, args, output):
@@ -218,7 +401,7 @@ def on_parameter(module, name, param):
     """A parameter was registered (or installed by FSDP2): its memory is a parameter's."""
     acc = current()
     if acc is not None and param is not None:
-        acc.memory.retag(storage_key(local_tensor(param)), "parameters")
+        acc.retag(storage_key(local_tensor(param)), "parameters")
 
 
 def on_optimizer_pre(optimizer, args, kwargs):
@@ -226,13 +409,17 @@ def on_optimizer_pre(optimizer, args, kwargs):
     acc = current()
     if acc is not None:
         acc.in_optimizer_step = True
+        # Offloaded parameters are updated where they live: the CPUs run this step.
+        acc.host_step = bool(acc.host.total) and any(
+            acc.on_host(local_tensor(p)) for group in optimizer.param_groups
+            for p in group["params"])
 
 
 def on_optimizer_post(optimizer, args, kwargs):
     """An optimizer step has ended."""
     acc = current()
     if acc is not None:
-        acc.in_optimizer_step = False
+        acc.in_optimizer_step = acc.host_step = False
         # Gradients that the optimizer reads were created during backward; state it
         # created is already "optimizer state". Parameters stay parameters.
 
@@ -241,7 +428,20 @@ def on_storage_resize(storage, nbytes):
     """A storage was resized in place, bypassing the dispatcher (FSDP2 does this)."""
     acc = current()
     if acc is not None:
-        acc.memory.resize(key_of_storage(storage), nbytes, storage)
+        acc.resize(storage, nbytes)
+
+
+def on_gradients_to_host(pairs):
+    """FSDP2 has reduce-scattered the gradients of offloaded parameters and moved them to
+    the host (``.to("cpu")``, which torch sees as no move): ``pairs`` are
+    ``(parameter, gradient)``. A gradient goes to the host where its parameter lives there,
+    crossing the link once per storage (the reduce-scatter's output holds them all)."""
+    acc = current()
+    if acc is None:
+        return
+    for param, grad in pairs:
+        if grad is not None and acc.on_host(local_tensor(param)):
+            acc.to_host(local_tensor(grad))
 
 
 class Recorder:
@@ -249,7 +449,9 @@ class Recorder:
 
     Attributes:
         clocks: one :class:`~simcluster.clock.RankClock` per rank.
-        memories: one :class:`~simcluster.memory.MemoryAccount` per rank.
+        memories: one :class:`~simcluster.memory.MemoryAccount` per rank (its device).
+        host_memories: one per rank, its share of its node's host memory.
+        host_transfers: per rank, ``{direction: bytes}`` copied over its PCIe link.
         module_time: per rank, ``{module label: simulated compute seconds}``.
         traffic: ``{(src, dst): bytes}`` sent over the simulated links.
         collectives: every completed collective, a
@@ -262,6 +464,9 @@ class Recorder:
         self.clocks = [RankClock(slowdown) for _ in range(world_size)]
         self.memories = [MemoryAccount(r, spec.device_of(r), self.clocks[r])
                          for r in range(world_size)]
+        self.host_memories = [MemoryAccount(r, _host_share(spec, r), self.clocks[r])
+                              for r in range(world_size)]
+        self.host_transfers = [dict.fromkeys(TRANSFERS, 0) for _ in range(world_size)]
         self.module_time = [{} for _ in range(world_size)]
         self.traffic = {}
         self.collectives = []
@@ -275,6 +480,15 @@ class Recorder:
         self.collectives.append(CollectiveRecord(
             op=op, algorithm=algorithm, protocol=protocol, ranks=tuple(ranks),
             nbytes=nbytes, start=start, end=end))
+
+
+def _host_share(spec, rank):
+    """Rank ``rank``'s share of its node's host memory, as a memory account's "device"."""
+    node = spec.nodes[spec.node_of(rank)]
+    memory = spec.host_share(rank)[0]
+    return HostShare(f"host memory of {node.name}", memory,
+                     f"Rank {rank}'s share of the host memory of {node.name} "
+                     f"(1/{node.devices} of {node.host.name})")
 
 
 class _NotCharged:

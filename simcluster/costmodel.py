@@ -344,6 +344,20 @@ class CostModel:
         flops_per_s, bytes_per_s, slowdown = peak
         return max(flops / flops_per_s if flops else 0.0, nbytes / bytes_per_s) * slowdown
 
+    def host_roofline(self, rank, flops, nbytes):
+        """Seconds for an op that ``rank``'s share of its host's CPUs runs (the optimizer
+        step of offloaded parameters): the roofline with the share's FLOP/s and memory
+        bandwidth."""
+        _, bytes_per_s, flops_per_s = self.spec.host_share(rank)
+        return max(flops / flops_per_s if flops else 0.0, nbytes / bytes_per_s) \
+            * self.speed_factor.get(rank, 1.0)
+
+    def host_transfer_time(self, rank, nbytes):
+        """Seconds to copy ``nbytes`` between ``rank``'s GPU and its host, one direction:
+        ``latency + nbytes / achieved bandwidth`` of the GPU's PCIe link."""
+        link = self.spec.host_of(rank).link
+        return link.latency + nbytes / link.effective_bandwidth
+
     # ------------------------------------------------------------ communication
     def _per_node(self, ranks):
         """``{node index: [ranks on it]}``, in the order of ``ranks``."""

@@ -141,9 +141,12 @@ class OutOfMemoryError(SimulationError, torch.OutOfMemoryError):
         self.in_use = in_use
         free = max(device.memory - total, 0)
         used = ", ".join(f"{name} {_gib(b)}" for name, b in in_use.items() if b)
+        where = getattr(device, "where", None) or f"GPU {rank} ({device.name})"
+        advice = getattr(device, "advice", None) or (
+            "Shard what you can (ZeRO/FSDP), use a smaller micro-batch or activation "
+            "checkpointing, or lower precision.")
         super().__init__(
             f"Simulated out of memory on rank {rank}. Tried to allocate {_gib(requested)} "
-            f"({category}). GPU {rank} ({device.name}) has a total capacity of "
+            f"({category}). {where} has a total capacity of "
             f"{_gib(device.memory)} of which {_gib(free)} is free. In use: "
-            f"{used or 'nothing'}. Shard what you can (ZeRO/FSDP), use a smaller "
-            f"micro-batch or activation checkpointing, or lower precision.")
+            f"{used or 'nothing'}. {advice}")

@@ -1,4 +1,5 @@
-"""Simulated device memory: bytes in use on each rank's device, by category.
+"""Simulated memory: bytes in use on each rank's device (and its share of host memory),
+by category.
 
 Accounting (:mod:`simcluster.accounting`) tells a rank's :class:`MemoryAccount` about
 every storage torch creates, resizes or frees, and what it is for; the account keeps the
@@ -89,6 +90,16 @@ class MemoryAccount:
             entry[1] = category
             if self.in_use[category] > self.category_peaks[category]:
                 self.category_peaks[category] = self.in_use[category]
+
+    def hand_over(self, key, other):
+        """Move live storage ``key``, with its category, to account ``other`` (its data
+        moved from the device to the host, or back); return its bytes (0 if not held)."""
+        entry = self._live.pop(key, None)
+        if entry is None:
+            return 0
+        self._change(entry[1], -entry[0])
+        other.allocate(key, entry[0], entry[1], entry[2]())
+        return entry[0]
 
     def resize(self, key, nbytes, storage):
         """A storage was resized in place (FSDP2 frees and refills parameters this way)."""

@@ -123,6 +123,18 @@ class Run:
         memory = self._need_accounting().memories[rank]
         return {**memory.peak_by_category, "total": memory.peak}
 
+    def peak_host_memory(self, rank):
+        """``{category: bytes}`` ``rank`` held in host memory at its host peak, plus
+        ``"total"`` (pinned memory: what CPU offload keeps off the device)."""
+        memory = self._need_accounting().host_memories[rank]
+        return {**memory.peak_by_category, "total": memory.peak}
+
+    @property
+    def host_transfers(self):
+        """Per rank, ``{"host->device": bytes, "device->host": bytes}`` copied over its
+        PCIe link."""
+        return [dict(t) for t in self._need_accounting().host_transfers]
+
     def category_peaks(self, rank):
         """``{category: bytes}``: the most each category held on ``rank`` at any moment.
 

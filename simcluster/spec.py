@@ -89,11 +89,36 @@ class LinkSpec:
 
 
 @dataclass(frozen=True)
+class HostSpec:
+    """A node's host: its CPUs' memory and compute, and each GPU's link to it (PCIe).
+
+    Pinned host memory is where CPU offload keeps what it takes off the GPUs
+    (``pin_memory()``, FSDP2's ``CPUOffloadPolicy``); the optimizer step of offloaded
+    parameters runs on the CPUs. Every GPU of the node gets an equal share
+    (:meth:`share`): ``memory / devices`` bytes, ``memory_bandwidth / devices`` and
+    ``flops / devices`` for the host's compute; ``link`` is one GPU's own PCIe link,
+    per direction.
+    """
+
+    name: str
+    memory: int                      # bytes, the whole node
+    memory_bandwidth: float          # bytes/s, the whole node (all sockets)
+    flops: float                     # fp32 FLOP/s, the whole node (all cores, vector units)
+    link: LinkSpec                   # one GPU's link to the host, per direction
+
+    def share(self, devices):
+        """``(memory bytes, memory bytes/s, FLOP/s)`` each of ``devices`` GPUs gets."""
+        return self.memory // devices, self.memory_bandwidth / devices, self.flops / devices
+
+
+@dataclass(frozen=True)
 class NodeSpec:
     """One machine: ``devices`` devices of type ``device`` on ``fabric``, with ``nics``.
 
     ``cpu`` (``"amd"`` or ``"intel"``) matters to NCCL's tuner across nodes: it picks the
     low-latency protocol's bandwidth cap and the cost of posting a network send.
+    ``host`` is the node's host memory, CPUs and PCIe links (default: a DGX's, after
+    ``device``).
     """
 
     name: str
@@ -102,6 +127,7 @@ class NodeSpec:
     fabric: LinkSpec = None
     nics: int = None  # None: one NIC per device
     cpu: str = "amd"
+    host: HostSpec = None
 
 
 @dataclass(frozen=True)
@@ -123,7 +149,8 @@ class ClusterSpec:
     def __post_init__(self):
         # Nodes given as NodeSpec("name", devices) get DGX-A100-like hardware.
         nodes = tuple(replace(n, device=n.device or A100_80GB, fabric=n.fabric or NVLINK3,
-                              nics=n.devices if n.nics is None else n.nics)
+                              nics=n.devices if n.nics is None else n.nics,
+                              host=n.host or _host_for(n.device or A100_80GB))
                       for n in self.nodes)
         object.__setattr__(self, "nodes", nodes)
         if self.network is None:
@@ -153,6 +180,16 @@ class ClusterSpec:
     def device_of(self, rank):
         """The :class:`DeviceSpec` of global ``rank``."""
         return self.nodes[self.node_of(rank)].device
+
+    def host_of(self, rank):
+        """The :class:`HostSpec` of the node that holds global ``rank``."""
+        return self.nodes[self.node_of(rank)].host
+
+    def host_share(self, rank):
+        """``(host memory bytes, host memory bytes/s, host FLOP/s)`` of ``rank``'s GPU: its
+        equal share of its node's host."""
+        node = self.nodes[self.node_of(rank)]
+        return node.host.share(node.devices)
 
     def link_between(self, rank_a, rank_b):
         """The link a message from ``rank_a`` to ``rank_b`` crosses."""
@@ -226,6 +263,25 @@ NVLINK3_MESH4 = LinkSpec("NVLink3 mesh (HGX A100 4-GPU)", 300 * GB, 3.4e-6, effi
                          pair_bandwidth=100 * GB)
 HDR_IB = LinkSpec("HDR InfiniBand 200 Gb/s", 25 * GB, 14.0e-6, efficiency=0.95, kind="net")
 NDR_IB = LinkSpec("NDR InfiniBand 400 Gb/s", 50 * GB, 14.0e-6, efficiency=0.95, kind="net")
+
+# Hosts (docs/reference-numbers.md#host-memory-and-pcie). DGX A100: 2 AMD EPYC 7742
+# (64 cores, 2.25 GHz, AVX2: 32 fp32 FLOP/cycle; 8 channels of DDR4-3200 each), 1 TB;
+# GPUs on PCIe Gen4 x16 (32 GB/s per direction, ~25 GB/s achieved). DGX H100: 2 Intel
+# Xeon Platinum 8480C (56 cores, 2.0 GHz, AVX-512: 64 fp32 FLOP/cycle; 8 channels of
+# DDR5-4800 each), 2 TB; PCIe Gen5 x16 (64 GB/s per direction, ~50 GB/s achieved).
+# Latency: the few microseconds a cudaMemcpyAsync takes to start (an assumption).
+PCIE_GEN4 = LinkSpec("PCIe Gen4 x16", 32 * GB, 5e-6, efficiency=25 / 32, kind="pci")
+PCIE_GEN5 = LinkSpec("PCIe Gen5 x16", 64 * GB, 5e-6, efficiency=50 / 64, kind="pci")
+DGX_A100_HOST = HostSpec("2x AMD EPYC 7742, 1 TiB DDR4-3200", 1024 * GiB,
+                         2 * 8 * 25.6 * GB, 2 * 64 * 2.25e9 * 32, PCIE_GEN4)
+DGX_H100_HOST = HostSpec("2x Intel Xeon 8480C, 2 TiB DDR5-4800", 2048 * GiB,
+                         2 * 8 * 38.4 * GB, 2 * 56 * 2.0e9 * 64, PCIE_GEN5)
+
+
+def _host_for(device):
+    """The host a node of ``device`` GPUs gets by default: a DGX's."""
+    return DGX_H100_HOST if device.compute_capability >= 9.0 else DGX_A100_HOST
+
 
 DEVICES = {d.name: d for d in (A100_80GB, H100_80GB)}
 LINKS = {"nvlink3": NVLINK3, "nvlink4": NVLINK4, "nvlink3-mesh4": NVLINK3_MESH4,
