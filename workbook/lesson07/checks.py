@@ -442,6 +442,10 @@ def _on_a_rank(fn, args, where):
     return value
 
 
+def _said(value):
+    return num(value) if isinstance(value, (int, float)) else repr(value)
+
+
 @check("ZeRO memory table")
 def check_zero_memory(fn):
     """``fn(psi, n_d, stage, k=12)``: GB of model states per GPU; the paper's cell for
@@ -453,7 +457,7 @@ def check_zero_memory(fn):
         where = f"Ψ = 7.5B, N_d = 64, stage {stage}"
         got = _on_a_rank(fn, (7.5e9, 64, stage), where)
         if not isinstance(got, (int, float)) or not abs(got - paper) <= 0.05:
-            raise Failure(f"{where}: you said {got!r}, the paper's table says {paper} GB",
+            raise Failure(f"{where}: you said {_said(got)}, the paper's table says {paper} GB",
                           "per parameter: 2 bytes of fp16 parameters, 2 of fp16 "
                           "gradients, K = 12 of optimizer state (fp32 parameters, momentum, "
                           "variance); stage 1 divides the optimizer state by N_d, stage 2 "
@@ -467,7 +471,7 @@ def check_zero_memory(fn):
                 expected = ref.zero_memory_gb(psi, n, stage, k)
                 if not isinstance(got, (int, float)) or not math.isclose(got, expected,
                                                                          rel_tol=1e-6):
-                    raise Failure(f"{where}: you said {got!r} GB, expected "
+                    raise Failure(f"{where}: you said {_said(got)} GB, expected "
                                   f"{num(expected)}", "use k (not 12) for the optimizer "
                                   "state, and don't round.")
     return ("120 / 31.4 / 16.6 / 1.9 GB for 7.5B on 64 GPUs, and the formula on "
