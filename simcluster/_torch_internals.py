@@ -211,7 +211,7 @@ def _foreach_reduce(on_gradients_to_host):
 
 
 def install(on_storage_resize, on_parameter, on_init_process_group,
-            on_gradients_to_host=None):
+            on_gradients_to_host=None, reducer_buckets=None):
     """Make process-group state per-thread, and report what accounting cannot see.
 
     Called when a run starts (importing simcluster changes nothing in torch). FSDP2 frees
@@ -222,7 +222,8 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
     kwargs)``, which returns True when it has handled the call (see
     :func:`_init_process_group`). After FSDP2 reduce-scatters the gradients of parameters
     it offloads to the CPU, ``on_gradients_to_host([(parameter, gradient), ...])`` hears
-    of them. Nested calls are counted.
+    of them. DDP's C++ reducer allocates its gradient buckets inside ``reducer_buckets()``,
+    a context factory. Nested calls are counted.
     """
     global _installed, _original_setattr_param, _original_foreach_reduce
     with _install_lock:
@@ -250,7 +251,8 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
 
             torch.UntypedStorage.resize_ = resize_
             _set_init_process_group(_init_process_group(on_init_process_group))
-            _set_reducer_entry_points(_reducer_entry_points_with_real_bookkeeping())
+            _set_reducer_entry_points(_reducer_entry_points_with_real_bookkeeping(
+                reducer_buckets))
             _set_object_collectives({name: _without_fake_mode(function) for name, function
                                      in _original_object_collectives.items()})
         _installed += 1
@@ -357,16 +359,28 @@ _original_reducer_entry_points = (dist._verify_params_across_processes, dist.Red
                                   _Reducer._rebuild_buckets)
 
 
-def _reducer_entry_points_with_real_bookkeeping():
+def _reducer_entry_points_with_real_bookkeeping(buckets=None):
     """Replacements for :data:`_original_reducer_entry_points`: the same calls, with the
-    reducer's bookkeeping kept real inside ``sc.fake_tensors()``."""
+    reducer's bookkeeping kept real inside ``sc.fake_tensors()``, and the reducer's
+    gradient buckets (made at construction, remade by ``_rebuild_buckets`` in the first
+    forward after a step) allocated inside ``buckets()``, a context factory (or None)."""
+
+    def allocating_buckets(function):
+        if buckets is None:
+            return function
+
+        def call(*args, **kwargs):
+            with buckets():
+                return function(*args, **kwargs)
+
+        return functools.update_wrapper(call, function)
 
     class Reducer(_Reducer):
-        __init__ = _with_real_bookkeeping(_Reducer.__init__)
+        __init__ = allocating_buckets(_with_real_bookkeeping(_Reducer.__init__))
 
     Reducer.__name__ = Reducer.__qualname__ = _Reducer.__name__
     return (_with_real_bookkeeping(_original_reducer_entry_points[0]), Reducer,
-            _with_real_bookkeeping(_original_reducer_entry_points[2]))
+            allocating_buckets(_with_real_bookkeeping(_original_reducer_entry_points[2])))
 
 
 _original_warmup_p2p = None   # while patched: torch.distributed.pipelining's own

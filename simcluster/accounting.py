@@ -89,6 +89,7 @@ class RankAccounting(DispatchMode):
         self.modules = ModuleStack()
         self.in_optimizer_step = False   # what is allocated now is optimizer state
         self.host_step = False           # ... by an optimizer step that runs on the host
+        self.making_buffers = False      # DDP's reducer is making its gradient buckets
         self._paused = False     # True while the simulator computes a collective's result
         self.module_time = recorder.module_time[rank]
 
@@ -104,6 +105,8 @@ class RankAccounting(DispatchMode):
 
     def category(self):
         """The category of memory allocated right now."""
+        if self.making_buffers:
+            return "communication buffers"
         if self.in_optimizer_step:
             return "optimizer state"
         if in_backward():
@@ -211,16 +214,19 @@ class RankAccounting(DispatchMode):
         self._charge(seconds, flops, label)
         return out
 
-    def transfer(self, direction, nbytes, outputs=()):
+    def transfer(self, direction, nbytes, outputs=(), wait=None):
         """Copy ``nbytes`` over the rank's PCIe link in ``direction`` (:data:`TRANSFERS`),
-        after what its communication stream has queued. The compute stream waits for it;
-        on a side stream only the ops that read ``outputs`` do."""
+        after what its communication stream has queued. The compute stream waits for it
+        (``wait``; default: unless on a side stream); otherwise only the ops that read
+        ``outputs`` do."""
         clock = self.clock
         start = max(clock.now, clock.comm_free)
         end = start + self.recorder.cost.host_transfer_time(self.rank, nbytes)
         clock.run_comm(start, end, direction)
         self.recorder.host_transfers[self.rank][direction] += nbytes
-        if on_side_stream() and outputs:
+        if wait is None:
+            wait = not (on_side_stream() and outputs)
+        if not wait:
             for t in outputs:
                 clock.ready_when_read(storage_key(t), end)
         else:
@@ -260,7 +266,9 @@ class RankAccounting(DispatchMode):
         if key is None or self.host.holds(key) or not self.memory.holds(key):
             return
         nbytes = self.memory.hand_over(key, self.host)
-        self.transfer(DEVICE_TO_HOST, nbytes, [tensor])
+        # FSDP2 copies on its reduce-scatter stream and waits at the end of the backward
+        # pass: here the first op that reads the gradient (the optimizer's) waits.
+        self.transfer(DEVICE_TO_HOST, nbytes, [tensor], wait=False)
 
     def on_host(self, tensor):
         """True if ``tensor``'s storage lives in the simulated host memory."""
@@ -429,6 +437,22 @@ def on_storage_resize(storage, nbytes):
     acc = current()
     if acc is not None:
         acc.resize(storage, nbytes)
+
+
+@contextlib.contextmanager
+def reducer_buckets():
+    """A ``with`` block in which DDP's C++ reducer makes its gradient buckets: what it
+    allocates is communication buffers (DDP all-reduces them), even inside the forward
+    pass, where DDP remakes them after the first step."""
+    acc = current()
+    if acc is None:
+        yield
+        return
+    was, acc.making_buffers = acc.making_buffers, True
+    try:
+        yield
+    finally:
+        acc.making_buffers = was
 
 
 def on_gradients_to_host(pairs):
