@@ -82,8 +82,7 @@ def fake_tensors():
     schedules (their first ``step()`` votes along the pipeline and sends the stages' shapes
     as objects) and for ``dist.*_object*`` collectives: an op on real integer tensors alone
     runs on their data, and everything else stays fake. Make a ``DeviceMesh`` before
-    entering (building one reads real values), and import ``torch.distributed.pipelining``
-    before entering too.
+    entering (building one reads real values).
     """
     from ._torch_internals import fake_tensor_mode
 

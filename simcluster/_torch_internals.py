@@ -39,9 +39,10 @@ back. What we rely on, and why:
 * ``torch.distributed.pipelining``'s schedules vote on their stages' mode in their first
   ``step()`` (``_PipelineSchedule._warmup_p2p``) with one-element integer tensors read by
   ``.item()``, and stages send their metadata with ``send_object_list``. While a run is
-  active the warm-up runs under :class:`_RealBookkeeping` (patched once the module is
-  imported, :func:`_patch_pipelining`) and the object collectives (``dist.*_object*``)
-  with the fake mode set aside.
+  active the warm-up runs under :class:`_RealBookkeeping` (patched when the module is
+  imported, :func:`_patch_pipelining`, through an import hook on ``sys.meta_path`` if a
+  rank imports it) and the object collectives (``dist.*_object*``) with the fake mode
+  set aside.
 * ``dist.init_process_group`` is wrapped, while a run is active, so that a learner's own
   call inside a rank function (as in a ``torchrun`` script) is accepted: the simulator has
   already initialised the default group, and torch would otherwise refuse a second one.
@@ -82,6 +83,7 @@ back. What we rely on, and why:
 import ctypes
 import contextlib
 import functools
+import importlib.abc
 import sys
 import threading
 import warnings
@@ -257,6 +259,8 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
                                      in _original_object_collectives.items()})
         _installed += 1
         _patch_pipelining()
+        if _original_warmup_p2p is None and _patch_on_import not in sys.meta_path:
+            sys.meta_path.insert(0, _patch_on_import)
 
 
 def uninstall():
@@ -275,6 +279,8 @@ def uninstall():
             _set_reducer_entry_points(_original_reducer_entry_points)
             _set_object_collectives(_original_object_collectives)
             _unpatch_pipelining()
+            if _patch_on_import in sys.meta_path:
+                sys.meta_path.remove(_patch_on_import)
 
 
 def _init_process_group(in_simulated_rank):
@@ -393,9 +399,9 @@ def _patch_pipelining():
     The first ``step()`` of a schedule runs a vote along the pipeline (``_warmup_p2p``):
     each stage sends a one-element integer tensor made with ``torch.tensor``/``torch.zeros``
     to the next, and reads the result with ``.item()``. Made under the fake mode, those
-    tensors have no value to read. The module is patched only when already imported
-    (importing it costs a second and imports ``torch._dynamo``): :func:`install` and
-    :func:`fake_tensor_mode` look.
+    tensors have no value to read. Importing the module costs a second and imports
+    ``torch._dynamo``, so a run patches it only if it is imported: at the start of the
+    run, or as a rank imports it (:class:`_PatchPipeliningOnImport`).
     """
     global _original_warmup_p2p
     schedules = sys.modules.get("torch.distributed.pipelining.schedules")
@@ -412,6 +418,34 @@ def _unpatch_pipelining():
         schedules = sys.modules["torch.distributed.pipelining.schedules"]
         schedules._PipelineSchedule._warmup_p2p = _original_warmup_p2p
         _original_warmup_p2p = None
+
+
+class _PatchPipeliningOnImport(importlib.abc.MetaPathFinder):
+    """On ``sys.meta_path`` during a run: when ``torch.distributed.pipelining.schedules``
+    is first imported (inside a rank, even inside ``sc.fake_tensors()``), it is patched
+    (:func:`_patch_pipelining`) as soon as it has loaded."""
+
+    NAME = "torch.distributed.pipelining.schedules"
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.NAME:
+            return None
+        for finder in sys.meta_path:
+            find = None if finder is self else getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None and spec.loader is not None:
+                load = spec.loader.exec_module
+
+                def exec_module(module):
+                    load(module)
+                    _patch_pipelining()
+
+                spec.loader.exec_module = exec_module   # this spec's own loader
+                return spec
+        return None
+
+
+_patch_on_import = _PatchPipeliningOnImport()
 
 
 # Collectives of picklable objects send a pickle's bytes and its length in tensors they
@@ -489,7 +523,6 @@ def _fake_mode_class():
                 return func(*args, **kwargs)   # this mode is off while it dispatches
             return super().__torch_dispatch__(func, types, args, kwargs)
 
-    SimFakeTensorMode.__name__ = SimFakeTensorMode.__qualname__ = "FakeTensorMode"
     return SimFakeTensorMode
 
 

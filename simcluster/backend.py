@@ -669,14 +669,16 @@ class SimProcessGroup(dist.ProcessGroup):
     recvAnysource = recv_anysource
 
     def _deliver(self, send, recv):
-        if send.tensor.shape != recv.tensor.shape or send.tensor.dtype != recv.tensor.dtype:
+        # NCCL and gloo match a message by its element count and type, not its shape
+        # (torch.distributed.pipelining sends a 0-d tensor into a 1-element buffer).
+        if send.tensor.numel() != recv.tensor.numel() or send.tensor.dtype != recv.tensor.dtype:
             self._world.scheduler.fail(CollectiveMismatchError(
                 "shape/dtype", {send.src: f"sends {_shape(send.tensor)} {send.tensor.dtype}",
                                 recv.dst: f"receives {_shape(recv.tensor)} {recv.tensor.dtype}"},
                 None, self._group.label, "send/recv",
                 "the receiving tensor must have the same shape and dtype as the sent one."))
         with torch.no_grad(), accounting.paused():
-            recv.tensor.detach().copy_(send.tensor)
+            recv.tensor.detach().copy_(send.tensor.reshape(recv.tensor.shape))
         recv.src = send.src
         send.done = recv.done = True
         recorder = self._world.recorder
@@ -689,9 +691,8 @@ class SimProcessGroup(dist.ProcessGroup):
             sender, receiver = recorder.clocks[send.src], recorder.clocks[recv.dst]
             start = max(send.posted, recv.posted, sender.send_free, receiver.recv_free)
             send.end = recv.end = start + recorder.cost.p2p_time(send.src, recv.dst, nbytes)
-            label = f"send {send.src}->{recv.dst}"
-            sender.run_comm(start, send.end, label, lane="send")
-            receiver.run_comm(start, send.end, label, lane="recv")
+            sender.run_comm(start, send.end, f"send {send.src}->{recv.dst}", lane="send")
+            receiver.run_comm(start, send.end, f"recv {send.src}->{recv.dst}", lane="recv")
             recorder.add_traffic(send.src, recv.dst, nbytes)
 
 

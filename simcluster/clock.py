@@ -23,7 +23,8 @@ class ClockEvent(NamedTuple):
     ``lane`` is ``"compute"`` (an op, or several of the same module in a row), ``"idle"``
     (the compute stream waits, e.g. for communication) or ``"comm"`` (the communication
     stream transfers); ``label`` says what ran: a module's name, ``"all_reduce #3"``,
-    ``"send 0->1"``, ``"wait for communication"``. Times are simulated seconds.
+    ``"send 0->1"`` (on rank 0's send lane), ``"recv 0->1"`` (on rank 1's receive lane),
+    ``"wait for communication"``. Times are simulated seconds.
     """
 
     lane: str

@@ -5,7 +5,12 @@ Layout of the trace:
 * one process per node: ``pid`` = node index, named ``"node1 (A100-80GB)"``;
 * two threads per rank on its node: ``tid = 2 * local_rank`` is the compute stream
   (``"rank 3 compute"``: compute, and idle waits with category ``"idle"``) and
-  ``tid = 2 * local_rank + 1`` the communication stream (``"rank 3 comm"``);
+  ``tid = 2 * local_rank + 1`` the communication stream (``"rank 3 comm"``: collectives
+  and point-to-point sends);
+* for a rank that received point-to-point messages, a third thread, ``"rank 3 recv"``
+  (``tid = 2 * ranks on the node + local_rank``): its receive lane, which runs at the same
+  time as its sends (links are full duplex) and so cannot share their thread, as events
+  of one thread must nest;
 * ``"X"`` (complete) events with ``ts`` and ``dur`` in microseconds of simulated time;
 * a ``"C"`` (counter) track per rank, ``"rank 3 memory"``, with the bytes in use.
 
@@ -25,6 +30,17 @@ def _us(seconds):
     return round(seconds * US, 3)
 
 
+def _is_receive(event):
+    """Whether ``event`` is on a receive lane: a point-to-point message arriving."""
+    return event.lane == "comm" and event.label.startswith("recv ")
+
+
+def _recv_tid(spec, rank):
+    """The trace thread of ``rank``'s receive lane: after every rank's two threads."""
+    node, local = spec.placement(rank)
+    return 2 * spec.nodes[node].devices + local
+
+
 def trace_events(recorder, spec):
     """The list of trace events (dicts) for a run recorded by ``recorder`` on ``spec``."""
     meta, work, counters = [], [], []
@@ -40,11 +56,14 @@ def trace_events(recorder, spec):
         meta.append({"ph": "M", "name": "process_sort_index", "pid": node, "tid": 0,
                      "args": {"sort_index": node}})
         for rank, local in ranks:
-            for tid, lane in ((2 * local, "compute"), (2 * local + 1, "comm")):
+            threads = [(2 * local, "compute"), (2 * local + 1, "comm")]
+            if any(_is_receive(e) for e in recorder.clocks[rank].events):
+                threads.append((_recv_tid(spec, rank), "recv"))
+            for i, (tid, lane) in enumerate(threads):
                 meta.append({"ph": "M", "name": "thread_name", "pid": node, "tid": tid,
                              "args": {"name": f"rank {rank} {lane}"}})
                 meta.append({"ph": "M", "name": "thread_sort_index", "pid": node, "tid": tid,
-                             "args": {"sort_index": tid}})
+                             "args": {"sort_index": 3 * local + i}})
 
     details = {}      # (op, start, end) -> [CollectiveRecord]
     for record in recorder.collectives:
@@ -56,8 +75,8 @@ def trace_events(recorder, spec):
                         key=lambda e: (e.lane == "comm", e.start, e.end, e.lane, e.label))
         for e in events:
             ts = _us(e.start)
-            event = {"ph": "X", "name": e.label, "cat": e.lane, "pid": node,
-                     "tid": 2 * local + (e.lane == "comm"), "ts": ts,
+            tid = _recv_tid(spec, rank) if _is_receive(e) else 2 * local + (e.lane == "comm")
+            event = {"ph": "X", "name": e.label, "cat": e.lane, "pid": node, "tid": tid, "ts": ts,
                      "dur": round(_us(e.end) - ts, 3), "args": {"rank": rank}}
             if e.lane == "comm":
                 op = e.label.split(" #")[0]

@@ -44,3 +44,10 @@ def test_no_file_names_a_document_outside_the_repository():
     assert not outside, ("these files refer to documents that are not in the repository "
                          "(published numbers and goals belong in "
                          "docs/reference-numbers.md):\n" + "\n".join(outside))
+
+
+def test_no_file_keeps_merge_conflict_markers():
+    marker = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
+    left = [str(path.relative_to(ROOT)) for path in _tracked_text_files()
+            if marker.search(path.read_text(errors="replace"))]
+    assert not left, f"unresolved merge conflicts in {left}"

@@ -143,6 +143,24 @@ def test_large_model_is_accounted_without_being_allocated():
     assert psi * 2 <= peak["total"] < psi * 4
 
 
+def _what_stays_real():
+    from simcluster._torch_internals import is_fake
+
+    with sc.fake_tensors():
+        counts = torch.tensor([1, 2, 3])              # made from real data: real
+        counts[0] = 5                                 # and written in place
+        total = int(counts.sum().item())              # so it can be read back
+        weights = torch.randn(4, 4)                   # floating point: fake
+        index = torch.zeros(4, dtype=torch.long)      # made by a factory: fake
+        gathered = weights[counts[:2] % 4]            # touches a fake tensor: fake
+        return (total, is_fake(counts), is_fake(weights), is_fake(index), is_fake(gathered))
+
+
+def test_ops_on_real_integer_tensors_alone_run_real_inside_fake_tensors():
+    run = sc.Cluster.preset("dgx-a100", nodes=1).run(_what_stays_real, world_size=1)
+    assert run.results[0] == (10, False, True, True, True)
+
+
 class _Branches(nn.Module):
     """A trunk every rank uses, and a branch only the ranks in ``users`` use."""
 

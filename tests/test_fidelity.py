@@ -573,7 +573,7 @@ def _send_durations(run, peers):
     durations = {}
     for peer in peers:
         events = [(s, e) for lane, s, e, label in run.clock(peer).events
-                  if lane == "comm" and label == f"send 0->{peer}"]
+                  if lane == "comm" and label == f"recv 0->{peer}"]
         assert len(events) == 1, run.clock(peer).events
         durations[peer] = events[0][1] - events[0][0]
     return durations

@@ -1,4 +1,4 @@
-"""A learner works in lab 02 (and labs 03, 04 and 07), as `make progress`, `make labs` and
+"""A learner works in labs 02, 03, 04, 05 and 07, as `make progress`, `make labs` and
 `make test` see it.
 
 1. One exercise filled in, in a freshly generated lab (never the learner's own labs/
@@ -22,7 +22,8 @@ from workbook import labs, progress
 ROOT = Path(__file__).resolve().parents[1]
 # Each lab, with an exercise a learner can solve on its own.
 ALONE = {"02_gradient_aggregation.ipynb": 2, "03_data_parallel.ipynb": 2,
-         "04_model_parallel.ipynb": 2, "07_zero_fsdp.ipynb": 4}
+         "04_model_parallel.ipynb": 2, "05_pipeline_parallel.ipynb": 2,
+         "07_zero_fsdp.ipynb": 4}
 NAMES = list(ALONE)
 
 pytestmark = pytest.mark.slow

@@ -7,6 +7,8 @@ peers share its egress and queue. Expected times are alpha + n·beta with the pr
 link numbers typed in (as in ``test_fidelity.py``), never the cost model's formulas.
 """
 
+import json
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -142,3 +144,45 @@ def test_compute_under_a_send_and_a_receive_is_slowed_once(node):
     assert run.elapsed == pytest.approx(expected, rel=REL)
     for row in run.summary().rows:   # hidden once, not once per direction
         assert row["overlap_s"] == pytest.approx(comm, rel=REL)
+
+
+def _receive_then_send(nbytes, size):
+    """Rank 0 receives while it computes, then sends while the receive still runs."""
+    r = dist.get_rank()
+    if r == 0:
+        recv = dist.irecv(_meta(nbytes), 1)
+        _matmul(size)
+        dist.send(_meta(nbytes), 1)
+        recv.wait()
+    else:
+        send = dist.isend(_meta(nbytes), 0)
+        dist.recv(_meta(nbytes), 0)
+        send.wait()
+
+
+def test_the_trace_puts_receives_on_their_own_thread_so_events_nest(node, tmp_path):
+    """Events of one trace thread must nest (Perfetto mis-draws overlapping ones): a
+    receive that overlaps a send of the same rank goes on the rank's "recv" thread."""
+    n, size = 64 * MiB, 2048
+    run = node.run(_receive_then_send, world_size=2, args=(n, size))
+    one = _transfer(NVLINK, n)
+    recv = next(e for e in run.clock(0).events if e.label == "recv 1->0")
+    send = next(e for e in run.clock(0).events if e.label == "send 0->1")
+    assert recv.start < send.start < recv.end < send.end   # they overlap, unnested
+    assert run.elapsed == pytest.approx(send.start + one, rel=REL)
+    trace = json.loads(open(run.save_trace(str(tmp_path / "t.json"))).read())
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert names[(0, 16)] == "rank 0 recv" and names[(0, 17)] == "rank 1 recv"
+    threads = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            threads.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for key, spans in threads.items():
+        spans.sort(key=lambda s: (s[0], -s[1]))
+        open_ends = []
+        for start, end in spans:
+            while open_ends and open_ends[-1] <= start:
+                open_ends.pop()
+            assert not open_ends or end <= open_ends[-1], (names[key], spans)
+            open_ends.append(end)

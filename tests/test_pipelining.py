@@ -14,6 +14,8 @@ learner writes it.
 
 import contextlib
 import resource
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -192,3 +194,95 @@ def test_dualpipev_gains_nothing_from_its_overlap_on_one_compute_stream():
     for r in range(4):   # the same work on each rank, in a different order
         assert runs["ScheduleDualPipeV"].clock(r).compute == pytest.approx(
             runs["ScheduleZBVZeroBubble"].clock(r).compute, rel=0.01)
+
+
+class _TwoLayers(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _traced_pipeline(fake, width, rows, m):
+    """pipeline() splits the traced model at ``b``; each rank builds its stage from it."""
+    r = dist.get_rank()
+    with sc.fake_tensors() if fake else contextlib.nullcontext():
+        torch.manual_seed(0)
+        model = _TwoLayers(width)
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(m * rows, width, generator=g), torch.randn(m * rows, width, generator=g)
+        pipe = pipelining.pipeline(model, mb_args=(x.chunk(m)[0],),
+                                   split_spec={"b": pipelining.SplitPoint.BEGINNING})
+        stage = pipe.build_stage(r, torch.device("cpu"))
+        schedule = pipelining.ScheduleGPipe(stage, n_microbatches=m, loss_fn=mse)
+        schedule.step(*([x] if r == 0 else []), **({"target": y} if r == 1 else {}))
+    if fake:
+        return None
+    return {name: q.grad for name, q in stage.submod.named_parameters()}
+
+
+def test_the_pipeline_frontend_runs_and_matches_the_single_process_model():
+    """``pipeline()``'s stages warm up by sending a 0-d tensor into a 1-element buffer
+    (NCCL matches messages by element count, not shape)."""
+    m, width, rows = 4, 8, 2
+    run = sc.Cluster.preset("dgx-a100").run(_traced_pipeline, world_size=2,
+                                            args=(False, width, rows, m))
+    torch.manual_seed(0)
+    model = _TwoLayers(width)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(m * rows, width, generator=g), torch.randn(m * rows, width, generator=g)
+    (sum(mse(model(xc), yc) for xc, yc in zip(x.chunk(m), y.chunk(m))) / m).backward()
+    grads = [*run.results[0].values(), *run.results[1].values()]   # a's, then b's
+    assert len(grads) == 4
+    for got, param in zip(grads, model.parameters()):
+        torch.testing.assert_close(got, param.grad)
+    fake = sc.Cluster.preset("dgx-a100").run(_traced_pipeline, world_size=2,
+                                             args=(True, WIDTH, ROWS, m))
+    assert fake.peak_memory(1)["parameters"] >= (WIDTH * WIDTH + WIDTH) * 4   # 1 GiB a layer
+
+
+def _send_and_receive(sent_shape, received_shape):
+    if dist.get_rank() == 0:
+        dist.send(torch.arange(float(torch.Size(sent_shape).numel())).reshape(sent_shape), 1)
+        return None
+    buffer = torch.zeros(received_shape)
+    dist.recv(buffer, 0)
+    return buffer.tolist()
+
+
+def test_a_message_is_matched_by_element_count_and_dtype_not_shape():
+    node = sc.Cluster.preset("dgx-a100")
+    assert node.run(_send_and_receive, world_size=2, args=((), (1,))).results[1] == [0.0]
+    assert node.run(_send_and_receive, world_size=2,
+                    args=((2, 3), (3, 2))).results[1] == [[0, 1], [2, 3], [4, 5]]
+    with pytest.raises(sc.CollectiveMismatchError, match="shape/dtype differs"):
+        node.run(_send_and_receive, world_size=2, args=((4,), (3,)))
+
+
+# Runs in a fresh interpreter, where torch.distributed.pipelining is not imported yet.
+_IMPORTED_INSIDE_FAKE_TENSORS = """
+import sys, torch, torch.nn as nn, torch.distributed as dist
+import simcluster as sc
+assert "torch.distributed.pipelining" not in sys.modules
+def fn():
+    r, p = dist.get_rank(), dist.get_world_size()
+    with sc.fake_tensors():
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+        stage = PipelineStage(nn.Linear(4096, 4096), r, p, torch.device("cpu"))
+        schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda o, t: o.sum())
+        x = torch.randn(8, 4096)
+        schedule.step(x) if r == 0 else schedule.step(target=x, losses=[])
+    return "ok"
+run = sc.Cluster.preset("dgx-a100").run(fn, world_size=2)
+from torch.distributed.pipelining import schedules
+print(run.results, hasattr(schedules._PipelineSchedule._warmup_p2p, "__wrapped__"),
+      [type(f).__name__ for f in sys.meta_path if "Pipelining" in type(f).__name__])
+"""
+
+
+def test_pipelining_imported_inside_fake_tensors_works_too():
+    out = subprocess.run([sys.executable, "-c", _IMPORTED_INSIDE_FAKE_TENSORS], check=True,
+                         capture_output=True, text=True, timeout=300).stdout
+    assert out.strip().splitlines()[-1] == "['ok', 'ok'] False []"

@@ -16,6 +16,8 @@ from workbook.lesson03.checks import (check_accumulation, check_allreduce_in_buc
                                       check_overlapped_ddp)
 from workbook.lesson04.checks import (check_balance, check_boundary_bytes,
                                       check_forward_backward)
+from workbook.lesson05.checks import (check_1f1b, check_gpipe, check_interleaved_bubble,
+                                      check_pick_m_v)
 from workbook.lesson07.checks import (check_fit_settings, check_zero1, check_zero2,
                                       check_zero3, check_zero_memory)
 
@@ -26,5 +28,6 @@ __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_accumulation", "check_allreduce_in_buckets", "check_average_gradients",
            "check_distributed_trainer", "check_overlapped_ddp",
            "check_balance", "check_boundary_bytes", "check_forward_backward",
+           "check_1f1b", "check_gpipe", "check_interleaved_bubble", "check_pick_m_v",
            "check_fit_settings", "check_zero1", "check_zero2", "check_zero3",
            "check_zero_memory"]

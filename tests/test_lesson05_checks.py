@@ -1,0 +1,404 @@
+"""Lab 05's checks (pipeline parallelism): every check passes the reference answer, refuses
+the reference itself, and reports each mistake the lab is about — schedules that deadlock,
+raise, scale the loss wrongly, mix up the order of messages, hold too many micro-batches or
+idle too long — as one exact ❌ line."""
+
+from collections import deque
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _check_helpers import learner_namespace, line
+from workbook import checking, checks, schedules
+from workbook.lesson05 import _reference as R
+from workbook.lesson05 import checks as lesson05
+from workbook.pipeline import bubble_formula
+
+NAMES = {checks.check_gpipe: "GPipe",
+         checks.check_1f1b: "1F1B",
+         checks.check_interleaved_bubble: "interleaved bubble",
+         checks.check_pick_m_v: "pick (m, v)"}   # as each check prints it
+GPIPE, ONE_F_ONE_B, INTERLEAVED, PICK = (f"❌ {name}: " for name in NAMES.values())
+
+MINE = learner_namespace(R, R.gpipe, R.one_f_one_b, R.interleaved_bubble, R.pick_m_v)
+
+
+def expect(capsys, check, answer, message):
+    assert line(capsys, check, answer)[1] == message
+
+
+@pytest.fixture
+def short_timeout(monkeypatch):
+    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
+
+
+# ------------------------------------------------------------ the reference passes
+
+
+VALUES = ("gradients equal the single-process model's on (p, m) (1, 3), (2, 1), (2, 4), "
+          "(3, 5), (4, 8); bubble ")
+GPIPE_BUBBLES = "p = 2, m = 4: 20.6% (formula 20.0%), p = 4, m = 8: 28.0% (formula 27.3%); "
+ONE_F_ONE_B_BUBBLES = ("p = 2, m = 4: 20.5% (formula 20.0%), p = 4, m = 8: 27.8% (formula "
+                       "27.3%); ")
+
+
+@pytest.mark.parametrize("check, answer, text", [
+    (checks.check_gpipe, MINE["gpipe"], VALUES + GPIPE_BUBBLES + "stages held 8 / 8 / 8 / 8 micro-batches "
+     "of activations (p = 4, m = 8)"),
+    (checks.check_1f1b, MINE["one_f_one_b"], VALUES + ONE_F_ONE_B_BUBBLES + "stages held 4 / 3 / 2 / 1 "
+     "micro-batches of activations (p = 4, m = 8)"),
+    (checks.check_interleaved_bubble, MINE["interleaved_bubble"],
+     "right on 60 cases of p ∈ {1, 2, 4, 8}, m up to 32, v ∈ {1, 2, 4}"),
+    (checks.check_pick_m_v, MINE["pick_m_v"], "right on 7 cases (4 feasible, 3 infeasible)"),
+])
+def test_reference_passes(capsys, check, answer, text):
+    expect(capsys, check, answer, f"✅ {NAMES[check]}: {text}")
+
+
+@pytest.mark.parametrize("check, reference", [
+    (checks.check_gpipe, R.gpipe),
+    (checks.check_gpipe, schedules.gpipe),
+    (checks.check_1f1b, R.one_f_one_b),
+    (checks.check_interleaved_bubble, R.interleaved_bubble),
+    (checks.check_interleaved_bubble, bubble_formula),   # what the lab could import
+    (checks.check_pick_m_v, R.pick_m_v),
+])
+def test_the_reference_itself_is_refused(capsys, check, reference):
+    expect(capsys, check, reference,
+           f"❌ {NAMES[check]}: this function is the workbook's own reference answer, not "
+           "yours — Hint: the exercise is to write it yourself, in the cell above.")
+
+
+def test_the_lessons_gpipe_is_refused_too(capsys):
+    """The lesson shows GPipe by hand with the neighbours' ranks as arguments: a wrapper
+    that supplies them is the lesson's answer, not the learner's."""
+    def gpipe(stage, inputs, targets, loss_fn, shape):
+        rank, p = dist.get_rank(), dist.get_world_size()
+        schedules.gpipe(stage, inputs, targets, shape, rank - 1 if rank else None,
+                        rank + 1 if rank < p - 1 else None, loss_fn)
+
+    expect(capsys, checks.check_gpipe, gpipe,
+           "❌ GPipe: this function is the workbook's own reference answer, not yours — Hint: "
+           "the exercise is to write it yourself, in the cell above.")
+
+
+def test_a_wrapper_of_the_reference_is_refused(capsys):
+    expect(capsys, checks.check_1f1b, lambda *args: R.one_f_one_b(*args),
+           "❌ 1F1B: this function is the workbook's own reference answer, not yours — Hint: "
+           "the exercise is to write it yourself, in the cell above.")
+
+
+def test_an_unwritten_exercise_says_so(capsys):
+    def gpipe(stage, inputs, targets, loss_fn, shape):
+        raise NotImplementedError("all the forwards, then all the backwards")
+
+    expect(capsys, checks.check_gpipe, gpipe,
+           GPIPE + "p = 1, m = 3: rank 0 raised NotImplementedError: all the forwards, then "
+           "all the backwards — Hint: " + checking.HINTS["not_started"])
+
+
+# ------------------------------------------------- pieces of the wrong schedules
+
+
+def receive(shape, src):
+    """A tensor of ``shape`` received from ``src`` (blocking)."""
+    x = torch.empty(shape)
+    dist.recv(x, src)
+    return x
+
+
+def forward(stage, i, inputs, targets, loss_fn, shape, scale=True, wants_grad=True):
+    """Micro-batch ``i`` through this stage, its input received unless on the first stage;
+    the last stage returns the loss, divided by m when ``scale``."""
+    rank, p, m = dist.get_rank(), dist.get_world_size(), len(inputs)
+    x = inputs[i] if rank == 0 else receive(shape, rank - 1)
+    if rank > 0 and wants_grad:
+        x.requires_grad_()
+    y = stage(x)
+    if rank == p - 1:
+        y = loss_fn(y, targets[i]) / (m if scale else 1)
+    return x, y
+
+
+def backward(x, y, shape, send_back=True):
+    """Backward of one micro-batch: from the loss, or from the next stage's gradient."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank == p - 1:
+        y.backward()
+    else:
+        y.backward(receive(shape, rank + 1))
+    if rank > 0 and send_back:
+        dist.send(x.grad, rank - 1)
+
+
+def send_on(y):
+    """Send a stage's output to the next stage (blocking), unless this is the last."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank < p - 1:
+        dist.send(y.detach(), rank + 1)
+
+
+# ------------------------------------------------------------ exercise 1: GPipe
+
+
+def gpipe_with(order=lambda held: held, scale=True, wants_grad=True, send_back=True,
+               send_later=False):
+    """GPipe with one thing changed: the order of the backwards, the loss scaling, the
+    received input's ``requires_grad``, sending its gradient back, or sending the
+    activations only after every forward."""
+
+    def gpipe(stage, inputs, targets, loss_fn, shape):
+        held = []
+        for i in range(len(inputs)):
+            x, y = forward(stage, i, inputs, targets, loss_fn, shape, scale, wants_grad)
+            if not send_later:
+                send_on(y)
+            held.append((x, y))
+        if send_later:
+            for _, y in held:
+                send_on(y)
+        for x, y in order(held):
+            backward(x, y, shape, send_back)
+
+    return gpipe
+
+
+def last_stage_backwards_in_reverse(held):
+    return held[::-1] if dist.get_rank() == dist.get_world_size() - 1 else held
+
+
+def gpipe_receives_the_wrong_shape(stage, inputs, targets, loss_fn, shape):
+    MINE["gpipe"](stage, inputs, targets, loss_fn, (shape[1], shape[0] + 1))
+
+
+def gpipe_calls_a_collective(stage, inputs, targets, loss_fn, shape):
+    """Right values, but a collective among the point-to-point messages."""
+    dist.barrier()
+    MINE["gpipe"](stage, inputs, targets, loss_fn, shape)
+
+
+def gpipe_never_ends(stage, inputs, targets, loss_fn, shape):
+    while True:
+        pass
+
+
+LOSS_SCALING = ("divide each micro-batch's loss by m before its backward: the batch's loss "
+                "is the mean of the micro-batches'.")
+RAISED = ("read the message above. Only the first rank's inputs and the last rank's targets "
+          "hold tensors (the others hold None): the other stages receive their input with "
+          "dist.recv, and make it want its gradient (x.requires_grad_()) so that backward "
+          "fills x.grad to send back.")
+HOLDS_M = ("GPipe runs the forward of every micro-batch, then the backward of every "
+           "micro-batch, on every stage (the last one too): keep each micro-batch's input and "
+           "output until its backward.")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (gpipe_with(send_back=False), "p = 2, m = 1: deadlock (rank 0: recv from rank 1; rank 1: "
+     "returned) — Hint: rank 1 returned while others still wait to exchange messages with "
+     "it: every send needs a matching recv on the other side."),
+    (gpipe_with(wants_grad=False), "p = 2, m = 1: rank 1 raised TypeError: Invalid function "
+     "argument. Expected parameter `tensor` of type torch.Tensor — Hint: " + RAISED),
+    (gpipe_with(scale=False), "p = 1, m = 3: rank 0, 0.weight: 3× the reference (the sum "
+     "over the micro-batches, not their mean): element 0 is -0.0008787, the single-process "
+     "model has -0.0002929 — Hint: " + LOSS_SCALING),
+    (gpipe_with(order=last_stage_backwards_in_reverse), "p = 2, m = 4: rank 0, 0.weight: "
+     "differs from the reference: element 0 is 0.0003997, the single-process model has "
+     "-0.0002363 — Hint: backward of a micro-batch needs the gradient of the same "
+     "micro-batch: every stage must send and receive the micro-batches' gradients in the "
+     "same order. Print what each rank sends and receives on p = 2, m = 2."),
+    (gpipe_receives_the_wrong_shape, "p = 2, m = 1: mismatch in send/recv on group WORLD: the "
+     "shape/dtype differs (rank 0: sends (2, 8) torch.float32, rank 1: receives (8, 3) "
+     "torch.float32) — Hint: the receiving tensor must have the same shape and dtype as the "
+     "sent one."),
+    (gpipe_calls_a_collective, "p = 1, m = 3: rank 0 called barrier, a collective — Hint: "
+     "pass activations and gradients between neighbouring stages with point-to-point "
+     "operations only (dist.send, dist.recv, dist.isend, dist.irecv, "
+     "dist.batch_isend_irecv)."),
+    (MINE["one_f_one_b"], "p = 2, m = 4, fake tensors: stage 0 held at most 2.0 "
+     "micro-batches of activations; GPipe holds all 4 — Hint: " + HOLDS_M),
+    (gpipe_with(send_later=True), "p = 2, m = 4, fake tensors: the stages idle 33.6% of the "
+     "wall time; the formula (p - 1)/(m + p - 1) gives 20.0% — Hint: every stage must start "
+     "a micro-batch's forward as soon as its input arrives, and send its output on at once; "
+     "then all the backwards."),
+])
+def test_gpipe_mistakes(capsys, answer, message):
+    expect(capsys, checks.check_gpipe, answer, GPIPE + message)
+
+
+def test_an_endless_schedule_is_stopped(capsys, short_timeout):
+    expect(capsys, checks.check_gpipe, gpipe_never_ends,
+           GPIPE + "p = 1, m = 3: rank 0 was still running after 2 s of wall-clock time (an "
+           "infinite loop?) — Hint: look for a loop whose bounds never end (over range(m), "
+           "m = len(inputs)).")
+
+
+def test_a_schedule_that_skips_the_stage_module_is_told_to_call_it(capsys):
+    """The checks count activations when the stage module returns: calling its layers one
+    by one is reported, not misread as holding nothing."""
+
+    def gpipe(stage, inputs, targets, loss_fn, shape):
+        MINE["gpipe"](lambda x: stage[1:](stage[0](x)), inputs, targets, loss_fn, shape)
+
+    expect(capsys, checks.check_gpipe, gpipe,
+           GPIPE + "p = 2, m = 4, fake tensors: stage 0 was called 0 time(s); expected once "
+           "per micro-batch (4) — Hint: call this rank's stage as stage(x) once for each "
+           "micro-batch.")
+
+
+# ------------------------------------------------------------- exercise 2: 1F1B
+
+
+def one_f_one_b_with(warmup=lambda p, rank: p - rank - 1):
+    """1F1B with blocking sends, each stage sending before it receives, and a given number
+    of warm-up forwards."""
+
+    def one_f_one_b(stage, inputs, targets, loss_fn, shape):
+        rank, p, m = dist.get_rank(), dist.get_world_size(), len(inputs)
+        held, w = deque(), min(warmup(p, rank), m)
+        for i in range(m):
+            x, y = forward(stage, i, inputs, targets, loss_fn, shape)
+            send_on(y)
+            held.append((x, y))
+            if i >= w:
+                backward(*held.popleft(), shape)
+        while held:
+            backward(*held.popleft(), shape)
+
+    return one_f_one_b
+
+
+def one_f_one_b_unscaled(stage, inputs, targets, loss_fn, shape):
+    """The right schedule, but every micro-batch's loss counts m times."""
+    m = len(inputs)
+    MINE["one_f_one_b"](stage, inputs, targets, lambda o, t: loss_fn(o, t) * m, shape)
+
+
+def one_f_one_b_every_rank_takes_inputs(stage, inputs, targets, loss_fn, shape):
+    """Runs the stage on `inputs[0]` on every rank, where past the first stage it is None:
+    the stage raises."""
+    stage(inputs[0])
+    MINE["one_f_one_b"](stage, inputs, targets, loss_fn, shape)
+
+
+@pytest.mark.parametrize("answer, message", [
+    (one_f_one_b_with(), "p = 2, m = 4: deadlock (rank 0: send to rank 1; rank 1: send to "
+     "rank 0) — Hint: blocking send() waits until the matching recv() is posted (as NCCL "
+     "does for large messages). If every rank sends first, nobody receives: use isend/irecv "
+     "or batch_isend_irecv, or let even ranks send first and odd ranks receive first."),
+    (one_f_one_b_every_rank_takes_inputs, "p = 2, m = 1: rank 1 raised TypeError: linear(): "
+     "argument 'input' (position 1) must be Tensor, not NoneType — Hint: " + RAISED),
+    (one_f_one_b_unscaled, "p = 1, m = 3: rank 0, 0.weight: 3× the reference (the sum over "
+     "the micro-batches, not their mean): element 0 is -0.0008787, the single-process model "
+     "has -0.0002929 — Hint: " + LOSS_SCALING),
+    (MINE["gpipe"], "p = 2, m = 4, fake tensors: stage 0 held 4.0 micro-batches of "
+     "activations; 1F1B holds at most p - rank = 2 — Hint: start backward early: stage r "
+     "runs p - r - 1 warm-up forwards, then one forward and one backward in turn, and drops "
+     "each micro-batch's tensors once its backward is done."),
+    (one_f_one_b_with(warmup=lambda p, rank: 0), "p = 2, m = 4, fake tensors: the stages "
+     "idle 50.2% of the wall time; the formula (p - 1)/(m + p - 1) gives 20.0% — Hint: stage "
+     "r runs p - r - 1 warm-up forwards before its first backward (with fewer, the stages "
+     "wait for each other), and posts each send together with the receive that follows it "
+     "(dist.batch_isend_irecv)."),
+])
+def test_1f1b_mistakes(capsys, answer, message):
+    expect(capsys, checks.check_1f1b, answer, ONE_F_ONE_B + message)
+
+
+# ---------------------------------------------------- exercise 3: interleaved bubble
+
+
+IDEAL = ("(p - 1)/(v·m) is the bubble relative to the ideal time (the papers' ratio); as a "
+         "fraction of the wall time, divide by the whole: ideal v·m plus bubble p - 1, in "
+         "chunk slots.")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda p, m, v: (p - 1) / (v * m), "p = 2, m = 1, v = 1: returned 1, expected 0.5 — "
+     "Hint: " + IDEAL),
+    (lambda p, m, v: (p - 1) / (m + p - 1), "p = 2, m = 1, v = 2: returned 0.5, expected "
+     "0.3333 — Hint: that is 1F1B's bubble: with v chunks each slot is v times shorter."),
+    (lambda p, m, v: 100 * (p - 1) / (v * m + p - 1), "p = 2, m = 1, v = 1: returned 50, "
+     "expected 0.5 — Hint: return a fraction (0.25), not a percentage (25)."),
+    (lambda p, m, v: f"{(p - 1) / (v * m + p - 1):.0%}", "p = 1, m = 1, v = 1: returned "
+     "'0%', not a number — Hint: return the fraction as a float (0.25 for 25 %)."),
+    (lambda p, m, v: (p - 1) / (v * m - 1), "interleaved_bubble(1, 1, 1) raised "
+     "ZeroDivisionError: division by zero — Hint: read the message above; call your "
+     "function on these arguments yourself to see the whole traceback."),
+])
+def test_interleaved_bubble_mistakes(capsys, answer, message):
+    expect(capsys, checks.check_interleaved_bubble, answer, INTERLEAVED + message)
+
+
+# ----------------------------------------------------------- exercise 4: pick (m, v)
+
+
+def search(p, batch, layers, target, cap, sample, held=R.micro_batches_held, m_first=True,
+           first_m=None):
+    """The search of pick_m_v with one thing changed: what the first stage holds, the order
+    of the loops, or where m starts."""
+    ms = [m for m in range(p if first_m is None else first_m, batch + 1, p) if batch % m == 0]
+    vs = [v for v in range(1, layers + 1) if layers % v == 0]
+    pairs = [(m, v) for m in ms for v in vs] if m_first else [(m, v) for v in vs for m in ms]
+    for m, v in pairs:
+        if MINE["interleaved_bubble"](p, m, v) <= target and \
+                held(p, v) * (batch // m) * sample <= cap:
+            return m, v
+    return None
+
+
+CASE_1 = ("pick_m_v(p=4, batch=64, layers_per_stage=6, bubble_target=0.3, memory_cap=4 GB, "
+          "sample_bytes=100 MB)")
+CASE_2 = CASE_1.replace("4 GB", "8.5 GB")
+MEMORY = ("the first stage holds p micro-batches (1F1B), p + (p - 1)/v with v ≥ 2 chunks, "
+          "each of batch/m samples × sample_bytes.")
+PREFERENCE = ("among the (m, v) that fit, take the smallest m, then the smallest v; 1F1B "
+              "(v = 1) holds p micro-batches.")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda *case: search(*case, held=lambda p, v: 0), CASE_1 + ": (m, v) = (4, 2) holds "
+     "8.8 GB of activations on the first stage, above the cap — Hint: " + MEMORY),
+    (lambda *case: search(*case, held=lambda p, v: p), CASE_2 + ": (m, v) = (4, 2) holds "
+     "8.8 GB of activations on the first stage, above the cap — Hint: " + MEMORY),
+    (lambda *case: search(*case, held=lambda p, v: p + (p - 1) / v), CASE_1 + ": returned "
+     "(8, 3); expected (8, 1), which fits too with as many micro-batches, fewer chunks "
+     "(bubble 27.3%, 3.2 GB) — Hint: " + PREFERENCE),
+    (lambda *case: search(*case, m_first=False), CASE_2 + ": returned (8, 1); expected (4, "
+     "3), which fits too with fewer micro-batches (bubble 20.0%, 8 GB) — Hint: " + PREFERENCE),
+    (lambda *case: search(*case) or (case[1], case[2]), "pick_m_v(p=4, batch=32, "
+     "layers_per_stage=4, bubble_target=0.01, memory_cap=80 GB, sample_bytes=10 MB): (m, v) "
+     "= (32, 4) idles 2.3% of the wall time, above the target 1% — Hint: check the bubble "
+     "with your interleaved_bubble(p, m, v)."),
+    (lambda *case: search(*case, first_m=0), CASE_1 + " raised ZeroDivisionError: integer "
+     "modulo by zero — Hint: read the message above; call your function on these arguments "
+     "yourself to see the whole traceback."),
+    (lambda *case: [4, 3], CASE_1 + ": (m, v) = (4, 3) holds 8 GB of activations on the "
+     "first stage, above the cap — Hint: " + MEMORY),
+    (lambda *case: None, CASE_1 + ": returned None, but (m, v) = (8, 1) fits — Hint: try "
+     "every m that is a multiple of p and divides the batch, and every v that divides "
+     "layers_per_stage."),
+    (lambda *case: (6, 1), CASE_1 + ": returned (m, v) = (6, 1): m must be a multiple of p "
+     "that divides the batch and v must divide layers_per_stage — Hint: loop over m in "
+     "range(p, batch + 1, p) and keep those with batch % m == 0; v over the divisors of "
+     "layers_per_stage."),
+    (lambda *case: "8, 1", CASE_1 + ": returned '8, 1', expected a pair (m, v) or None — "
+     "Hint: return (m, v), or None when nothing fits."),
+])
+def test_pick_m_v_mistakes(capsys, answer, message):
+    expect(capsys, checks.check_pick_m_v, answer, PICK + message)
+
+
+def test_every_infeasible_case_has_one_reason():
+    """The infeasible cases are infeasible for the reason their comment gives: the bubble
+    alone, the memory alone, or only the two together."""
+    def fits(case, bubble_only=False, memory_only=False):
+        p, batch, layers, target, cap, sample = case
+        return search(p, batch, layers, 1.0 if memory_only else target,
+                      float("inf") if bubble_only else cap, sample)
+
+    infeasible = [c for c in lesson05.PICK_CASES if R.pick_m_v(*c) is None]
+    assert [(fits(c, bubble_only=True) is None, fits(c, memory_only=True) is None)
+            for c in infeasible] == [(True, False), (False, True), (False, False)]
+
