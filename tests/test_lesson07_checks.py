@@ -396,7 +396,7 @@ def _all_candidates(width):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("width", [w for w, _ in FIT_CASES])
+@pytest.mark.parametrize("width", FIT_CASES)
 def test_the_reference_picks_the_fastest_settings_that_fit(width):
     """Every candidate measured: DDP runs out of memory, and the reference's choice is the
     fastest that fits (so the check's "best" is the best)."""

@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import simcluster as sc
-from workbook.checking import (TOLERANCE, Failure, budget, check, first_difference, listed,
+from workbook.checking import (Failure, budget, check, first_difference, listed,
                                num, raised, refuse_reference, seconds, simulate)
 
 WORLD_SIZES = (1, 2, 3, 4)
@@ -481,10 +481,10 @@ def check_zero_memory(fn):
 # ------------------------------------------------------------- exercise 5: fit settings
 
 FIT_WORLD, FIT_BLOCKS = 4, 4
-# (width d, what the case shows): blocks of Linear(d, 4d) · ReLU · Linear(4d, d), no bias
-FIT_CASES = ((12_500, "whole parameters fit"), (18_114, "only sharded parameters fit"),
-             (20_156, "only offloaded shards fit"),
-             (24_367, "only offload with resharding fits"))
+FIT_TOLERANCE = 1.05   # the learner's step may be 5 % slower than the fastest that fits
+# Widths d of blocks Linear(d, 4d) · ReLU · Linear(4d, d), no bias: on 4 GPUs, the fastest
+# settings that fit keep whole parameters, shard them, offload them, offload and reshard.
+FIT_CASES = (12_500, 18_114, 20_156, 24_367)
 SETTINGS_HINT = ("return a dict with keys 'stage' (0: DDP, 1: DDP with "
                  "ZeroRedundancyOptimizer, 3: fully_shard), 'reshard_after_forward' and "
                  "'offload' (bools; fully_shard's options, so False with stages 0 and 1).")
@@ -580,7 +580,7 @@ def check_fit_settings(fn):
     spec = sc.Cluster.preset("dgx-a100").spec
     gpu, host = spec.device_of(0).memory, spec.host_share(0)[0]
     worst = 0.0
-    for width, _ in FIT_CASES:
+    for width in FIT_CASES:
         psi = fit_psi(width)
         where = f"Ψ = {psi / 1e9:.2f}B in {FIT_BLOCKS} blocks on {FIT_WORLD} GPUs"
         settings = _valid_settings(
@@ -597,7 +597,7 @@ def check_fit_settings(fn):
                           "to backward without resharding); offload moves the 16Ψ/N to the "
                           "host.") from None
         worst = max(worst, mine / best_time)
-        if mine > best_time * TOLERANCE["bytes"]:
+        if mine > best_time * FIT_TOLERANCE:
             raise Failure(f"{where}: {_describe(settings)} fits, and its step takes "
                           f"{seconds(mine)}, {mine / best_time:.2f}× the {seconds(best_time)}"
                           f" of {_describe(best)}",
