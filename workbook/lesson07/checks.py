@@ -240,7 +240,9 @@ def check_zero1(cls):
     ``torch.optim.Adam``'s after 3 steps on world sizes 1–4; between steps each rank keeps
     at most (× 1.25) 1/N of the memory Adam keeps."""
     refuse_reference(cls, _reference().ZeRO1Adam, "class")
-    refuse_reference(cls, torch.optim.Adam, "class")
+    if isinstance(cls, type) and issubclass(cls, torch.optim.Adam):
+        raise Failure("this class is torch.optim.Adam, which keeps the whole state on every "
+                      "rank", "write ZeRO1Adam yourself, keeping m and v of your chunk only.")
     _check_values(cls, average=True)
     for p in MEMORY_WORLD_SIZES:
         run, where = _run_training(cls, wide_model, p, 2, True, measure=True)
