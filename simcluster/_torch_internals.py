@@ -487,8 +487,11 @@ _fake_mode_type = None
 
 
 def _fake_mode_class():
-    """FakeTensorMode, but an op whose tensors are all real integers (or booleans) runs
-    on their data.
+    """FakeTensorMode, but functional collectives reach the simulated network, and an op
+    whose tensors are all real integers (or booleans) runs on their data.
+
+    Functional collectives (``torch.ops._c10d_functional``) run their real kernels, which
+    call the process group, so DTensor's communication is simulated on fake tensors too.
 
     Torch's own bookkeeping keeps counters and flags in small integer tensors it made real
     and reads them back with ``.item()``: DDP's reducer marks the parameters a step used
@@ -515,9 +518,18 @@ def _fake_mode_class():
                     return False
         return found
 
+    cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
     class SimFakeTensorMode(FakeTensorMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if func.namespace == "_c10d_functional":
+                # Functional collectives (DTensor's, torch.compile's) are answered from
+                # shapes alone by FakeTensorMode, and never reach the process group. Their
+                # CPU kernels call the group as on real tensors (the sim backend moves no
+                # data between fake tensors); what they allocate stays fake.
+                with self:
+                    return func.redispatch(cpu, *args, **kwargs)
             if FakeTensor not in types \
                     and real_integers_only((*args, *kwargs.values()), None) is True:
                 return func(*args, **kwargs)   # this mode is off while it dispatches
