@@ -189,6 +189,7 @@ _installed = 0
 _install_lock = threading.Lock()
 _original_setattr_param = None
 _original_foreach_reduce = None
+_original_foreach_all_gather = None
 _original_storage_resize = torch.UntypedStorage.resize_
 
 
@@ -204,17 +205,42 @@ def _fsdp_param_group_module():
     return _fsdp_param_group
 
 
-def _foreach_reduce(on_gradients_to_host):
-    """FSDP2's ``foreach_reduce``, telling ``on_gradients_to_host`` which gradients it moved
-    to the host (those of parameters with ``CPUOffloadPolicy``)."""
+def _foreach_all_gather(original):
+    """FSDP2's ``foreach_all_gather``, whose input and output buffers (a flat copy of the
+    shards, and the unsharded flat buffer they are gathered into) count as communication
+    buffers, also when it runs in the backward pass."""
+
+    def foreach_all_gather(*args, **kwargs):
+        with _allocating_as("communication buffers"):
+            return original(*args, **kwargs)
+
+    foreach_all_gather.__doc__, foreach_all_gather.__wrapped__ = original.__doc__, original
+    return foreach_all_gather
+
+
+_GradScaler = torch.amp.GradScaler
+_original_scaler_init = _GradScaler._lazy_init_scale_growth_tracker
+
+
+def _scaler_init(scaler, device):
+    """``GradScaler``'s creation of its scale and growth tracker, which live as long as the
+    optimizer's state: they count as optimizer state."""
+    with _allocating_as("optimizer state"):
+        _original_scaler_init(scaler, device)
+
+
+def _foreach_reduce(on_sharded_gradients):
+    """FSDP2's ``foreach_reduce``, whose buffers (the flat reduce-scatter input, the
+    output before it becomes the sharded gradients) count as communication buffers; then
+    ``on_sharded_gradients([(parameter, gradient), ...])`` hears of the sharded gradients
+    it made (views into the reduce-scatter's output, moved to the host for parameters with
+    ``CPUOffloadPolicy``)."""
     original = _original_foreach_reduce
 
     def foreach_reduce(fsdp_params, *args, **kwargs):
-        result = original(fsdp_params, *args, **kwargs)
-        offloaded = [(p.sharded_param, p.sharded_param.grad) for p in fsdp_params
-                     if p.offload_to_cpu]
-        if offloaded:
-            on_gradients_to_host(offloaded)
+        with _allocating_as("communication buffers"):
+            result = original(fsdp_params, *args, **kwargs)
+        on_sharded_gradients([(p.sharded_param, p.sharded_param.grad) for p in fsdp_params])
         return result
 
     foreach_reduce.__doc__, foreach_reduce.__wrapped__ = original.__doc__, original
@@ -222,7 +248,7 @@ def _foreach_reduce(on_gradients_to_host):
 
 
 def install(on_storage_resize, on_parameter, on_init_process_group,
-            on_gradients_to_host=None, reducer_buckets=None):
+            on_sharded_gradients=None, allocating_as=None):
     """Make process-group state per-thread, and report what accounting cannot see.
 
     Called when a run starts (importing simcluster changes nothing in torch). FSDP2 frees
@@ -231,14 +257,20 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
     ``on_storage_resize(storage, nbytes)`` and ``on_parameter(module, name, param)`` hear
     of both. ``dist.init_process_group`` first asks ``on_init_process_group(backend,
     kwargs)``, which returns True when it has handled the call (see
-    :func:`_init_process_group`). After FSDP2 reduce-scatters the gradients of parameters
-    it offloads to the CPU, ``on_gradients_to_host([(parameter, gradient), ...])`` hears
-    of them. DDP's C++ reducer allocates its gradient buckets inside ``reducer_buckets()``,
-    a context factory. Nested calls are counted.
+    :func:`_init_process_group`). After FSDP2 reduce-scatters gradients (and moves those
+    of parameters it offloads to the CPU), ``on_sharded_gradients([(parameter, gradient),
+    ...])`` hears of them. ``allocating_as(category)`` is a ``with`` block in which new
+    memory counts as ``category``: DDP's reducer makes its buckets in one
+    ("communication buffers", or "gradients" when the gradients are views into them),
+    FSDP2 its all-gather and reduce-scatter buffers ("communication buffers") and
+    ``GradScaler`` its scale ("optimizer state"). Nested calls are counted.
     """
-    global _installed, _original_setattr_param, _original_foreach_reduce
+    global _installed, _original_setattr_param, _original_foreach_reduce, _allocating_as_hook
+    global _original_foreach_all_gather
     with _install_lock:
         if _installed == 0:
+            _allocating_as_hook = allocating_as
+            _GradScaler._lazy_init_scale_growth_tracker = _scaler_init
             fsdp_param = _fsdp_param_module()
             _original_setattr_param = fsdp_param.unsafe_setattr_param
 
@@ -249,8 +281,10 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
             fsdp_param.unsafe_setattr_param = unsafe_setattr_param
             group = _fsdp_param_group_module()
             _original_foreach_reduce = group.foreach_reduce
-            if on_gradients_to_host is not None:
-                group.foreach_reduce = _foreach_reduce(on_gradients_to_host)
+            _original_foreach_all_gather = group.foreach_all_gather
+            group.foreach_all_gather = _foreach_all_gather(_original_foreach_all_gather)
+            if on_sharded_gradients is not None:
+                group.foreach_reduce = _foreach_reduce(on_sharded_gradients)
             c10d._world = _ThreadLocalWorld()
             _ThreadLocalWorld.outside = threading.get_ident()
             torch._C._distributed_c10d._set_thread_isolation_mode(True)
@@ -262,8 +296,7 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
 
             torch.UntypedStorage.resize_ = resize_
             _set_init_process_group(_init_process_group(on_init_process_group))
-            _set_reducer_entry_points(_reducer_entry_points_with_real_bookkeeping(
-                reducer_buckets))
+            _set_reducer_entry_points(_reducer_entry_points_with_real_bookkeeping())
             _set_object_collectives({name: _without_fake_mode(function) for name, function
                                      in _original_object_collectives.items()})
             _functional_collectives_module()._are_we_tracing = _are_we_tracing
@@ -276,7 +309,7 @@ def install(on_storage_resize, on_parameter, on_init_process_group,
 
 def uninstall():
     """Undo :func:`install` once the last active run has finished."""
-    global _installed
+    global _installed, _allocating_as_hook
     with _install_lock:
         _installed -= 1
         if _installed == 0:
@@ -286,11 +319,14 @@ def uninstall():
             torch.UntypedStorage.resize_ = _original_storage_resize
             _fsdp_param_module().unsafe_setattr_param = _original_setattr_param
             _fsdp_param_group_module().foreach_reduce = _original_foreach_reduce
+            _fsdp_param_group_module().foreach_all_gather = _original_foreach_all_gather
             _set_init_process_group(_original_init_process_group)
             _set_reducer_entry_points(_original_reducer_entry_points)
             _set_object_collectives(_original_object_collectives)
             _functional_collectives_module()._are_we_tracing = _original_are_we_tracing
             _set_rank_local_module_hooks(False)
+            _allocating_as_hook = None
+            _GradScaler._lazy_init_scale_growth_tracker = _original_scaler_init
             _unpatch_pipelining()
             if _patch_on_import in sys.meta_path:
                 sys.meta_path.remove(_patch_on_import)
@@ -501,28 +537,41 @@ _original_reducer_entry_points = (dist._verify_params_across_processes, dist.Red
                                   _Reducer._rebuild_buckets)
 
 
-def _reducer_entry_points_with_real_bookkeeping(buckets=None):
+def _reducer_entry_points_with_real_bookkeeping():
     """Replacements for :data:`_original_reducer_entry_points`: the same calls, with the
     reducer's bookkeeping kept real inside ``sc.fake_tensors()``, and the reducer's
     gradient buckets (made at construction, remade by ``_rebuild_buckets`` in the first
-    forward after a step) allocated inside ``buckets()``, a context factory (or None)."""
+    forward after a step) allocated as communication buffers, or as gradients when the
+    gradients are views into them (``gradient_as_bucket_view=True``)."""
 
-    def allocating_buckets(function):
-        if buckets is None:
-            return function
-
-        def call(*args, **kwargs):
-            with buckets():
-                return function(*args, **kwargs)
-
-        return functools.update_wrapper(call, function)
+    init = _with_real_bookkeeping(_Reducer.__init__)
+    rebuild = _with_real_bookkeeping(_original_reducer_entry_points[2])
 
     class Reducer(_Reducer):
-        __init__ = allocating_buckets(_with_real_bookkeeping(_Reducer.__init__))
+        def __init__(self, *args, **kwargs):
+            # DDP passes gradient_as_bucket_view eighth: its buckets then hold the gradients
+            views = args[7] if len(args) > 7 else kwargs.get("gradient_as_bucket_view", False)
+            self._sim_bucket_category = "gradients" if views else "communication buffers"
+            with _allocating_as(self._sim_bucket_category):
+                init(self, *args, **kwargs)
+
+    def rebuild_buckets(self):
+        with _allocating_as(getattr(self, "_sim_bucket_category", "communication buffers")):
+            return rebuild(self)
 
     Reducer.__name__ = Reducer.__qualname__ = _Reducer.__name__
     return (_with_real_bookkeeping(_original_reducer_entry_points[0]), Reducer,
-            allocating_buckets(_with_real_bookkeeping(_original_reducer_entry_points[2])))
+            functools.update_wrapper(rebuild_buckets, rebuild))
+
+
+def _allocating_as(category):
+    """A ``with`` block in which the calling rank counts new memory as ``category``
+    (:func:`install`'s ``allocating_as``), or nothing outside a run."""
+    return contextlib.nullcontext() if _allocating_as_hook is None \
+        else _allocating_as_hook(category)
+
+
+_allocating_as_hook = None   # install()'s allocating_as while installed
 
 
 _original_warmup_p2p = None   # while patched: torch.distributed.pipelining's own
@@ -977,19 +1026,41 @@ class ModuleStack(ModuleTracker):
     backward pass with multi-grad hooks, which break ``torch.autograd.grad`` on leaf
     inputs (as torch.distributed.pipelining calls it). Backward time is labelled
     "(backward)" instead.
+
+    Forwards that run during a backward pass are activation checkpointing's recomputation
+    (``torch.utils.checkpoint``): they are tracked apart (:attr:`recomputing`) and never
+    join :attr:`parents`, because the non-reentrant checkpoint stops its recomputation
+    early, by raising, once it has the tensors backward needs, so their forward never
+    returns and they would stay "running" forever.
     """
 
     _innermost = "Global"   # the deepest module running now, kept as parents change
+    _recomputed = frozenset()   # modules entered during the backward pass, not yet left
 
     def enter(self, module):
         """``module``'s forward starts."""
-        self.parents.add(self._get_mod_name(module))
+        name = self._get_mod_name(module)
+        if _graph_task_id() != -1:
+            self._recomputed = self._recomputed | {name}
+            return
+        self._recomputed = frozenset()   # a new forward: recomputations cut short are over
+        self.parents.add(name)
         self._innermost = max(self.parents, key=len)
 
     def leave(self, module):
         """``module``'s forward has returned."""
-        self.parents.discard(self._get_mod_name(module))
+        name = self._get_mod_name(module)
+        if name in self._recomputed:
+            self._recomputed = self._recomputed - {name}
+            return
+        self.parents.discard(name)
         self._innermost = max(self.parents, key=len)
+
+    @property
+    def recomputing(self):
+        """True while a module's forward runs inside the backward pass (a checkpointed
+        block recomputing its activations)."""
+        return bool(self._recomputed)
 
     @property
     def inside_module(self):

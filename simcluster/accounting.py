@@ -37,7 +37,7 @@ A transfer takes ``latency + bytes / PCIe bandwidth`` on the rank's communicatio
 the compute stream waits for it, except on a side stream (FSDP2's all-gather copy-in),
 where only the ops that read the result wait. Gradients FSDP2 moves to the host after the
 reduce-scatter (``.to("cpu")``, also a no-op to torch) are handed to the host account
-(:func:`on_gradients_to_host`).
+(:func:`on_sharded_gradients`).
 """
 
 import contextlib
@@ -92,8 +92,8 @@ class RankAccounting(DispatchMode):
         self.modules = ModuleStack()
         self.in_optimizer_step = False   # what is allocated now is optimizer state
         self.host_step = False           # ... by an optimizer step that runs on the host
-        self.making_buffers = False      # DDP's reducer is making its gradient buckets
         self._paused = False     # True while the simulator computes a collective's result
+        self.allocating_as = None   # a category that overrides category() (see allocating_as)
         self.module_time = recorder.module_time[rank]
 
     @contextlib.contextmanager
@@ -107,12 +107,18 @@ class RankAccounting(DispatchMode):
             self._paused = was
 
     def category(self):
-        """The category of memory allocated right now."""
-        if self.making_buffers:
-            return "communication buffers"
+        """The category of memory allocated right now.
+
+        In the backward pass a module's forward with grad enabled is activation
+        checkpointing recomputing a block: what it allocates is activations again.
+        """
+        if self.allocating_as is not None:
+            return self.allocating_as
         if self.in_optimizer_step:
             return "optimizer state"
         if in_backward():
+            if self.modules.recomputing and torch.is_grad_enabled():
+                return "activations"
             return "gradients"
         if self.modules.inside_module and torch.is_grad_enabled():
             return "activations"
@@ -168,6 +174,8 @@ class RankAccounting(DispatchMode):
             except (TypeError, ValueError, RuntimeError):
                 flops = 0
         dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
+        if flops and dtype is _F32 and func.overloadpacket in _TF32_OPS:
+            dtype = _fp32_matmul_dtype()
         seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes)
         label = self.modules.innermost()
         clock.flops += flops
@@ -209,6 +217,8 @@ class RankAccounting(DispatchMode):
         elif not on_host and from_host:
             self.transfer(HOST_TO_DEVICE, from_host, outputs)
         flops, nbytes, dtype = _work(counter, args, kwargs, out, inputs, outputs)
+        if flops and dtype is _F32 and func.overloadpacket in _TF32_OPS:
+            dtype = _fp32_matmul_dtype()
         cost, label = self.recorder.cost, self.modules.innermost()
         if on_host:
             seconds, label = cost.host_roofline(self.rank, flops, nbytes), f"host: {label}"
@@ -252,6 +262,23 @@ class RankAccounting(DispatchMode):
         self.host.allocate(key_of_storage(storage), storage.nbytes(), category, storage)
         return out
 
+    def _to_copy(self, run, args, kwargs):
+        """``aten._to_copy``: a cast copy of a parameter (autocast's bf16 weights, which it
+        caches for the forward) is a parameter, in another precision; any other copy
+        takes the category of what runs now."""
+        inputs = _tensors(args, [])
+        if self.clock.has_pending_reads:
+            self.clock.wait_for_read(storage_key(args[0]))
+        if self.memory.category_of(storage_key(args[0])) != "parameters":
+            return self._dispatch_with_host(_TO_COPY, run, args, kwargs, inputs, False,
+                                            None)
+        was, self.allocating_as = self.allocating_as, "parameters"
+        try:
+            return self._dispatch_with_host(_TO_COPY, run, args, kwargs, inputs, False,
+                                            None)
+        finally:
+            self.allocating_as = was
+
     def retag(self, key, category):
         """Move live storage ``key`` to ``category``, on the device or the host."""
         self.memory.retag(key, category)
@@ -290,6 +317,20 @@ class RankAccounting(DispatchMode):
             if not memory.holds(key) and not (host.total and host.holds(key)):
                 category = category or self.category()
                 account.allocate(key, storage.nbytes(), category, storage)
+
+
+_F32 = torch.float32
+# fp32 matrix multiplies that cuBLAS runs on tensor cores in TF32 when the rank allows it
+_TF32_OPS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm,
+             torch.ops.aten.baddbmm}
+
+
+def _fp32_matmul_dtype():
+    """What an fp32 matmul computes in on this rank: "tf32" (tensor cores) if it set
+    ``torch.set_float32_matmul_precision("high")`` or ``"medium"`` (or
+    ``torch.backends.cuda.matmul.allow_tf32 = True``), else float32, PyTorch's default
+    ("highest"). On CUDA "medium" also runs in TF32: cuBLAS has no bf16 path for fp32."""
+    return _F32 if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
 def _call(func, args, kwargs):
@@ -343,9 +384,12 @@ def tensors_in(values):
 
 _OP_INFO = {}
 _CLONE = torch.ops.aten.clone.default
-# Ops the simulator answers itself: pinned memory is the simulated host's.
+_TO_COPY = torch.ops.aten._to_copy.default
+# Ops the simulator answers itself: pinned memory is the simulated host's; a cast of a
+# parameter is a parameter.
 _SPECIAL = {torch.ops.aten.is_pinned.default: RankAccounting._is_pinned,
-            torch.ops.aten._pin_memory.default: RankAccounting._pin_memory}
+            torch.ops.aten._pin_memory.default: RankAccounting._pin_memory,
+            _TO_COPY: RankAccounting._to_copy}
 _KIND = {}   # tensor type -> dispatch_kind(type)
 
 
@@ -380,6 +424,21 @@ def current():
 def bind_thread(accounting):
     """Make ``accounting`` the calling thread's accountant (None to unbind)."""
     _thread.accounting = accounting
+
+
+@contextlib.contextmanager
+def allocating_as(category):
+    """A ``with`` block in which the calling rank counts the memory it allocates as
+    ``category`` (DDP's buckets); does nothing outside a rank or without accounting."""
+    acc = current()
+    if acc is None:
+        yield
+        return
+    was, acc.allocating_as = acc.allocating_as, category
+    try:
+        yield
+    finally:
+        acc.allocating_as = was
 
 
 def paused():
@@ -442,33 +501,21 @@ def on_storage_resize(storage, nbytes):
         acc.resize(storage, nbytes)
 
 
-@contextlib.contextmanager
-def reducer_buckets():
-    """A ``with`` block in which DDP's C++ reducer makes its gradient buckets: what it
-    allocates is communication buffers (DDP all-reduces them), even inside the forward
-    pass, where DDP remakes them after the first step."""
-    acc = current()
-    if acc is None:
-        yield
-        return
-    was, acc.making_buffers = acc.making_buffers, True
-    try:
-        yield
-    finally:
-        acc.making_buffers = was
-
-
-def on_gradients_to_host(pairs):
-    """FSDP2 has reduce-scattered the gradients of offloaded parameters and moved them to
-    the host (``.to("cpu")``, which torch sees as no move): ``pairs`` are
-    ``(parameter, gradient)``. A gradient goes to the host where its parameter lives there,
-    crossing the link once per storage (the reduce-scatter's output holds them all)."""
+def on_sharded_gradients(pairs):
+    """FSDP2 has reduce-scattered gradients: ``pairs`` are ``(parameter, gradient)``. Each
+    gradient (a view into the reduce-scatter's output, allocated as a communication
+    buffer) is a gradient. FSDP2 has moved the gradients of offloaded parameters to the
+    host (``.to("cpu")``, which torch sees as no move): a gradient goes to the host where
+    its parameter lives there, crossing the link once per storage (the reduce-scatter's
+    output holds them all)."""
     acc = current()
     if acc is None:
         return
     for param, grad in pairs:
-        if grad is not None and acc.on_host(local_tensor(param)):
-            acc.to_host(local_tensor(grad))
+        if grad is not None:
+            acc.retag(storage_key(local_tensor(grad)), "gradients")
+            if acc.on_host(local_tensor(param)):
+                acc.to_host(local_tensor(grad))
 
 
 class Recorder:

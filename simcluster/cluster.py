@@ -141,8 +141,8 @@ class Cluster:
         # the notebook's own hook.
         excepthook = sys.excepthook
         _torch_internals.install(_accounting.on_storage_resize, _accounting.on_parameter,
-                                 _learner_init_process_group, _accounting.on_gradients_to_host,
-                                 _accounting.reducer_buckets)
+                                 _learner_init_process_group, _accounting.on_sharded_gradients,
+                                 _accounting.allocating_as)
         _accounting.install_hooks()
         try:
             scheduler.run(rank_main)

@@ -72,8 +72,8 @@ class Abort(BaseException):
 
 class _ProcessState:
     """What a real process would keep to itself but our threads share: RNGs, dtype, the
-    selected CPU stream, and DTensor's table of custom op handlers (``loss_parallel()``
-    edits it on entry and exit).
+    fp32 matmul precision (TF32 or not), the selected CPU stream, and DTensor's table of
+    custom op handlers (``loss_parallel()`` edits it on entry and exit).
 
     ``live`` is shared by the ranks of one run: ``live[0]`` is numpy's state as it is live
     right now, as (full state, words), or None if unknown. It lets restore() skip
@@ -87,6 +87,7 @@ class _ProcessState:
         random.seed(PY_DEFAULT_SEED)
         np.random.seed(PY_DEFAULT_SEED)
         torch.set_default_dtype(torch.float32)
+        torch.set_float32_matmul_precision("highest")   # PyTorch's default: no TF32
         set_cpu_stream(default_cpu_stream())
         self.state = _ProcessState.capture()
         self.numpy_words = numpy_rng_words()
@@ -95,11 +96,13 @@ class _ProcessState:
     @staticmethod
     def capture():
         return (torch.get_rng_state(), random.getstate(), np.random.get_state(),
-                torch.get_default_dtype(), cpu_stream(), dtensor_handlers())
+                torch.get_default_dtype(), cpu_stream(), dtensor_handlers(),
+                torch.get_float32_matmul_precision())
 
     @staticmethod
     def apply(state):
-        torch_rng, py_rng, np_rng, dtype, stream, handlers = state
+        torch_rng, py_rng, np_rng, dtype, stream, handlers, matmul = state
+        torch.set_float32_matmul_precision(matmul)
         torch.set_rng_state(torch_rng)
         random.setstate(py_rng)
         np.random.set_state(np_rng)
@@ -114,12 +117,14 @@ class _ProcessState:
         if words != self.numpy_words or np_rng[3]:   # [3]: a cached Gaussian
             np_rng, self.numpy_words = np.random.get_state(), words
         self.state = (torch.get_rng_state(), random.getstate(), np_rng,
-                      torch.get_default_dtype(), cpu_stream(), dtensor_handlers())
+                      torch.get_default_dtype(), cpu_stream(), dtensor_handlers(),
+                      torch.get_float32_matmul_precision())
         self.live[0] = (np_rng, words)
 
     def restore(self):
         """Make the rank's state the live one as it takes the baton back."""
-        torch_rng, py_rng, np_rng, dtype, stream, handlers = self.state
+        torch_rng, py_rng, np_rng, dtype, stream, handlers, matmul = self.state
+        torch.set_float32_matmul_precision(matmul)
         torch.set_rng_state(torch_rng)
         random.setstate(py_rng)
         set_cpu_stream(stream)

@@ -44,8 +44,11 @@ class DeviceSpec:
     compute_capability: float = 8.0
 
     def flops_for(self, dtype):
-        """Peak FLOP/s for a torch dtype (integers count at the int8 rate, else fp32)."""
-        if dtype is not None and not dtype.is_floating_point and not dtype.is_complex:
+        """Peak FLOP/s for a torch dtype, or ``"tf32"`` for an fp32 matmul on tensor cores
+        (integers count at the int8 rate; a dtype without its own peak counts as fp32)."""
+        if dtype == "tf32":
+            name = "tf32"
+        elif dtype is not None and not dtype.is_floating_point and not dtype.is_complex:
             name = "int8"
         else:
             name = next((n for n, t in DTYPES.items() if t is not None and t == dtype),

@@ -55,3 +55,14 @@ def test_bench_import_quick():
     assert r["modules"]["torch"]["over_torch"] == 1.0
     assert r["modules"]["simcluster"]["wall"] > 0
     assert isinstance(r["goal_met"], bool)
+
+
+def test_bench_notebooks_quick():
+    from benchmarks import bench_notebooks
+
+    r = bench_notebooks.main(quick=True, verbose=False)
+    assert list(r) == ["notebooks/00_simulated_cluster.ipynb"]
+    row = r["notebooks/00_simulated_cluster.ipynb"]
+    assert row["wall"] > 0 and row["cpu"] > 0
+    assert row["goal_met"] == (row["wall"] <= bench_notebooks.GOAL_S)
+    assert [p.name[:2] for p in bench_notebooks.notebooks(("04",))] == ["04", "04"]

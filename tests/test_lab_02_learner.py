@@ -1,9 +1,10 @@
-"""A learner works in labs 02, 03, 04, 05 and 06, as `make progress`, `make labs` and
+"""A learner works in labs 02, 03, 04, 05, 06 and 07, as `make progress`, `make labs` and
 `make test` see it.
 
 1. One exercise filled in, in a freshly generated lab (never the learner's own labs/
    file): its check turns green, the others are "not started". The exercise is one that
-   needs no other (lab 06's layers all build on exercise 1's operators).
+   needs no other (lab 06's layers all build on exercise 1's operators, lab 07's ZeRO-2
+   on its ZeRO-1).
 2. The whole lab solved in place, in a git checkout with the unsolved lab committed:
    every exercise passes, `make labs` keeps the file, the staleness check is content, and
    nbval-lax (what `make test` runs on labs/) passes.
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Each lab, with an exercise a learner can solve on its own.
 ALONE = {"02_gradient_aggregation.ipynb": 2, "03_data_parallel.ipynb": 2,
          "04_model_parallel.ipynb": 2, "05_pipeline_parallel.ipynb": 2,
-         "06_tensor_parallel.ipynb": 1}
+         "06_tensor_parallel.ipynb": 1, "07_zero_fsdp.ipynb": 4}
 NAMES = list(ALONE)
 
 pytestmark = pytest.mark.slow

@@ -20,6 +20,8 @@ from workbook.lesson05.checks import (check_1f1b, check_gpipe, check_interleaved
                                       check_pick_m_v)
 from workbook.lesson06.checks import (check_conjugate_operators, check_megatron_mlp,
                                       check_parallel_linears, check_sequence_parallel)
+from workbook.lesson07.checks import (check_fit_settings, check_zero1, check_zero2,
+                                      check_zero3, check_zero_memory)
 
 __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_hierarchical_allreduce", "check_int8_quantization", "check_local_sgd",
@@ -30,4 +32,6 @@ __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_balance", "check_boundary_bytes", "check_forward_backward",
            "check_1f1b", "check_gpipe", "check_interleaved_bubble", "check_pick_m_v",
            "check_conjugate_operators", "check_megatron_mlp", "check_parallel_linears",
-           "check_sequence_parallel"]
+           "check_sequence_parallel",
+           "check_fit_settings", "check_zero1", "check_zero2", "check_zero3",
+           "check_zero_memory"]

@@ -1,0 +1,420 @@
+"""Lab 07's checks (ZeRO stages 1–3, the ZeRO table, fitting a model with torch's
+settings): every check passes the reference answer, refuses the reference itself, and
+reports each mistake the lab is about — including ones that deadlock or raise — as one ❌
+line naming the case and the hint."""
+
+import functools
+import math
+
+import pytest
+import torch
+
+import simcluster as sc
+from _check_helpers import learner_namespace, line
+from workbook import checking, checks
+from workbook.lesson07 import _reference as R
+from workbook.lesson07.checks import FIT_CASES, fit_psi, fit_time, my_shard, shard_size
+
+MINE = learner_namespace(R, R.ZeRO1Adam, R.ZeRO2Adam, R.ZeRO3Linear, R.zero_memory_gb,
+                         R.fit_settings)
+
+
+def fails(capsys, check, answer, *parts):
+    """The check prints one ❌ line containing every one of ``parts``."""
+    result, text = line(capsys, check, answer)
+    assert not result and text.startswith("❌"), text
+    for part in parts:
+        assert part in text, text
+    return text
+
+
+@pytest.fixture
+def short_timeout(monkeypatch):
+    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
+
+
+def learner(source, **extra):
+    """A learner's class or function, written from ``source`` in MINE's namespace."""
+    namespace = {**MINE, **extra}
+    exec(compile(source, "<learner>", "exec"), namespace)
+    return namespace
+
+
+# ------------------------------------------------------------ the reference passes
+
+
+def test_zero1_reference_passes(capsys):
+    result, text = line(capsys, checks.check_zero1, MINE["ZeRO1Adam"])
+    assert result and "0.250 of Adam's" in text, text
+
+
+def test_zero2_reference_passes_with_the_formulas_bytes(capsys):
+    result, text = line(capsys, checks.check_zero2, MINE["ZeRO2Adam"])
+    assert result and "= 1.500·4Ψ (formula 2·3/4 = 1.5)" in text, text
+
+
+def test_zero3_reference_passes(capsys):
+    result, text = line(capsys, checks.check_zero3, MINE["ZeRO3Linear"])
+    assert result, text
+
+
+def test_zero_memory_reference_passes(capsys):
+    result, text = line(capsys, checks.check_zero_memory, MINE["zero_memory_gb"])
+    assert result and "120 / 31.4 / 16.6 / 1.9 GB" in text
+
+
+@pytest.mark.slow
+def test_fit_settings_reference_passes(capsys):
+    result, text = line(capsys, checks.check_fit_settings, MINE["fit_settings"])
+    assert result, text
+
+
+@pytest.mark.parametrize("check, reference", [
+    (checks.check_zero1, R.ZeRO1Adam), (checks.check_zero2, R.ZeRO2Adam),
+    (checks.check_zero2, R.ZeRO1Adam), (checks.check_zero3, R.ZeRO3Linear),
+    (checks.check_zero_memory, R.zero_memory_gb), (checks.check_fit_settings, R.fit_settings),
+])
+def test_the_reference_itself_is_refused(capsys, check, reference):
+    fails(capsys, check, reference, "the workbook's own reference answer")
+
+
+def test_a_subclass_of_torch_adam_is_refused(capsys):
+    class Mine(torch.optim.Adam):
+        pass
+
+    fails(capsys, checks.check_zero1, Mine, "❌ ZeRO-1: this class is torch.optim.Adam, "
+          "which keeps the whole state on every rank — Hint: write ZeRO1Adam yourself")
+
+
+# ------------------------------------------------------------ ZeRO-1
+
+
+def test_zero1_with_whole_state_is_over_the_memory_budget(capsys):
+    """Right values, but every rank keeps m and v of whole parameters."""
+    mine = learner('''
+class Whole(ZeRO1Adam):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+        super().__init__(params, lr, betas, eps)
+        self.exp_avg = [torch.zeros(q.numel(), dtype=q.dtype) for q in self.params]
+        self.exp_avg_sq = [torch.zeros_like(m) for m in self.exp_avg]
+
+    @torch.no_grad()
+    def step(self):
+        self.t += 1
+        b1, b2 = self.betas
+        for i, q in enumerate(self.params):
+            m, v, g = self.exp_avg[i], self.exp_avg_sq[i], q.grad.reshape(-1)
+            m.lerp_(g, 1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (v.sqrt() / math.sqrt(1 - b2 ** self.t)).add_(self.eps)
+            q.data.reshape(-1).addcdiv_(m, denom, value=-self.lr / (1 - b1 ** self.t))
+''')
+    fails(capsys, checks.check_zero1, mine["Whole"], "world size 2, 32,959 parameters: "
+          "between steps, Adam's state sharded needs 1/2 of torch.optim.Adam's",
+          "2.00× that", "Hint: keep exp_avg and exp_avg_sq of your chunk only")
+
+
+def test_zero1_keeping_the_gathered_buffers_is_over_the_memory_budget(capsys):
+    mine = learner('''
+class Keeps(ZeRO1Adam):
+    def _update(self, i, q, grad):
+        super()._update(i, q, grad)
+        self.kept = getattr(self, "kept", {})
+        self.kept[i] = q.detach().clone()
+''')
+    fails(capsys, checks.check_zero1, mine["Keeps"], "world size 2", "between steps")
+
+
+def test_zero1_without_bias_correction_gives_other_values(capsys):
+    mine = learner('''
+class NoCorrection(ZeRO1Adam):
+    def _update(self, i, q, grad):
+        t, self.t = self.t, 1_000_000        # bias corrections of 1
+        super()._update(i, q, grad)
+        self.t = t
+''')
+    fails(capsys, checks.check_zero1, mine["NoCorrection"],
+          "❌ ZeRO-1: world size 1, 197 parameters: rank 0, 0.weight after 3 steps, element 0: "
+          "torch.optim.Adam gives", "Hint: compare with torch.optim.Adam on world size 1")
+
+
+def test_zero1_gathering_on_rank_0_only_is_a_mismatch(capsys):
+    """Rank 1 goes on to the check's next all-reduce while rank 0 all-gathers."""
+    mine = learner('''
+class RankZero(ZeRO1Adam):
+    def _update(self, i, q, grad):
+        if dist.get_rank() == 0:
+            super()._update(i, q, grad)
+''')
+    fails(capsys, checks.check_zero1, mine["RankZero"],
+          "❌ ZeRO-1: world size 2, 197 parameters: mismatch in all_gather_into_tensor",
+          "Hint: every rank must call the same collectives")
+
+
+def test_zero1_not_written_says_so(capsys):
+    mine = learner('''
+class Unwritten(ZeRO1Adam):
+    def __init__(self, params, lr=1e-3):
+        raise NotImplementedError("create m and v")
+''')
+    fails(capsys, checks.check_zero1, mine["Unwritten"], "raised NotImplementedError",
+          "this exercise is not written yet")
+
+
+def test_zero1_that_never_updates_says_the_parameter_did_not_change(capsys):
+    mine = learner('''
+class Lazy(ZeRO1Adam):
+    def step(self):
+        pass
+''')
+    fails(capsys, checks.check_zero1, mine["Lazy"], "that parameter did not change")
+
+
+# ------------------------------------------------------------ ZeRO-2
+
+def test_zero2_all_reducing_sends_half_as_much_again(capsys):
+    """Right values and memory, but an all-reduce where a reduce-scatter does."""
+    mine = learner('''
+class AllReduce(ZeRO2Adam):
+    def _reduce(self, i, q):
+        dist.all_reduce(q.grad)
+        self.grads[i] = my_shard(q.grad) / dist.get_world_size()
+        q.grad = None
+''')
+    fails(capsys, checks.check_zero2, mine["AllReduce"], "world size 2, 32,959 parameters: "
+          "ZeRO-2 sends 2·(N−1)/N·4Ψ per step", "1.50× that",
+          "Hint: reduce-scatter each gradient (not all-reduce)")
+
+
+def test_zero2_keeping_q_grad_holds_whole_gradients(capsys):
+    mine = learner('''
+class KeepsGrad(ZeRO2Adam):
+    def _reduce(self, i, q):
+        self.grads[i] = R_reduce(q.grad)
+''', R_reduce=R._reduce_scatter_mean)
+    fails(capsys, checks.check_zero2, mine["KeepsGrad"], "after backward",
+          "q.grad = None")
+
+
+def test_zero2_never_dropping_the_chunks_accumulates_old_gradients(capsys):
+    mine = learner('''
+class Accumulates(ZeRO2Adam):
+    @torch.no_grad()
+    def step(self):
+        self.t += 1
+        for i, q in enumerate(self.params):
+            self._update(i, q, self.grads[i])
+''')
+    fails(capsys, checks.check_zero2, mine["Accumulates"],
+          "❌ ZeRO-2: world size 1, 197 parameters: rank 0, 0.weight after 3 steps")
+
+
+def test_zero2_gathering_twice_is_over_the_bytes_budget(capsys):
+    mine = learner('''
+class Twice(ZeRO2Adam):
+    def _update(self, i, q, grad):
+        super()._update(i, q, grad)
+        full = torch.empty(shard_size(q.numel(), dist.get_world_size()) *
+                           dist.get_world_size())
+        dist.all_gather_single(full, my_shard(q))
+''')
+    fails(capsys, checks.check_zero2, mine["Twice"], "world size 2, 32,959 parameters: "
+          "ZeRO-2 sends 2·(N−1)/N·4Ψ per step", "1.50× that",
+          "Hint: reduce-scatter each gradient (not all-reduce)")
+
+
+def test_zero2_raising_in_the_hook_is_reported(capsys):
+    mine = learner('''
+class Raises(ZeRO2Adam):
+    def _reduce(self, i, q):
+        if dist.get_rank() == 1:
+            raise ValueError("no shard for me")
+        super()._reduce(i, q)
+''')
+    fails(capsys, checks.check_zero2, mine["Raises"],
+          "world size 2, 197 parameters: rank 1 raised ValueError: no shard for me")
+
+
+# ------------------------------------------------------------ ZeRO-3
+
+
+def test_zero3_saving_the_gathered_weight_is_over_the_memory_budget(capsys):
+    mine = learner('''
+class Saves(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight_shard, bias_shard, out_features, in_features):
+        weight = _gather(weight_shard, out_features * in_features).view(out_features,
+                                                                        in_features)
+        ctx.save_for_backward(x, weight)
+        return F.linear(x, weight, _gather(bias_shard, out_features))
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight = ctx.saved_tensors
+        return (grad_y @ weight, _reduce_scatter_mean(grad_y.T @ x),
+                _reduce_scatter_mean(grad_y.sum(0)), None, None)
+''')
+    fails(capsys, checks.check_zero3, mine["Saves"], "world size 4, layers 64 → 127",
+          "Hint: gather the weight inside forward and inside backward")
+
+
+def test_zero3_summing_gradients_says_divide(capsys):
+    mine = learner('''
+class Sums(ZeRO3Linear):
+    @staticmethod
+    def backward(ctx, grad_y):
+        grads = list(ZeRO3Linear.backward(ctx, grad_y))
+        grads[1] = grads[1] * dist.get_world_size()
+        grads[2] = grads[2] * dist.get_world_size()
+        return tuple(grads)
+''')
+    fails(capsys, checks.check_zero3, mine["Sums"], "world size 2",
+          "Hint: reduce-scatter sums over ranks: divide by N")
+
+
+def test_zero3_whole_gradients_are_refused_by_autograd(capsys):
+    mine = learner('''
+class Whole(ZeRO3Linear):
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight_shard = ctx.saved_tensors
+        weight = _gather(weight_shard, math.prod(ctx.shape)).view(ctx.shape)
+        return grad_y @ weight, grad_y.T @ x, grad_y.sum(0), None, None
+''')
+    fails(capsys, checks.check_zero3, mine["Whole"], "world size 1", "invalid gradient",
+          "the shards' gradients are shards")
+
+
+def test_zero3_gathering_on_rank_0_only_in_backward_deadlocks(capsys):
+    mine = learner('''
+class RankZero(ZeRO3Linear):
+    @staticmethod
+    def backward(ctx, grad_y):
+        if dist.get_rank() == 0:
+            return ZeRO3Linear.backward(ctx, grad_y)
+        return None, None, None, None, None
+''')
+    fails(capsys, checks.check_zero3, mine["RankZero"], "world size 2", "deadlock")
+
+
+# ------------------------------------------------------------ the ZeRO table
+
+
+def test_zero_memory_sharding_parameters_first_disagrees_with_the_paper(capsys):
+    def zero_memory_gb(psi, n_d, stage, k=12):
+        states = [2 * psi, 2 * psi, k * psi]
+        return sum(x / n_d if i < stage else x for i, x in enumerate(states)) / 1e9
+
+    fails(capsys, checks.check_zero_memory, zero_memory_gb,
+          "❌ ZeRO memory table: Ψ = 7.5B, N_d = 64, stage 1: you said 105.2,",
+          "the paper's table says 31.4 GB")
+
+
+def test_zero_memory_ignoring_k_is_caught_on_other_cells(capsys):
+    def zero_memory_gb(psi, n_d, stage, k=12):
+        return MINE["zero_memory_gb"](psi, n_d, stage)
+
+    fails(capsys, checks.check_zero_memory, zero_memory_gb, "K = 16, stage 0",
+          "use k (not 12)")
+
+
+def test_zero_memory_in_bytes_is_caught(capsys):
+    def zero_memory_gb(psi, n_d, stage, k=12):
+        return MINE["zero_memory_gb"](psi, n_d, stage, k) * 1e9
+
+    fails(capsys, checks.check_zero_memory, zero_memory_gb, "stage 0: you said 120000000000,")
+
+
+def test_zero_memory_that_raises_is_reported(capsys):
+    def zero_memory_gb(psi, n_d, stage, k=12):
+        raise NotImplementedError("write the formula")
+
+    fails(capsys, checks.check_zero_memory, zero_memory_gb, "raised NotImplementedError",
+          "this exercise is not written yet")
+
+
+def test_zero_memory_that_never_returns_is_stopped(capsys, short_timeout):
+    def zero_memory_gb(psi, n_d, stage, k=12):
+        while True:
+            pass
+
+    fails(capsys, checks.check_zero_memory, zero_memory_gb, "still running after 2 s")
+
+
+# ------------------------------------------------------------ fit settings
+
+DDP_ONLY = {"stage": 0, "reshard_after_forward": False, "offload": False}
+MOST = {"stage": 3, "reshard_after_forward": True, "offload": True}
+
+
+def test_fit_settings_ddp_runs_out_of_memory(capsys):
+    fails(capsys, checks.check_fit_settings, lambda *args: DDP_ONLY,
+          "Ψ = 5.00B in 4 blocks on 4 GPUs: DDP ran out of memory (Tried to allocate",
+          "Hint: estimate the peak")
+
+
+@pytest.mark.slow
+def test_fit_settings_offloading_everything_is_too_slow(capsys):
+    fails(capsys, checks.check_fit_settings, lambda *args: MOST,
+          "Ψ = 5.00B in 4 blocks on 4 GPUs: fully_shard(reshard_after_forward=True, "
+          "CPUOffloadPolicy()) fits, and its step takes",
+          "Hint: more sharding and offload cost time")
+
+
+def test_fit_settings_stage_2_is_explained(capsys):
+    fails(capsys, checks.check_fit_settings,
+          lambda *args: {"stage": 2, "reshard_after_forward": False, "offload": False},
+          "stage 2", "torch has no ZeRO-2 of its own")
+
+
+def test_fit_settings_offload_under_ddp_is_refused(capsys):
+    fails(capsys, checks.check_fit_settings, lambda *args: {**DDP_ONLY, "offload": True},
+          "stage 0 with fully_shard's options")
+
+
+def test_fit_settings_returning_none_is_reported(capsys):
+    fails(capsys, checks.check_fit_settings, lambda *args: None, "returned None",
+          "return a dict with keys 'stage'")
+
+
+def test_fit_settings_that_raises_is_reported(capsys):
+    def fit_settings(psi, blocks, world_size, gpu_memory, host_memory):
+        return {"stage": 3}["offload"]
+
+    fails(capsys, checks.check_fit_settings, fit_settings, "raised KeyError: 'offload'")
+
+
+@functools.cache
+def _all_candidates(width):
+    out = {}
+    for (stage, reshard, offload) in R._BYTES:
+        settings = {"stage": stage, "reshard_after_forward": reshard, "offload": offload}
+        try:
+            out[(stage, reshard, offload)] = fit_time(width, settings)
+        except sc.OutOfMemoryError:
+            out[(stage, reshard, offload)] = math.inf
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", FIT_CASES)
+def test_the_reference_picks_the_fastest_settings_that_fit(width):
+    """Every candidate measured: DDP runs out of memory, and the reference's choice is the
+    fastest that fits (so the check's "best" is the best)."""
+    times = _all_candidates(width)
+    assert times[(0, False, False)] == math.inf
+    spec = sc.Cluster.preset("dgx-a100").spec
+    best = R.fit_settings(fit_psi(width), 4, 4, spec.device_of(0).memory,
+                          spec.host_share(0)[0])
+    chosen = times[(best["stage"], best["reshard_after_forward"], best["offload"])]
+    assert chosen < math.inf and chosen <= min(times.values()) * 1.0001, times
+
+
+def test_the_shard_layout_pads_the_last_chunk():
+    def body():
+        return my_shard(torch.arange(1.0, 7.0).view(2, 3)).tolist()
+
+    run = sc.Cluster.preset("dgx-a100").run(body, world_size=4)
+    assert run.results == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [0.0, 0.0]]
+    assert shard_size(6, 4) == 2 and shard_size(197, 3) == 66
+
