@@ -116,8 +116,10 @@ def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches
         input_shape: one sample's shape; ``batch`` samples per rank per micro-batch.
         warmup: steps before the timed one (DDP has one bucket in step 1 and rebuilds
             its buckets at the start of step 2: ``warmup=2`` times a steady step).
-        micro_batches: micro-batches per optimizer step (gradient accumulation; the
-            loss is not divided by their number: this times steps, it doesn't train).
+        micro_batches: micro-batches per optimizer step of the timed step (gradient
+            accumulation; the loss is not divided by their number: this times steps, it
+            doesn't train). Warm-up steps run one micro-batch: they only have to set up
+            DDP's buckets.
         use_no_sync: run all micro-batches but the last under ``model.no_sync()``;
             False all-reduces after every micro-batch.
         fake: build and train under :func:`simcluster.fake_tensors` (shapes, no data).
@@ -133,7 +135,7 @@ def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches
         net = DDP(MODELS[model](**(model_kwargs or {})), **(ddp_kwargs or {}))
         optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
 
-        def step():
+        def step(micro_batches):
             optimizer.zero_grad(set_to_none=False)
             for i in range(micro_batches):
                 x = torch.randn(batch, *input_shape, generator=None if fake else generator)
@@ -144,11 +146,13 @@ def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches
             if barrier_every_step:
                 dist.barrier()
 
+        # the warm-up only has to let DDP build and rebuild its buckets, which one
+        # synchronised backward per step does: accumulating there would be wasted work
         for _ in range(warmup):
-            step()
+            step(1)
         dist.barrier()                       # the timed step starts when this one ends
         sc.reset_peak_memory()
-        step()
+        step(micro_batches)
 
 
 @dataclass
