@@ -304,6 +304,11 @@ def normal_input(case, rank, scale=1.0):
     return (torch.randn(case.size, generator=g) * scale).to(case.dtype)
 
 
+def mse(output, target):
+    """Mean squared error: the loss the labs' checks train with."""
+    return ((output - target) ** 2).mean()
+
+
 def first_difference(expected, got, close=None):
     """``(index, expected, got)`` of the first element that differs, or None."""
     e, g = expected.reshape(-1), got.reshape(-1)

@@ -16,7 +16,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import simcluster as sc
-from workbook.checking import (Failure, check, first_difference, listed, num, raised,
+from workbook.checking import (mse, Failure, check, first_difference, listed, num, raised,
                                refuse_reference, seconds, simulate)
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 8)
@@ -48,11 +48,6 @@ def batch(size, step, seed=1):
     """``(x, y)`` of ``size`` samples for ``step``, the same on every rank."""
     g = torch.Generator().manual_seed(1_000 * seed + step)
     return torch.randn(size, 8, generator=g), torch.randn(size, 4, generator=g)
-
-
-def mse(output, target):
-    """Mean squared error, the checks' loss."""
-    return ((output - target) ** 2).mean()
 
 
 def _names(model):

@@ -25,7 +25,7 @@ import torch.nn as nn
 
 import simcluster as sc
 from workbook import pipeline
-from workbook.checking import (Failure, call, check, first_difference, listed, num,
+from workbook.checking import (mse, Failure, call, check, first_difference, listed, num,
                                raised, refuse_reference, seconds, simulate)
 
 # (world size, boundaries) of check_forward_backward; stages start at a Linear, a ReLU
@@ -76,11 +76,6 @@ def batch(size=BATCH, seed=1, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(size, FEATURES, generator=g).to(dtype),
             torch.randn(size, 3, generator=g).to(dtype))
-
-
-def mse(output, target):
-    """Mean squared error, the checks' loss."""
-    return ((output - target) ** 2).mean()
 
 
 def in_shapes(stages, x):

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import simcluster as sc
-from workbook.checking import (Failure, check, collectives_so_far, first_difference,
+from workbook.checking import (mse, Failure, check, collectives_so_far, first_difference,
                                listed, num, raised, refuse_reference, simulate)
 from workbook.dataparallel import mlp
 from workbook.pipeline import bubble, bubble_formula, split
@@ -46,11 +46,6 @@ def _reference():
 def _cluster():
     """One DGX node: up to 8 ranks."""
     return sc.Cluster.preset("dgx-a100", nodes=1)
-
-
-def mse(output, target):
-    """Mean squared error: the checks' loss of one micro-batch."""
-    return ((output - target) ** 2).mean()
 
 
 def _case(p, m):

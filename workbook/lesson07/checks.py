@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import simcluster as sc
-from workbook.checking import (Failure, budget, check, first_difference, listed,
+from workbook.checking import (mse, Failure, budget, check, first_difference, listed,
                                num, raised, refuse_reference, seconds, simulate)
 
 WORLD_SIZES = (1, 2, 3, 4)
@@ -108,11 +108,6 @@ def batch(model, rank, step):
     g = torch.Generator().manual_seed(1_000 * step + rank)
     return (torch.randn(BATCH, first.in_features, generator=g),
             torch.randn(BATCH, last.out_features, generator=g))
-
-
-def mse(output, target):
-    """Mean squared error, the checks' loss."""
-    return ((output - target) ** 2).mean()
 
 
 def _params(model):
