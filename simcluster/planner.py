@@ -26,6 +26,7 @@ Table 1); ``benchmarks/bench_planner.py`` prints the comparison.
 """
 
 import itertools
+from fractions import Fraction
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -33,17 +34,27 @@ from . import spec as _spec
 from .costmodel import OVERLAP_SLOWDOWN, CostModel
 
 # ---------------------------------------------------------------- constants
-# Achieved fraction of the dense peak of a large 16-bit GEMM (all dimensions >= 1024) on
-# A100: cuBLAS reaches ~0.8 of the 312 TFLOP/s peak on the weight GEMMs of GPT layers
-# (docs/planner.md, "GEMM efficiency"). Smaller dimensions fall off as d / (d + GEMM_HALF_DIM).
-GEMM_EFFICIENCY = 0.80
-# The dimension at which a GEMM's efficiency is half its large-size value: tiles of 128 x
-# 128 (cuBLAS's common A100 tile) stop filling the 108 SMs below a few hundred rows.
+# What the executing simulator does not model at scale: how close real kernels come to the
+# roofline. docs/planner.md explains each constant and its source.
+#
+# Best achieved fraction of the dense 16-bit peak of a GEMM on A100 SXM: 267.9 of 312
+# TFLOP/s, the "maximum achievable matmul FLOPS" measured by Bekman's mamf-finder
+# (ml-engineering, compute/accelerator, CUDA 12.1).
+GEMM_EFFICIENCY = 0.859
+# The dimension at which a GEMM reaches half of that: a GEMM of m x k by k x n runs at
+# GEMM_EFFICIENCY x d / (d + GEMM_HALF_DIM) for each of m, n, k (A100's tensor cores work
+# on 128 x 128 output tiles with k-steps of 32-64; a thin dimension leaves them idle).
 GEMM_HALF_DIM = 64
 # Achieved fraction of HBM bandwidth of large memory-bound kernels (LayerNorm, softmax,
 # dropout, GeLU, Adam): 0.9 for transfers of 100 MB or more (Calculon's A100 system
-# file, systems/a100_80g.json, "mem1" efficiency; Isaev et al., SC 2023).
+# file, systems/a100_80g.json, "mem1"; Isaev et al., SC 2023).
 HBM_EFFICIENCY = 0.90
+# What a 2021 Megatron-LM step achieves of the kernels' roofline above, everything
+# unmodelled together (kernel launch gaps, fp16 loss-scaling checks, unfused copies and
+# transposes, allocator): calibrated on one row of Narayanan et al. 2021, Table 1 -- the
+# 1.7 B model on 32 GPUs, which has no model parallelism and < 1 % exposed communication,
+# so its time is single-GPU compute -- and validated on the other nine rows.
+SOFTWARE_EFFICIENCY = 0.851
 # Bytes read and written per parameter by a mixed-precision Adam step with Megatron-LM's
 # fp32 main gradients: read gradient, master weight, momentum, variance (4 x 4 bytes),
 # write master weight, momentum, variance (3 x 4) and the 16-bit weight (2); read the
@@ -56,6 +67,26 @@ WEIGHT_BYTES, GRADIENT_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 # (Megatron-LM's vocab_parallel_cross_entropy: fp32 cast, max-subtract, exp, sum, divide,
 # then the gradient softmax - one-hot): ~6 passes over fp32 logits.
 CROSS_ENTROPY_BYTES_PER_LOGIT = 24
+
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """How close compute comes to the device's roofline (see the constants above).
+
+    :data:`MEGATRON_A100` (the default) is what Megatron-LM achieved on A100 in 2021;
+    :data:`ROOFLINE` charges every op at the device's peaks, as the executing simulator
+    does (``costmodel.CostModel.roofline``), for comparing the two.
+    """
+
+    gemm: float = GEMM_EFFICIENCY
+    gemm_half_dim: float = GEMM_HALF_DIM
+    hbm: float = HBM_EFFICIENCY
+    software: float = SOFTWARE_EFFICIENCY
+
+
+MEGATRON_A100 = Efficiency()
+ROOFLINE = Efficiency(gemm=1.0, gemm_half_dim=0, hbm=1.0, software=1.0)
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -198,21 +229,23 @@ def activation_memory_per_layer(cfg, micro_batch, tp=1, sequence_parallel=False,
     _positive_int(tp, "tp")
     s, b, h, a, t = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp
     sbh = s * b * h
-    replicated = 1 if sequence_parallel else t
+    # sequence parallelism splits the otherwise replicated part along the sequence
+    replicated = t if sequence_parallel else 1
     if recompute == "full":
-        return 2 * sbh // replicated
-    kv_share = cfg.kv / cfg.heads
-    f = cfg.ffn
+        return round(Fraction(2 * sbh, replicated))
+    kv_share = Fraction(cfg.kv, cfg.heads)
     # attention: Q 2, K and V 2 each (x kv share), output projection input 2
     attention_sharded = sbh * (2 + 4 * kv_share + 2)
-    # MLP: GeLU input 2f/h and second linear input 2f/h; SwiGLU gate, up and product 6f/h
-    mlp_sharded = s * b * f * (6 if cfg.swiglu else 4)
+    # MLP: GeLU input and second linear input, 2 bytes each of ffn_hidden per token;
+    # SwiGLU: gate, up and their product
+    mlp_sharded = s * b * cfg.ffn * (6 if cfg.swiglu else 4)
     # LayerNorm inputs 4, dropout masks after attention and MLP 2, QKV and MLP inputs 4
     replicated_bytes = 10 * sbh
     scores = 5 * a * s * s * b  # softmax output 2, its dropout mask 1, dropout output 2
-    total = (attention_sharded + mlp_sharded) / t + replicated_bytes / replicated
+    total = Fraction(attention_sharded + mlp_sharded, t) + Fraction(replicated_bytes,
+                                                                      replicated)
     if recompute == "none":
-        total += scores / t
+        total += Fraction(scores, t)
     return round(total)
 
 
@@ -380,26 +413,24 @@ def _costs_for(spec):
     return entry[1]
 
 
-def _gemm_efficiency(m, n, k):
-    """Achieved fraction of peak of an ``m x k`` by ``k x n`` GEMM (see the constants)."""
-    eff = GEMM_EFFICIENCY
-    for d in (m, n, k):
-        eff *= d / (d + GEMM_HALF_DIM)
-    return eff
-
-
 class _Device:
-    """The roofline of one device, with the planner's efficiencies."""
+    """The roofline of one device, with an :class:`Efficiency`."""
 
-    def __init__(self, device, dtype):
-        self.flops = device.peak_flops[DTYPES[dtype][0]]
-        self.hbm = device.hbm_bandwidth * HBM_EFFICIENCY
+    def __init__(self, device, dtype, efficiency):
+        self.peak = device.peak_flops[DTYPES[dtype][0]]
+        self.efficiency = efficiency
+        self.flops = self.peak * efficiency.gemm * efficiency.software
+        self.hbm = device.hbm_bandwidth * efficiency.hbm * efficiency.software
 
     def gemm(self, m, n, k, batch=1, value_bytes=2):
         """Seconds of ``batch`` GEMMs of ``m x k`` by ``k x n`` (reads both, writes C)."""
         flops = 2 * batch * m * n * k
         nbytes = batch * value_bytes * (m * k + k * n + m * n)
-        return max(flops / (self.flops * _gemm_efficiency(m, n, k)), nbytes / self.hbm)
+        size = 1.0
+        half = self.efficiency.gemm_half_dim
+        for d in (m, n, k):
+            size *= d / (d + half)
+        return max(flops / (self.flops * size), nbytes / self.hbm)
 
     def memory_bound(self, nbytes):
         """Seconds of an elementwise kernel moving ``nbytes``."""
@@ -407,8 +438,10 @@ class _Device:
 
 
 def _layer_times(cfg, dev, b, t, sp, value_bytes):
-    """Seconds of one layer's forward on one tensor-parallel rank: ``(weight GEMMs,
-    attention, memory-bound kernels)`` for a micro-batch of ``b`` sequences."""
+    """Seconds of one layer's forward on one tensor-parallel rank, for a micro-batch of
+    ``b`` sequences: ``(weight GEMMs, attention scores, other memory-bound kernels)``;
+    the attention scores are the two batched products with the softmax and dropout
+    between them (what selective recomputation repeats)."""
     s, h, f = cfg.seq_len, cfg.hidden, cfg.ffn
     tokens = b * s
     kv_dim = cfg.kv * cfg.head_dim
@@ -421,13 +454,13 @@ def _layer_times(cfg, dev, b, t, sp, value_bytes):
     attention = (dev.gemm(s, s, cfg.head_dim, batch=b * heads, value_bytes=value_bytes)
                  + dev.gemm(s, cfg.head_dim, s, batch=b * heads, value_bytes=value_bytes))
     # fused scale-mask-softmax (read 2, write 2) and dropout (read 2, write 2 + mask 1)
-    score_kernels = dev.memory_bound(9 * b * heads * s * s)
+    attention += dev.memory_bound(9 * b * heads * s * s)
     rows = tokens / t if sp else tokens  # LayerNorm, dropout run on 1/t with SP
     # two LayerNorms (read 2, write 2 each), two bias-dropout-adds (read 4, write 2, mask 1),
     # bias-GeLU on the MLP's inner activations (read 2, write 2) or SwiGLU (read 4, write 2)
     elementwise = dev.memory_bound(rows * h * (2 * 4 + 2 * 7)
                                    + tokens * (f // t) * (6 if cfg.swiglu else 4))
-    return gemms, attention, score_kernels + elementwise
+    return gemms, attention, elementwise
 
 
 def _stage_layout(cfg, pp, v):
@@ -439,7 +472,7 @@ def _stage_layout(cfg, pp, v):
 
 def estimate(cfg, cluster, tp=1, pp=1, dp=1, global_batch=None, micro_batch=None,
              recompute="full", sequence_parallel=False, zero=0, schedule="1f1b",
-             virtual_stages=1, dtype="bf16"):
+             virtual_stages=1, dtype="bf16", efficiency=MEGATRON_A100):
     """Predict one training step of ``cfg`` on ``cluster`` with ``tp x pp x dp`` GPUs.
 
     Ranks are laid out as Megatron-LM does: tensor-parallel ranks adjacent (inside a node
@@ -448,7 +481,9 @@ def estimate(cfg, cluster, tp=1, pp=1, dp=1, global_batch=None, micro_batch=None
     and returns the fastest that fits (the fastest overall if none fits).
     ``virtual_stages > 1`` is the interleaved 1F1B schedule (``schedule`` "1f1b" or
     "interleaved"). ``zero`` shards optimizer state (1), gradients (2) and weights (3)
-    over the data-parallel ranks. Raises ``ValueError`` naming an invalid value.
+    over the data-parallel ranks. ``efficiency`` is how close compute comes to the
+    roofline (:data:`MEGATRON_A100`; :data:`ROOFLINE` charges ops as the executing
+    simulator does). Raises ``ValueError`` naming an invalid value.
     """
     spec = _cluster_spec(cluster)
     if global_batch is None:
@@ -488,8 +523,8 @@ def estimate(cfg, cluster, tp=1, pp=1, dp=1, global_batch=None, micro_batch=None
             raise ValueError(f"no micro-batch size gives a multiple of pp={pp} micro-batches "
                              f"from {per_replica} sequences per replica")
         estimates = [estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute,
-                              sequence_parallel, zero, schedule, virtual_stages, dtype)
-                     for b in options]
+                              sequence_parallel, zero, schedule, virtual_stages, dtype,
+                              efficiency) for b in options]
         fitting = [e for e in estimates if e.fits] or estimates
         return min(fitting, key=lambda e: (e.step_time, -e.micro_batch))
     _positive_int(micro_batch, "micro_batch")
@@ -501,14 +536,15 @@ def estimate(cfg, cluster, tp=1, pp=1, dp=1, global_batch=None, micro_batch=None
         raise ValueError(f"the interleaved schedule needs the micro-batches ({m}) to be a "
                          f"multiple of pp={pp}")
     return _estimate(cfg, spec, tp, pp, dp, global_batch, micro_batch, recompute,
-                     bool(sequence_parallel), zero, schedule, virtual_stages, dtype)
+                     bool(sequence_parallel), zero, schedule, virtual_stages, dtype,
+                     efficiency)
 
 
 def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, schedule, v,
-              dtype):
+              dtype, efficiency):
     costs = _costs_for(spec)
     device = spec.device_of(0)
-    dev = _Device(device, dtype)
+    dev = _Device(device, dtype, efficiency)
     value_bytes = DTYPES[dtype][1]
     s, h, V = cfg.seq_len, cfg.hidden, cfg.vocab
     m = global_batch // (dp * b)
@@ -517,11 +553,8 @@ def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, sched
     # --- one micro-batch on one stage: forward, recomputation, backward
     gemms, attention, kernels = _layer_times(cfg, dev, b, tp, sp, value_bytes)
     forward = gemms + attention + kernels
-    recompute_time = {"none": 0.0, "selective": attention + kernels * 0.0,
-                      "full": forward}[recompute]
-    if recompute == "selective":  # the attention products and their softmax/dropout
-        s_heads = cfg.heads // tp
-        recompute_time = attention + dev.memory_bound(9 * b * s_heads * s * s)
+    # selective: the attention-score products with their softmax and dropout only
+    recompute_time = {"none": 0.0, "selective": attention, "full": forward}[recompute]
     layer_compute = 3 * forward  # backward: twice the forward
     # tensor-parallel communication: 2 all-reduces forward, 2 backward (each a
     # reduce-scatter plus an all-gather with sequence parallelism), 2 more to recompute
@@ -593,7 +626,7 @@ def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, sched
                     dtype=dtype, step_time=step,
                     model_flops=flops_per_iteration(cfg, global_batch, "none"),
                     hardware_flops=flops_per_iteration(cfg, global_batch, recompute),
-                    peak_flops=dev.flops, memory=memory, device_memory=device.memory,
+                    peak_flops=dev.peak, memory=memory, device_memory=device.memory,
                     breakdown=breakdown)
 
 
@@ -666,7 +699,7 @@ def search(cfg, cluster, global_batch, gpus=None, **constraints):
     spec = _cluster_spec(cluster)
     gpus = spec.world_size if gpus is None else _positive_int(gpus, "gpus")
     allowed = {"tp", "pp", "dp", "micro_batch", "recompute", "sequence_parallel", "zero",
-               "schedule", "virtual_stages", "dtype"}
+               "schedule", "virtual_stages", "dtype", "efficiency"}
     unknown = set(constraints) - allowed
     if unknown:
         raise ValueError(f"unknown constraint(s) {', '.join(sorted(unknown))}; allowed: "
@@ -697,7 +730,8 @@ def search(cfg, cluster, global_batch, gpus=None, **constraints):
             try:
                 est = estimate(cfg, spec, tp=tp, pp=pp, dp=dp, global_batch=global_batch,
                                micro_batch=b, recompute=recompute, sequence_parallel=sp,
-                               zero=zero, schedule=schedule, virtual_stages=v, dtype=dtype)
+                               zero=zero, schedule=schedule, virtual_stages=v, dtype=dtype,
+                               efficiency=constraints.get("efficiency", MEGATRON_A100))
             except ValueError:
                 continue
             if est.fits:
