@@ -739,9 +739,10 @@ def search(cfg, cluster, global_batch, gpus=None, **constraints):
     return sorted(results, key=lambda e: (e.step_time, e.gpus, e.tp, e.pp, e.zero))
 
 
-def table1_estimates(nodes_per_row=None):
+def table1_estimates():
     """``[(row, Estimate)]`` for every row of :data:`MEGATRON_TABLE1` on ``dgx-a100``
-    nodes, with the paper's layout, micro-batch size, interleaving and full recomputation."""
+    nodes, with the paper's layout, micro-batch size, interleaving, fp16 and full
+    recomputation."""
     out = []
     for row in MEGATRON_TABLE1:
         cluster = _spec.preset("dgx-a100", nodes=row.gpus // 8)
@@ -751,3 +752,23 @@ def table1_estimates(nodes_per_row=None):
                        dtype="fp16")
         out.append((row, est))
     return out
+
+
+def table1_comparison():
+    """Text table: Narayanan et al. 2021, Table 1 against the planner -- per row the
+    layout, the paper's TFLOP/s per GPU, the prediction and the error -- and the mean
+    absolute error. The lesson and ``benchmarks/bench_planner.py`` print it."""
+    lines = [f"{'params':>8} {'t':>2} {'p':>3} {'v':>2} {'d':>3} {'GPUs':>5} {'batch':>5} "
+             f"{'mb':>3} {'paper':>6} {'planner':>8} {'error':>7}"]
+    errors = []
+    for row, est in table1_estimates():
+        predicted = est.hardware_tflops_per_gpu
+        error = predicted / row.tflops_per_gpu - 1
+        errors.append(abs(error))
+        lines.append(f"{row.params_billion:>7.1f}B {row.tp:>2} {row.pp:>3} "
+                     f"{row.virtual_stages:>2} {row.dp:>3} {row.gpus:>5} {row.batch:>5} "
+                     f"{row.micro_batch:>3} {row.tflops_per_gpu:>6.0f} {predicted:>8.1f} "
+                     f"{error:>+7.1%}")
+    lines.append(f"TFLOP/s per GPU (recomputation counted, Eq. 3); mean absolute error "
+                 f"{sum(errors) / len(errors):.1%}, largest {max(errors):.1%}")
+    return "\n".join(lines)
