@@ -364,7 +364,8 @@ class Estimate:
         if self.sequence_parallel:
             layout += " sp"
         return (f"<Estimate {layout}: step {self.step_time:.3f} s, "
-                f"{self.hardware_tflops_per_gpu:.0f} TFLOP/s/GPU (MFU {self.mfu:.1%}), "
+                f"{self.model_tflops_per_gpu:.0f} TFLOP/s/GPU model, MFU {self.mfu:.1%} "
+                f"(HFU {self.hfu:.1%}), "
                 f"{self.memory_per_gpu / _spec.GiB:.1f} GiB/GPU"
                 f"{'' if self.fits else ' (does not fit)'}>")
 
@@ -587,24 +588,10 @@ def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, sched
     t_mb = compute_mb + recompute_mb + tp_mb + pp_mb
     bubble = (pp - 1) / v * t_mb
 
-    # --- data parallel: gradients reduced once per step
+    # --- data parallel
     stage_params = max(_stage_parameters(cfg, pp, tp))
-    dp_ranks = tuple(i * tp for i in range(dp))
-    grad_bytes = stage_params * GRADIENT_BYTES
-    if zero == 0:
-        dp_time = costs.collective("all_reduce", dp_ranks, grad_bytes)
-    else:  # reduce-scatter gradients, all-gather updated weights
-        dp_time = (costs.collective("reduce_scatter", dp_ranks, grad_bytes)
-                   + costs.collective("all_gather", dp_ranks, stage_params * WEIGHT_BYTES))
-    if zero == 3:  # weights gathered again for every micro-batch's forward and backward
-        dp_time += 2 * (m - 1) * costs.collective("all_gather", dp_ranks,
-                                                  stage_params * WEIGHT_BYTES)
-    # with pp == 1 the reduction overlaps the last micro-batch's backward (DDP's buckets),
-    # which runs OVERLAP_SLOWDOWN times slower meanwhile; after a pipeline flush it is
-    # exposed (Megatron-LM reduces gradients after the flush)
-    window = (2 / 3) * (compute_mb + recompute_mb) if pp == 1 else 0.0
-    hidden = min(dp_time, window)
-    dp_exposed = dp_time - hidden + hidden * (OVERLAP_SLOWDOWN - 1) if dp > 1 else 0.0
+    dp_exposed = _dp_exposed(costs, tuple(i * tp for i in range(dp)), stage_params,
+                             layers, m, pp, zero, compute_mb + recompute_mb) if dp > 1 else 0.0
 
     shard = dp if zero >= 1 else 1
     optimizer = dev.memory_bound(ADAM_BYTES_PER_PARAMETER * stage_params / shard)
@@ -628,6 +615,44 @@ def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, sched
                     hardware_flops=flops_per_iteration(cfg, global_batch, recompute),
                     peak_flops=dev.peak, memory=memory, device_memory=device.memory,
                     breakdown=breakdown)
+
+
+def _dp_exposed(costs, ranks, params, layers, m, pp, zero, busy_mb):
+    """Seconds of data-parallel communication not hidden behind compute.
+
+    ZeRO 0: one all-reduce of the gradients; 1 and 2: a reduce-scatter of the gradients
+    and, after the optimizer step, an all-gather of the updated weights; 3: per layer (and
+    one more unit for embeddings and head, as FSDP wraps them), an all-gather of the
+    weights before each forward and backward -- every micro-batch's with ``pp == 1``, once
+    per step with ``pp > 1`` (torch's pipelining keeps them gathered across micro-batches)
+    -- and a reduce-scatter of the gradients. With ``pp == 1`` the gradient reduction
+    overlaps the last micro-batch's backward (DDP's buckets, FSDP's per-layer hooks) and
+    ZeRO-3's gathers the rest of the compute (prefetch); overlapped compute runs
+    ``OVERLAP_SLOWDOWN`` times slower. With ``pp > 1`` they are exposed, as Megatron-LM
+    reduces gradients after the pipeline flush.
+    """
+    grads, weights = params * GRADIENT_BYTES, params * WEIGHT_BYTES
+    after = 0.0
+    gathers = 0.0
+    if zero == 0:
+        reduce = costs.collective("all_reduce", ranks, grads)
+    elif zero in (1, 2):
+        reduce = costs.collective("reduce_scatter", ranks, grads)
+        after = costs.collective("all_gather", ranks, weights)
+    else:
+        units = layers + 1
+        reduce = units * costs.collective("reduce_scatter", ranks, grads / units)
+        gathers = ((2 * m if pp == 1 else 2) * units
+                   * costs.collective("all_gather", ranks, weights / units))
+    if pp > 1:
+        return reduce + gathers + after
+    reduce_window = 2 / 3 * busy_mb  # the last micro-batch's backward
+    gather_window = m * busy_mb - reduce_window
+    exposed = after
+    for seconds, window in ((reduce, reduce_window), (gathers, gather_window)):
+        hidden = min(seconds, window)
+        exposed += seconds - hidden + hidden * (OVERLAP_SLOWDOWN - 1)
+    return exposed
 
 
 def _stage_parameters(cfg, pp, tp):

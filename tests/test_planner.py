@@ -286,3 +286,29 @@ def test_search_finds_nothing_when_nothing_fits():
     big = planner.TransformerConfig(layers=96, hidden=12288, heads=96, seq_len=2048,
                                     vocab=51200)
     assert planner.search(big, _cluster(1), global_batch=8) == []
+
+
+def test_data_parallel_time_is_the_cost_models_collectives():
+    cluster = _cluster(2)
+    kw = dict(tp=2, pp=2, dp=4, global_batch=32, micro_batch=2)
+    ests = {z: planner.estimate(SMALL, cluster, zero=z, **kw) for z in (0, 1, 3)}
+    cost = CostModel(cluster.spec)
+    ranks = [0, 2, 4, 6]  # the data-parallel group of rank 0: stride tp
+    params = max(planner._stage_parameters(SMALL, 2, 2))
+    # after a pipeline flush the reduction is exposed
+    assert ests[0].breakdown["dp_communication"] == pytest.approx(
+        cost.collective_time("all_reduce", ranks, params * 2).seconds)
+    assert ests[1].breakdown["dp_communication"] == pytest.approx(
+        cost.collective_time("reduce_scatter", ranks, params * 2).seconds
+        + cost.collective_time("all_gather", ranks, params * 2).seconds)
+    # ZeRO-3 gathers per layer, forward and backward: more messages, more latency
+    assert ests[3].breakdown["dp_communication"] > ests[1].breakdown["dp_communication"]
+
+
+def test_gradient_reduction_hides_behind_backward_without_pipeline():
+    kw = dict(tp=1, pp=1, dp=16, global_batch=64, micro_batch=4)
+    est = planner.estimate(SMALL, _cluster(2), **kw)
+    full = CostModel(_cluster(2).spec).collective_time(
+        "all_reduce", list(range(16)), planner.parameter_count(SMALL) * 2).seconds
+    # hidden behind the last backward: only the overlap slowdown remains
+    assert est.breakdown["dp_communication"] == pytest.approx(full * 0.189, rel=0.01)
