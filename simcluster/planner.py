@@ -103,7 +103,9 @@ class TransformerConfig:
     embeddings. ``swiglu=True`` is a LLaMA-style block: SwiGLU MLP (three matrices), no
     biases, RMSNorm, rotary positions (no position-embedding table). ``kv_heads`` below
     ``heads`` is grouped-query attention. ``tied_embeddings``: the output layer reuses the
-    input embedding matrix (GPT), else it has its own (LLaMA).
+    input embedding matrix (GPT), else it has its own (LLaMA). ``dropout`` (default: GPT
+    yes, ``swiglu`` no): dropout after attention, after the MLP and on the attention
+    probabilities, whose masks and outputs are kept for backward.
     """
 
     layers: int
@@ -115,8 +117,11 @@ class TransformerConfig:
     kv_heads: int = None
     swiglu: bool = False
     tied_embeddings: bool = True
+    dropout: bool = None
 
     def __post_init__(self):
+        if self.dropout is None:  # GPT trains with dropout, LLaMA-style models without
+            object.__setattr__(self, "dropout", not self.swiglu)
         for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
             _positive_int(getattr(self, name), name)
         for name in ("ffn_hidden", "kv_heads"):
@@ -146,7 +151,7 @@ class TransformerConfig:
     def standard(self):
         """Whether this is the GPT of Narayanan et al. 2021 (their formulas are exact)."""
         return (not self.swiglu and self.ffn == 4 * self.hidden and self.kv == self.heads
-                and self.tied_embeddings)
+                and self.tied_embeddings and self.dropout)
 
     def layer_matmul_parameters(self):
         """Weights of one layer's matrix multiplies (QKV, output projection, MLP)."""
@@ -221,8 +226,10 @@ def activation_memory_per_layer(cfg, micro_batch, tp=1, sequence_parallel=False,
                                    parallelism, which shards it)
     =============================  ==============================
 
-    Other configs count the same tensors with their sizes (GQA's smaller K and V, SwiGLU's
-    three MLP activations of ``ffn_hidden``; RMSNorm and no dropout change nothing here).
+    Other configs count the same tensors with their sizes: GQA's smaller K and V,
+    SwiGLU's three MLP activations of ``ffn_hidden``; without dropout there are no masks
+    (``2 s b h`` and ``a s^2 b``) and no dropout output (``2 a s^2 b``: the softmax output
+    feeds the product with V directly), ``s b h (32 + 2 a s/h)`` for ``t = 1``.
     """
     _check_choice(recompute, RECOMPUTE, "recompute")
     _positive_int(micro_batch, "micro_batch")
@@ -239,9 +246,10 @@ def activation_memory_per_layer(cfg, micro_batch, tp=1, sequence_parallel=False,
     # MLP: GeLU input and second linear input, 2 bytes each of ffn_hidden per token;
     # SwiGLU: gate, up and their product
     mlp_sharded = s * b * cfg.ffn * (6 if cfg.swiglu else 4)
-    # LayerNorm inputs 4, dropout masks after attention and MLP 2, QKV and MLP inputs 4
-    replicated_bytes = 10 * sbh
-    scores = 5 * a * s * s * b  # softmax output 2, its dropout mask 1, dropout output 2
+    # LayerNorm inputs 4, QKV and MLP inputs 4, dropout masks after attention and MLP 2
+    replicated_bytes = (10 if cfg.dropout else 8) * sbh
+    # softmax output 2, with dropout its mask 1 and the dropout output 2
+    scores = (5 if cfg.dropout else 2) * a * s * s * b
     total = Fraction(attention_sharded + mlp_sharded, t) + Fraction(replicated_bytes,
                                                                       replicated)
     if recompute == "none":
@@ -455,11 +463,13 @@ def _layer_times(cfg, dev, b, t, sp, value_bytes):
     attention = (dev.gemm(s, s, cfg.head_dim, batch=b * heads, value_bytes=value_bytes)
                  + dev.gemm(s, cfg.head_dim, s, batch=b * heads, value_bytes=value_bytes))
     # fused scale-mask-softmax (read 2, write 2) and dropout (read 2, write 2 + mask 1)
-    attention += dev.memory_bound(9 * b * heads * s * s)
+    attention += dev.memory_bound((9 if cfg.dropout else 4) * b * heads * s * s)
     rows = tokens / t if sp else tokens  # LayerNorm, dropout run on 1/t with SP
-    # two LayerNorms (read 2, write 2 each), two bias-dropout-adds (read 4, write 2, mask 1),
-    # bias-GeLU on the MLP's inner activations (read 2, write 2) or SwiGLU (read 4, write 2)
-    elementwise = dev.memory_bound(rows * h * (2 * 4 + 2 * 7)
+    # two LayerNorms (read 2, write 2 each), two (bias-)(dropout-)adds into the residual
+    # (read 4, write 2, mask 1), bias-GeLU on the MLP's inner activations (read 2, write 2)
+    # or SwiGLU (read 4, write 2)
+    residual_add = 7 if cfg.dropout else 6
+    elementwise = dev.memory_bound(rows * h * (2 * 4 + 2 * residual_add)
                                    + tokens * (f // t) * (6 if cfg.swiglu else 4))
     return gemms, attention, elementwise
 
@@ -690,8 +700,9 @@ def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes
     working = 0.0  # the layer being recomputed and back-propagated holds its activations
     if recompute == "full":
         working = activation_memory_per_layer(cfg, b, tp, sp, "none") * scale
-    elif recompute == "selective":
-        working = 5 * cfg.heads * cfg.seq_len ** 2 * b / tp * scale
+    elif recompute == "selective":  # the attention scores it recomputes
+        working = (activation_memory_per_layer(cfg, b, tp, sp, "none")
+                   - activation_memory_per_layer(cfg, b, tp, sp, "selective")) * scale
     # fp32 logits of one micro-batch on the last stage (vocabulary-parallel)
     logits = 4 * b * cfg.seq_len * cfg.vocab / tp
     first_params, last_params = _stage_parameters(cfg, pp, tp)

@@ -92,8 +92,17 @@ def test_activation_memory_of_gqa_and_swiglu_counts_their_tensors():
                                               recompute="selective")
     sbh = 4096 * 4096
     assert mha - gqa == 4 * sbh * (1 - 8 / 32)  # K and V, 2 bytes each, a quarter as many
-    # SwiGLU: gate, up and their product (2 bytes each) of ffn_hidden instead of GeLU's two
-    assert mha == 10 * sbh + sbh * 8 + 4096 * 11008 * 6
+    # no dropout (the default with SwiGLU): LayerNorm and layer inputs 8, Q K V and the
+    # projection's input 8, and SwiGLU's gate, up and product (2 bytes each) of ffn_hidden
+    assert mha == 8 * sbh + 8 * sbh + 4096 * 11008 * 6
+
+
+def test_activation_memory_without_dropout_drops_masks_and_dropout_output():
+    cfg = dataclasses.replace(GPT_1_7B, dropout=False)
+    s, h, a = 2048, 2304, 24
+    for b in (1, 4):
+        assert planner.activation_memory_per_layer(cfg, b) == s * b * h * 32 + 2 * a * s * s * b
+    assert not cfg.standard and GPT_1_7B.standard and GPT_1_7B.dropout and not LLAMA_7B.dropout
 
 
 # ------------------------------------------------------------------ Table 1
