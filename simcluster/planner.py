@@ -26,9 +26,8 @@ Table 1); ``benchmarks/bench_planner.py`` prints the comparison.
 """
 
 import itertools
+from dataclasses import dataclass
 from fractions import Fraction
-from dataclasses import dataclass, field
-from functools import lru_cache
 
 from . import spec as _spec
 from .costmodel import OVERLAP_SLOWDOWN, CostModel
@@ -67,7 +66,6 @@ WEIGHT_BYTES, GRADIENT_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 # (Megatron-LM's vocab_parallel_cross_entropy: fp32 cast, max-subtract, exp, sum, divide,
 # then the gradient softmax - one-hot): ~6 passes over fp32 logits.
 CROSS_ENTROPY_BYTES_PER_LOGIT = 24
-
 
 
 @dataclass(frozen=True)
@@ -321,7 +319,6 @@ class Estimate:
     memory: dict
     device_memory: int
     breakdown: dict
-    extra: dict = field(default_factory=dict, repr=False)
 
     @property
     def gpus(self):
@@ -395,19 +392,28 @@ def _cluster_spec(cluster):
 
 
 class _Costs:
-    """Collective and point-to-point times on one cluster, cached by shape."""
+    """Collective and point-to-point times on one cluster, from its
+    :class:`~simcluster.costmodel.CostModel`, remembered by shape (a search asks for the
+    same ones many times)."""
 
     def __init__(self, spec):
-        self.spec = spec
         self.model = CostModel(spec)
+        self.seen = {}
 
-    @lru_cache(maxsize=None)
     def collective(self, op, ranks, nbytes):
-        return self.model.collective_time(op, list(ranks), nbytes).seconds if nbytes else 0.0
+        """Seconds of collective ``op`` on global ``ranks`` (a tuple) with ``nbytes``."""
+        key = (op, ranks, nbytes)
+        if key not in self.seen:
+            self.seen[key] = (self.model.collective_time(op, list(ranks), nbytes).seconds
+                              if nbytes else 0.0)
+        return self.seen[key]
 
-    @lru_cache(maxsize=None)
     def p2p(self, src, dst, nbytes):
-        return self.model.p2p_time(src, dst, nbytes)
+        """Seconds of one message of ``nbytes`` from ``src`` to ``dst``."""
+        key = ("p2p", src, dst, nbytes)
+        if key not in self.seen:
+            self.seen[key] = self.model.p2p_time(src, dst, nbytes)
+        return self.seen[key]
 
 
 _COSTS = {}  # id(spec) -> (spec, _Costs): specs hold dicts, so they are not hashable
@@ -426,7 +432,8 @@ class _Device:
     """The roofline of one device, with an :class:`Efficiency`."""
 
     def __init__(self, device, dtype, efficiency):
-        self.peak = device.peak_flops[DTYPES[dtype][0]]
+        # a custom device without a 16-bit peak computes at its fp32 one (as flops_for does)
+        self.peak = device.peak_flops.get(DTYPES[dtype][0]) or device.peak_flops["float32"]
         self.efficiency = efficiency
         self.flops = self.peak * efficiency.gemm * efficiency.software
         self.hbm = device.hbm_bandwidth * efficiency.hbm * efficiency.software
@@ -474,11 +481,10 @@ def _layer_times(cfg, dev, b, t, sp, value_bytes):
     return gemms, attention, elementwise
 
 
-def _stage_layout(cfg, pp, v):
+def _check_stages(cfg, pp, v):
     if cfg.layers % (pp * v):
         raise ValueError(f"layers={cfg.layers} is not a multiple of pp * virtual_stages "
                          f"= {pp} * {v}; every pipeline chunk needs the same layers")
-    return cfg.layers // pp
 
 
 def estimate(cfg, cluster, tp=1, pp=1, dp=1, global_batch=None, micro_batch=None,
@@ -497,6 +503,11 @@ def estimate(cfg, cluster, tp=1, pp=1, dp=1, global_batch=None, micro_batch=None
     simulator does). Raises ``ValueError`` naming an invalid value.
     """
     spec = _cluster_spec(cluster)
+    if not isinstance(cfg, TransformerConfig):
+        raise ValueError(f"cfg must be a planner.TransformerConfig, got {cfg!r}")
+    if not isinstance(efficiency, Efficiency):
+        raise ValueError(f"efficiency must be a planner.Efficiency (MEGATRON_A100, "
+                         f"ROOFLINE), got {efficiency!r}")
     if global_batch is None:
         raise ValueError("global_batch is required: sequences per iteration")
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("global_batch", global_batch),
@@ -523,7 +534,7 @@ def estimate(cfg, cluster, tp=1, pp=1, dp=1, global_batch=None, micro_batch=None
         raise ValueError("schedule='interleaved' needs virtual_stages >= 2")
     if virtual_stages > 1 and pp == 1:
         raise ValueError(f"virtual_stages={virtual_stages} needs pp > 1")
-    _stage_layout(cfg, pp, virtual_stages)
+    _check_stages(cfg, pp, virtual_stages)
     if global_batch % dp:
         raise ValueError(f"global_batch={global_batch} is not divisible by dp={dp}")
     per_replica = global_batch // dp
