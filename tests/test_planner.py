@@ -133,6 +133,23 @@ def test_table1_runs_fit_on_80_gb(table1):
         assert est.fits, (row.params_billion, est.memory)
 
 
+def test_korthikanti_table5_iteration_times_without_recalibration():
+    # a second paper, a year later, not used to calibrate anything: every iteration time
+    # (full recomputation; sequence parallelism + selective recomputation) within 15 %
+    errors = []
+    for row, full, present in planner.korthikanti_estimates():
+        for est, paper in ((full, row.full_recompute_seconds),
+                           (present, row.present_work_seconds)):
+            error = est.step_time / paper - 1
+            assert abs(error) <= 0.15, (row.name, est.recompute, est.step_time, paper)
+            errors.append(abs(error))
+            assert est.fits, (row.name, est.memory)
+        assert present.step_time < full.step_time
+        assert present.sequence_parallel and present.recompute == "selective"
+    assert sum(errors) / len(errors) <= 0.08
+    assert "mean absolute error" in planner.korthikanti_comparison()
+
+
 # ---------------------------------------------------------------- estimate
 def _cluster(nodes):
     return Cluster.preset("dgx-a100", nodes=nodes)
