@@ -149,12 +149,6 @@ class TransformerConfig:
         """Hidden size of one attention head."""
         return self.hidden // self.heads
 
-    @property
-    def standard(self):
-        """Whether this is the GPT of Narayanan et al. 2021 (their formulas are exact)."""
-        return (not self.swiglu and self.ffn == 4 * self.hidden and self.kv == self.heads
-                and self.tied_embeddings and self.dropout)
-
     def layer_matmul_parameters(self):
         """Weights of one layer's matrix multiplies (QKV, output projection, MLP)."""
         h, kv_dim = self.hidden, self.kv * self.head_dim
