@@ -530,6 +530,8 @@ class Recorder:
         traffic: ``{(src, dst): bytes}`` sent over the simulated links.
         collectives: every completed collective, a
             :class:`~simcluster.clock.CollectiveRecord`, in the order they completed.
+        deaths: ``(rank, simulated time, crashed)`` for every rank whose process died,
+            by a fault (``crashed``) or by its watchdog, over all attempts of the run.
     """
 
     def __init__(self, spec, world_size, cost):
@@ -544,6 +546,15 @@ class Recorder:
         self.module_time = [{} for _ in range(world_size)]
         self.traffic = {}
         self.collectives = []
+        self.deaths = []
+
+    def restart(self, t):
+        """Every rank's process restarts at simulated time ``t`` (after a crash): the
+        clocks go on (the time until ``t`` is an idle wait), the memory is empty."""
+        for clock in self.clocks:
+            clock.resume_at(t, "down: restarting after a failure")
+        for memory in self.memories + self.host_memories:
+            memory.restart()
 
     def add_traffic(self, src, dst, nbytes):
         """Count ``nbytes`` sent from rank ``src`` to rank ``dst``."""

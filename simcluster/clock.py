@@ -13,6 +13,7 @@ Every collective a run completes is kept as a :class:`CollectiveRecord`
 """
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -83,6 +84,8 @@ class RankClock:
             a receive at the same time count once), and waiting on the compute stream.
         flops: floating-point operations the rank's compute performed.
         events: the :class:`ClockEvent` list, in the order they were recorded.
+        deadline: when the rank's process dies (a crash fault, or its watchdog timeout);
+            ``math.inf`` while nothing threatens it. See :meth:`set_deadline`.
     """
 
     def __init__(self, overlap_slowdown=1.0):
@@ -96,13 +99,46 @@ class RankClock:
         self.overlap_slowdown = overlap_slowdown
         self._ready_at = {}   # storage key -> time an async collective finishes writing it
         self._busy_starts, self._busy_ends = [], []  # communication spans, sorted, disjoint
+        self.deadline = math.inf
+        self._on_deadline = None   # called (and raises) when the clock reaches the deadline
+        self.deadline_label = ""   # what the compute stream waits for until the deadline
+
+    def set_deadline(self, t, on_deadline, label):
+        """The rank dies at ``t``, unless an earlier deadline is set: the clock calls
+        ``on_deadline()``, which raises, as soon as compute or a wait would pass ``t``.
+        ``label`` names a wait that ends with the death (the timeline's idle bar)."""
+        if t < self.deadline:
+            self.deadline, self._on_deadline, self.deadline_label = t, on_deadline, label
+
+    def die_at_deadline(self, label):
+        """The compute stream waits, idle, until the deadline; then the rank dies. ``label``
+        names the wait unless the deadline has its own (a watchdog's)."""
+        self.wait_until(self.deadline, self.deadline_label or label)
+        self._on_deadline()
+
+    def resume_at(self, t, label=None):
+        """A restarted process starts at ``t``: its streams are free from then on, nothing
+        threatens it, and (given a ``label``) the time until ``t`` is an idle wait."""
+        self.deadline, self._on_deadline, self.deadline_label = math.inf, None, ""
+        if label is not None:
+            self.wait_until(t, label)
+        self.now = max(self.now, t)
+        self.send_free = max(self.send_free, t)
+        self.recv_free = max(self.recv_free, t)
+        self._ready_at.clear()
 
     def run_compute(self, seconds, label):
         """Run ``seconds`` of full-speed compute in ``label`` on the compute stream; return
-        how long it took, slowed where the communication stream is busy."""
+        how long it took, slowed where the communication stream is busy. Compute that
+        would pass the deadline stops there, and the rank dies."""
         if seconds <= 0:
             return 0.0
+        if self.now >= self.deadline:
+            self._on_deadline()
         start, self.now = self.now, self._compute_end(self.now, seconds)
+        dies = self.now > self.deadline
+        if dies:
+            self.now = self.deadline
         self.compute += self.now - start
         events = self.events
         last = events[-1] if events else None
@@ -111,6 +147,8 @@ class RankClock:
             events[-1] = ClockEvent("compute", last.start, self.now, label)
         else:
             events.append(ClockEvent("compute", start, self.now, label))
+        if dies:
+            self._on_deadline()
         return self.now - start
 
     def _compute_end(self, t, work):
@@ -180,7 +218,11 @@ class RankClock:
         return fresh
 
     def wait_until(self, t, label):
-        """The compute stream waits (idle) until simulated time ``t``."""
+        """The compute stream waits (idle) until simulated time ``t``; the rank dies if
+        that is past its deadline."""
+        if t > self.deadline:
+            self.wait_until(self.deadline, self.deadline_label or label)
+            self._on_deadline()
         if t > self.now:
             self.events.append(ClockEvent("idle", self.now, t, label))
             self.idle += t - self.now
