@@ -176,7 +176,7 @@ class RankAccounting(DispatchMode):
         dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
         if flops and dtype is _F32 and func.overloadpacket in _TF32_OPS:
             dtype = _fp32_matmul_dtype()
-        seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes)
+        seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes, clock.now)
         label = self.modules.innermost()
         clock.flops += flops
         seconds = clock.run_compute(seconds, label)
@@ -221,9 +221,10 @@ class RankAccounting(DispatchMode):
             dtype = _fp32_matmul_dtype()
         cost, label = self.recorder.cost, self.modules.innermost()
         if on_host:
-            seconds, label = cost.host_roofline(self.rank, flops, nbytes), f"host: {label}"
+            seconds = cost.host_roofline(self.rank, flops, nbytes, self.clock.now)
+            label = f"host: {label}"
         else:
-            seconds = cost.roofline(self.rank, flops, dtype, nbytes)
+            seconds = cost.roofline(self.rank, flops, dtype, nbytes, self.clock.now)
         self._charge(seconds, flops, label)
         return out
 

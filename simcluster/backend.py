@@ -564,8 +564,8 @@ class SimProcessGroup(dist.ProcessGroup):
         if recorder is None:
             return
         ranks = self._group.ranks
-        charge = recorder.cost.collective_time(coll.name, ranks, nbytes)
         start = max(coll.arrivals.values())
+        charge = recorder.cost.collective_time(coll.name, ranks, nbytes, at=start)
         coll.end = start + charge.seconds
         reason = _dies_before(recorder, ranks, coll.end)
         if reason is not None:
@@ -834,7 +834,8 @@ class SimProcessGroup(dist.ProcessGroup):
             nbytes = _nbytes([send.tensor])
             sender, receiver = recorder.clocks[send.src], recorder.clocks[recv.dst]
             start = max(send.posted, recv.posted, sender.send_free, receiver.recv_free)
-            send.end = recv.end = start + recorder.cost.p2p_time(send.src, recv.dst, nbytes)
+            send.end = recv.end = start + recorder.cost.p2p_time(send.src, recv.dst, nbytes,
+                                                                 at=start)
             reason = _dies_before(recorder, (send.src, recv.dst), send.end)
             if reason is not None:   # one side dies before the message is through
                 self._world.fail_message(send, reason)

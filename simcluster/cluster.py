@@ -159,6 +159,7 @@ class Cluster:
                 cost = CostModel(cluster.spec, algorithms)
                 cost.speed_factor.update(speed_factor or {})
                 cost.link_factor.update(link_factor or {})
+                _faults.slow_down(faults, cost, world_size, alive_nodes)
                 recorder = (_accounting.Recorder(cluster.spec, world_size, cost)
                             if accounting else None)
                 if recorder is not None and start > 0:

@@ -43,8 +43,13 @@ DEFAULT_WATCHDOG_TIMEOUT_S = 600.0
 # figure; pass ``restart_delay=`` to ``cluster.run`` for another.
 DEFAULT_RESTART_DELAY_S = 30.0
 
-# InfiniBand's largest MTU: the packet size that packet loss is counted in.
+# The packet size that packet loss is counted in: InfiniBand's largest MTU.
 PACKET_BYTES = 4096
+
+# How long a sender waits before resending a lost packet: Linux TCP's minimum
+# retransmission timeout, TCP_RTO_MIN = HZ/5 = 200 ms (include/net/tcp.h), what gloo's TCP
+# transport meets on a lossy network. Pass ``PacketLoss(..., rto=...)`` for another.
+DEFAULT_RTO_S = 0.2
 
 
 def _number(value, what, fault, low=None, high=None, low_open=False, allow_none=False):
@@ -160,21 +165,27 @@ class LinkDegraded:
 
 @dataclass(frozen=True)
 class PacketLoss:
-    """A share ``rate`` (0 <= rate < 1) of the packets leaving or entering node ``node``
-    over the network is lost and retransmitted, for the whole run.
+    """A share ``rate`` (0 <= rate <= 0.99) of the packets leaving or entering node
+    ``node`` over the network is lost and sent again, for the whole run.
 
-    Data still arrives: each message between nodes takes longer by
-    :func:`retransmission_factor` (its bytes) plus one retransmission timeout per round
-    of resends (:func:`retransmission_rounds`).
+    Data still arrives, later. A transfer that crosses the node's NICs carries
+    :func:`retransmission_factor` times its bytes, and it ends only when its unluckiest
+    packet has arrived: lost packets are resent after a retransmission timeout ``rto``
+    (simulated seconds; default :data:`DEFAULT_RTO_S`), in
+    :func:`retransmission_rounds` rounds on average (selective repeat).
     """
 
     node: int
     rate: float
+    rto: float = None
 
     def __post_init__(self):
+        rto = DEFAULT_RTO_S if self.rto is None else self.rto
         _set(self, node=_index(self.node, "node", "PacketLoss"),
              rate=_number(self.rate, "rate (the share of packets lost)", "PacketLoss",
-                          low=0.0, high=0.99))
+                          low=0.0, high=0.99),
+             rto=_number(rto, "rto (the retransmission timeout, seconds)", "PacketLoss",
+                         low=0.0))
 
 
 FAULT_TYPES = (Crash, NodeCrash, Straggler, LinkDegraded, PacketLoss)
@@ -325,3 +336,19 @@ def node_list(indices):
 def seconds(t):
     """Simulated seconds for a message: ``"2.5 s"``, ``"601.9 s"``, ``"0.000164 s"``."""
     return f"{t:.6g} s"
+
+
+def slow_down(faults, cost, world_size, alive_nodes):
+    """Put the stragglers, degraded links and lossy nodes of ``faults`` into the cost model
+    ``cost`` of an attempt with ``world_size`` ranks on the cluster's nodes ``alive_nodes``
+    (original indices). Faults on ranks or nodes the attempt does not have do nothing."""
+    for fault in faults:
+        if isinstance(fault, Straggler) and fault.rank < world_size:
+            cost.speed_windows.setdefault(fault.rank, []).append(
+                (fault.start, fault.end, fault.factor))
+        elif isinstance(fault, LinkDegraded) and (fault.node == "network"
+                                                  or fault.node in alive_nodes):
+            key = fault.node if fault.node == "network" else alive_nodes.index(fault.node)
+            cost.link_windows.setdefault(key, []).append((fault.start, fault.end, fault.factor))
+        elif isinstance(fault, PacketLoss) and fault.node in alive_nodes:
+            cost.packet_loss[alive_nodes.index(fault.node)] = (fault.rate, fault.rto)

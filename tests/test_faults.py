@@ -352,3 +352,118 @@ def test_the_same_faulty_run_twice_is_identical(two_nodes):
     assert first.elapsed == second.elapsed
     assert first.restarts == second.restarts
     assert len(first.restarts) == 2
+
+
+# ===================================================== slow ranks and links
+def test_a_straggler_computes_factor_times_longer(cluster):
+    clean = cluster.run(steps, world_size=4)
+    run = cluster.run(steps, world_size=4, faults=[faults.Straggler(rank=1, factor=3.0)])
+    compute = [row["compute_s"] for row in run.summary().rows]
+    assert compute[1] == pytest.approx(3 * clean.summary().rows[1]["compute_s"], rel=1e-9)
+    assert compute[0] == pytest.approx(clean.summary().rows[0]["compute_s"], rel=1e-12)
+    # The others wait for it: their idle time grows by what it lost before the last
+    # all-reduce (most of it: only the step's last few ops come after).
+    idle = [row["idle_s"] for row in run.summary().rows]
+    waited = idle[0] - clean.summary().rows[0]["idle_s"]
+    assert 0.9 * (compute[1] - compute[0]) < waited < compute[1] - compute[0]
+    assert run.results == clean.results
+
+
+def test_a_straggler_window_slows_only_the_ops_inside_it(cluster):
+    clean = cluster.run(steps, world_size=4)
+    half = clean.elapsed / 2
+    late = cluster.run(steps, world_size=4, faults=[faults.Straggler(1, 3.0, start=half)])
+    early = cluster.run(steps, world_size=4, faults=[faults.Straggler(1, 3.0, end=half)])
+    everywhere = cluster.run(steps, world_size=4, faults=[faults.Straggler(1, 3.0)])
+    for partial in (late, early):
+        assert clean.elapsed < partial.elapsed < everywhere.elapsed
+    ends = [c.end for c in late.collectives]
+    clean_ends = [c.end for c in clean.collectives]
+    before = [i for i, t in enumerate(clean_ends) if t < half]
+    assert before and [ends[i] for i in before] == [clean_ends[i] for i in before]
+
+
+def test_the_speed_factor_keyword_still_works(cluster):
+    kwarg = cluster.run(steps, world_size=4, speed_factor={1: 3.0})
+    fault = cluster.run(steps, world_size=4, faults=[faults.Straggler(rank=1, factor=3.0)])
+    assert kwarg.elapsed == pytest.approx(fault.elapsed, rel=1e-12)
+
+
+@pytest.mark.parametrize("node", [0, "network"])
+def test_a_degraded_link_slows_the_collectives_that_use_it(two_nodes, node):
+    def intra_and_inter():
+        t = torch.ones(1 << 16)
+        dist.all_reduce(t)                              # both nodes: the network
+        pair = dist.new_group([0, 1])
+        if dist.get_rank() < 2:
+            dist.all_reduce(t, group=pair)               # node 0's NVLink only
+        return t[0].item()
+
+    clean = two_nodes.run(intra_and_inter, world_size=4)
+    run = two_nodes.run(intra_and_inter, world_size=4,
+                        faults=[faults.LinkDegraded(node=node, factor=0.25)])
+    assert run.results == clean.results
+    by_ranks = {c.ranks: c.duration for c in run.collectives}
+    clean_by_ranks = {c.ranks: c.duration for c in clean.collectives}
+    slowed = (0, 1) if node == 0 else (0, 1, 2, 3)
+    other = (0, 1, 2, 3) if node == 0 else (0, 1)
+    assert by_ranks[slowed] > 1.5 * clean_by_ranks[slowed]
+    assert by_ranks[other] == clean_by_ranks[other]
+    # A window that ends before the run starts changes nothing.
+    ended = two_nodes.run(intra_and_inter, world_size=4,
+                          faults=[faults.LinkDegraded(node, 0.25, start=0.0, end=1e-12)])
+    assert ended.elapsed == clean.elapsed
+
+
+def test_retransmission_rounds_match_a_simulation_of_lost_packets():
+    import random
+
+    assert faults.retransmission_rounds(0.2, 1) == pytest.approx(0.2 / 0.8)
+    assert faults.retransmission_rounds(0.0, 100) == 0
+    rng = random.Random(0)
+    for rate, packets in ((0.2, 8), (0.05, 300)):
+        trials = []
+        for _ in range(4000):
+            worst = 0
+            for _ in range(packets):
+                tries = 1
+                while rng.random() < rate:
+                    tries += 1
+                worst = max(worst, tries)
+            trials.append(worst - 1)
+        assert faults.retransmission_rounds(rate, packets) == pytest.approx(
+            sum(trials) / len(trials), rel=0.05)
+
+
+def test_packet_loss_delays_messages_that_cross_the_lossy_node(two_nodes):
+    def messages():
+        t = torch.zeros(1024)                            # 4 KiB: one packet
+        rank = dist.get_rank()
+        if rank == 0:
+            dist.send(t, dst=2)                          # across the network
+            dist.send(t, dst=1)                          # inside node 0
+        elif rank in (1, 2):
+            dist.recv(t, src=0)
+        return t.sum().item()
+
+    def durations(run):
+        return {e.label: e.duration for e in run.clock(0).events if e.lane == "comm"}
+
+    clean = durations(two_nodes.run(messages, world_size=4))
+    lossy = durations(two_nodes.run(
+        messages, world_size=4, faults=[faults.PacketLoss(node=1, rate=0.2, rto=1.0)]))
+    # One packet is lost with probability 0.2: 0.25 retransmission timeouts on average,
+    # and the bytes are sent 1.25 times.
+    assert lossy["send 0->2"] - clean["send 0->2"] == pytest.approx(0.25, rel=1e-3)
+    assert lossy["send 0->1"] == pytest.approx(clean["send 0->1"], rel=1e-9)
+    none = durations(two_nodes.run(messages, world_size=4,
+                                   faults=[faults.PacketLoss(node=1, rate=0.0)]))
+    assert none == clean
+
+
+def test_packet_loss_slows_a_collective_across_nodes(two_nodes):
+    clean = two_nodes.run(steps, world_size=4)
+    lossy = two_nodes.run(steps, world_size=4, faults=[faults.PacketLoss(node=0, rate=0.01)])
+    assert lossy.results == clean.results
+    assert all(a.duration > b.duration + 0.1 * faults.DEFAULT_RTO_S
+               for a, b in zip(lossy.collectives, clean.collectives))
