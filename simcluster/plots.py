@@ -20,6 +20,10 @@ LANE_NAMES = {"compute": "compute", "comm": "communication", "idle": "idle (wait
 CATEGORY_COLORS = dict(zip(CATEGORIES, ("#4C72B0", "#55A868", "#C44E52", "#8172B3",
                                         "#DD8452", "#937860")))
 
+# How a rank's death is marked on the timeline: a crash (a fault), and a rank stopped by
+# its watchdog while it waited for a dead one.
+DEATH_MARKERS = {True: ("X", "#C44E52", "crash"), False: ("|", "#222222", "watchdog stop")}
+
 # Row geometry of the timeline, in rank rows (the y axis is inverted: rank 0 on top).
 MAIN_LANE = (-0.42, 0.08)     # compute and idle: the compute stream
 COMM_LANE = (0.12, 0.42)      # communication stream, a thinner bar just below
@@ -122,9 +126,11 @@ def draw_timeline(recorder, spec, ax=None, ranks=None, max_labels=100, title=Non
     Each row has two lanes: the compute stream (compute in blue, idle waits in grey) and,
     as a thinner bar just below, the communication stream (orange), labelled with the
     collective's name where the bar is wide enough. Events closer together than about a
-    pixel are merged, so thousands of events on many ranks still draw quickly.
+    pixel are merged, so thousands of events on many ranks still draw quickly. A rank
+    that died (a crash fault, or its watchdog after one) gets a marker at that time.
     """
     from matplotlib.collections import PolyCollection
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     ranks = _check_ranks(ranks, recorder.world_size)
@@ -175,10 +181,21 @@ def draw_timeline(recorder, spec, ax=None, ranks=None, max_labels=100, title=Non
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    ax.legend(handles=[Patch(color=LANE_COLORS[k], label=LANE_NAMES[k])
-                       for k in ("compute", "comm", "idle")],
-              loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize=8,
-              frameon=False, borderaxespad=0.2)
+    handles = [Patch(color=LANE_COLORS[k], label=LANE_NAMES[k])
+               for k in ("compute", "comm", "idle")]
+    deaths = [(ranks.index(r), t, crash) for r, t, crash in getattr(recorder, "deaths", ())
+              if r in ranks]
+    for crash in (True, False):
+        marker, color, name = DEATH_MARKERS[crash]
+        points = [(t * scale, row + sum(MAIN_LANE) / 2) for row, t, c in deaths if c == crash]
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, linestyle="none", marker=marker, color=color, markersize=9,
+                    markeredgewidth=2, clip_on=False, zorder=5, gid=name)
+            handles.append(Line2D([], [], linestyle="none", marker=marker, color=color,
+                                  markeredgewidth=2, label=name))
+    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0),
+              ncol=len(handles), fontsize=8, frameon=False, borderaxespad=0.2)
     if own_figure:
         ax.figure.tight_layout()
     _label_comm_bars(ax, comm_bars, len(ranks), span * scale, max_labels)
