@@ -98,6 +98,7 @@ import ctypes
 import contextlib
 import functools
 import importlib.abc
+import os
 import sys
 import threading
 import warnings
@@ -1250,8 +1251,6 @@ def _charged():
 def _real_file(f):
     """``(path or None, position)`` if ``f`` is a file on disk (a path, or a file object
     with a descriptor), else None (an in-memory buffer such as ``io.BytesIO``)."""
-    import os
-
     if isinstance(f, (str, os.PathLike)):
         return os.path.abspath(os.fspath(f)), None
     try:
@@ -1265,8 +1264,6 @@ def _real_file(f):
 
 def _file_bytes(f, target, write):
     """Bytes ``torch.save`` wrote to, or ``torch.load`` read from, file ``f``."""
-    import os
-
     path, position = target
     if position is None:
         return os.path.getsize(path)
@@ -1401,8 +1398,6 @@ def _create_stream(self, path, mode):
     with _original_checkpoint[2](self, path, mode) as stream:
         yield stream
     if _charged():
-        import os
-
         _charge("w" in mode, os.path.getsize(path), os.path.abspath(os.fspath(path)))
 
 
