@@ -15,7 +15,8 @@ from .cluster import Cluster
 from .errors import (CollectiveMismatchError, DeadlockError, OutOfMemoryError,
                      RankCrashedError, RankError, SimulationError, SimulationTimeout)
 from .report import Run, Summary
-from .spec import PRESETS, ClusterSpec, DeviceSpec, LinkSpec, NetworkSpec, NodeSpec
+from .spec import (PRESETS, ClusterSpec, DeviceSpec, LinkSpec, NetworkSpec, NodeSpec,
+                   StorageSpec)
 
 _torch_internals.warn_if_untested()
 
@@ -92,7 +93,7 @@ def fake_tensors():
 
 __all__ = [
     "Cluster", "Run", "Summary", "ClusterSpec", "NodeSpec", "DeviceSpec", "LinkSpec",
-    "NetworkSpec", "PRESETS",
+    "NetworkSpec", "StorageSpec", "PRESETS",
     "SimulationError", "RankError", "DeadlockError", "CollectiveMismatchError",
     "SimulationTimeout", "OutOfMemoryError", "RankCrashedError", "faults", "fake_tensors", "collectives_called",
     "memory_in_use", "host_memory_in_use", "reset_peak_memory", "CollectiveRecord", "ClockEvent",

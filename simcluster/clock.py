@@ -22,10 +22,12 @@ class ClockEvent(NamedTuple):
     """A span of simulated time on one rank's stream.
 
     ``lane`` is ``"compute"`` (an op, or several of the same module in a row), ``"idle"``
-    (the compute stream waits, e.g. for communication) or ``"comm"`` (the communication
-    stream transfers); ``label`` says what ran: a module's name, ``"all_reduce #3"``,
-    ``"send 0->1"`` (on rank 0's send lane), ``"recv 0->1"`` (on rank 1's receive lane),
-    ``"wait for communication"``. Times are simulated seconds.
+    (the compute stream waits, e.g. for communication), ``"comm"`` (the communication
+    stream transfers) or ``"io"`` (the rank reads or writes the node's storage, and its
+    compute stream waits for it); ``label`` says what ran: a module's name,
+    ``"all_reduce #3"``, ``"send 0->1"`` (on rank 0's send lane), ``"recv 0->1"`` (on
+    rank 1's receive lane), ``"wait for communication"``, ``"write 4.2 MB"``. Times are
+    simulated seconds.
     """
 
     lane: str
@@ -82,6 +84,7 @@ class RankClock:
         comm_free: when the communication stream is all free: the later of the two lanes.
         compute, comm, idle: simulated seconds spent computing, communicating (a send and
             a receive at the same time count once), and waiting on the compute stream.
+        io: simulated seconds spent reading and writing storage (not counted in idle).
         flops: floating-point operations the rank's compute performed.
         events: the :class:`ClockEvent` list, in the order they were recorded.
         deadline: when the rank's process dies (a crash fault, or its watchdog timeout);
@@ -94,6 +97,7 @@ class RankClock:
         self.compute = 0.0
         self.comm = 0.0
         self.idle = 0.0
+        self.io = 0.0
         self.flops = 0
         self.events = []
         self.overlap_slowdown = overlap_slowdown
@@ -227,6 +231,13 @@ class RankClock:
             self.events.append(ClockEvent("idle", self.now, t, label))
             self.idle += t - self.now
             self.now = t
+
+    def run_io(self, end, label):
+        """The compute stream waits for storage I/O that started now and ends at ``end``."""
+        if end > self.now:
+            self.events.append(ClockEvent("io", self.now, end, label))
+            self.io += end - self.now
+            self.now = end
 
     def ready_when_read(self, key, t):
         """Storage ``key`` is written by communication until ``t``: the compute stream

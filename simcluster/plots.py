@@ -14,9 +14,10 @@ import numpy as np
 
 from .memory import CATEGORIES
 
-# Colours of the three lanes of a rank's timeline (colour-blind friendly).
-LANE_COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#C8C8C8"}
-LANE_NAMES = {"compute": "compute", "comm": "communication", "idle": "idle (waiting)"}
+# Colours of the lanes of a rank's timeline (colour-blind friendly).
+LANE_COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#C8C8C8", "io": "#55A868"}
+LANE_NAMES = {"compute": "compute", "comm": "communication", "idle": "idle (waiting)",
+              "io": "storage I/O"}
 CATEGORY_COLORS = dict(zip(CATEGORIES, ("#4C72B0", "#55A868", "#C44E52", "#8172B3",
                                         "#DD8452", "#937860")))
 
@@ -123,7 +124,8 @@ def _bars(rows, lane_y):
 def draw_timeline(recorder, spec, ax=None, ranks=None, max_labels=100, title=None):
     """A Gantt chart of the run: one row per rank (rank 0 on top).
 
-    Each row has two lanes: the compute stream (compute in blue, idle waits in grey) and,
+    Each row has two lanes: the compute stream (compute in blue, idle waits in grey,
+    reading and writing storage in green, shown only when a rank did) and,
     as a thinner bar just below, the communication stream (orange), labelled with the
     collective's name where the bar is wide enough. Events closer together than about a
     pixel are merged, so thousands of events on many ranks still draw quickly. A rank
@@ -143,10 +145,10 @@ def draw_timeline(recorder, spec, ax=None, ranks=None, max_labels=100, title=Non
     width_px = max(ax.bbox.width, 100.0)
     eps = span / (2 * width_px) if span > 0 else 0.0
 
-    lanes = {"compute": [], "idle": [], "comm": []}
+    lanes = {"compute": [], "idle": [], "comm": [], "io": []}
     comm_bars = []   # (row, start, end, name)
     for row, clock in enumerate(clocks):
-        by_lane = {"compute": [], "idle": [], "comm": []}
+        by_lane = {"compute": [], "idle": [], "comm": [], "io": []}
         for e in clock.events:
             if e.end > e.start:
                 by_lane[e.lane].append((e.start, e.end, e.label))
@@ -162,7 +164,11 @@ def draw_timeline(recorder, spec, ax=None, ranks=None, max_labels=100, title=Non
                     name = min(weights, key=lambda k: (-weights[k], k))
                     comm_bars.append((row, start * scale, end * scale, name))
 
-    for lane, lane_y in (("idle", MAIN_LANE), ("compute", MAIN_LANE), ("comm", COMM_LANE)):
+    shown = ("compute", "comm", "idle") + (("io",) if lanes["io"] else ())
+    for lane, lane_y in (("idle", MAIN_LANE), ("compute", MAIN_LANE), ("io", MAIN_LANE),
+                         ("comm", COMM_LANE)):
+        if lane not in shown:
+            continue
         collection = PolyCollection(_bars(lanes[lane], lane_y), facecolors=LANE_COLORS[lane],
                                     edgecolors="none", linewidths=0, label=LANE_NAMES[lane])
         collection.set_gid(lane)
@@ -181,8 +187,7 @@ def draw_timeline(recorder, spec, ax=None, ranks=None, max_labels=100, title=Non
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    handles = [Patch(color=LANE_COLORS[k], label=LANE_NAMES[k])
-               for k in ("compute", "comm", "idle")]
+    handles = [Patch(color=LANE_COLORS[k], label=LANE_NAMES[k]) for k in shown]
     deaths = [(ranks.index(r), t, crash) for r, t, crash in getattr(recorder, "deaths", ())
               if r in ranks]
     for crash in (True, False):

@@ -141,6 +141,13 @@ class Run:
         PCIe link."""
         return [dict(t) for t in self._need_accounting().host_transfers]
 
+    @property
+    def storage_io(self):
+        """Per rank, ``{"write": bytes, "read": bytes}`` it moved to and from its node's
+        storage (``torch.save``/``torch.load`` on files, ``dcp.save``/``dcp.load``); the
+        simulated seconds it spent on them are ``run.clock(rank).io``."""
+        return [dict(t) for t in self._need_accounting().storage_bytes]
+
     def category_peaks(self, rank):
         """``{category: bytes}``: the most each category held on ``rank`` at any moment.
 
