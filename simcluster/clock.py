@@ -233,11 +233,17 @@ class RankClock:
             self.now = t
 
     def run_io(self, end, label):
-        """The compute stream waits for storage I/O that started now and ends at ``end``."""
+        """The compute stream waits for storage I/O that started now and ends at ``end``
+        (it stops at the deadline: the rank dies during the I/O)."""
+        dies = end > self.deadline
+        if dies:
+            end = max(self.now, self.deadline)
         if end > self.now:
             self.events.append(ClockEvent("io", self.now, end, label))
             self.io += end - self.now
             self.now = end
+        if dies:
+            self._on_deadline()
 
     def ready_when_read(self, key, t):
         """Storage ``key`` is written by communication until ``t``: the compute stream

@@ -287,14 +287,17 @@ def _failure(world, run, scheduled, attempt, start, alive_nodes):
     crashed = {r: d for r, d in world.deaths.items() if d.crash} or world.deaths
     rank = min(crashed, key=lambda r: (crashed[r].time, r))
     death = crashed[rank]
-    saved = [c for c in world.checkpoints if c is not None and c <= death.time]
-    resume = min(saved) if len(saved) == world.world_size else start
+    # The latest checkpoint: the end of the last write to storage (torch.save, dcp.save)
+    # in this attempt that finished before the crash (one the crash cut short ends at it).
+    resume = max((e.end for clock in run.recorder.clocks for e in clock.events
+                  if e.lane == "io" and e.label.startswith("write")
+                  and e.start >= start and e.end < death.time), default=start)
     node = alive_nodes[run.cluster.spec.node_of(rank)]
     dead_nodes = {alive_nodes[run.cluster.spec.node_of(r)] for r, d in world.deaths.items()
                   if d.crash and isinstance(scheduled.get(r), _faults.NodeCrash)}
     record = _faults.RestartRecord(
         time=death.time, rank=rank, node=node, cause=death.cause,
-        lost_work=death.time - max(resume, start), attempt=attempt,
+        lost_work=death.time - resume, attempt=attempt,
         world_size=world.world_size, detected=run.elapsed)
     return record, dead_nodes
 

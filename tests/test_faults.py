@@ -275,23 +275,28 @@ def test_faults_in_the_downtime_do_nothing(cluster):
     assert len(run.restarts) == 1
 
 
-def test_lost_work_counts_from_the_latest_checkpoint(cluster):
+def test_lost_work_counts_from_the_latest_checkpoint(cluster, tmp_path):
     def checkpointing():
-        from simcluster.backend import current_world
-
         out = steps()
-        current_world().note_checkpoint(dist.get_rank())
+        if dist.get_rank() == 0:
+            torch.save(torch.ones(1 << 20), tmp_path / "checkpoint.pt")
         dist.barrier()
         torch.ones(1024, 1024) @ torch.ones(1024, 1024)
         return out
 
     clean = cluster.run(checkpointing, world_size=2)
+    [write] = [e for e in clean.clock(0).events if e.lane == "io"]
     matmul = clean.clock(0).events[-1]
     at = (matmul.start + matmul.end) / 2
-    run = cluster.run(checkpointing, world_size=2, faults=[faults.Crash(rank=0, at=at)],
+    run = cluster.run(checkpointing, world_size=2, faults=[faults.Crash(rank=1, at=at)],
                       max_restarts=1)
-    barrier = [c for c in clean.collectives if c.op == "barrier"][0]
-    assert run.restarts[0].lost_work == pytest.approx(at - barrier.start, rel=1e-6)
+    assert run.restarts[0].lost_work == pytest.approx(at - write.end, rel=1e-9)
+    # A crash during the write itself: the checkpoint does not count.
+    during = (write.start + write.end) / 2
+    run = cluster.run(checkpointing, world_size=2, faults=[faults.Crash(rank=0, at=during)],
+                      max_restarts=1)
+    assert run.restarts[0].lost_work == during
+    assert run.restarts[0].rank == 0
 
 
 # =============================================================== node crashes
