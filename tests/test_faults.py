@@ -484,3 +484,46 @@ def test_bench_faults_quick():
     assert results["Crash, no restart"]["simulated"] > 600   # the watchdog's wait
     assert results["Crash, 1 restart"]["simulated"] > 630    # and the restart delay
     assert results["PacketLoss 20%"]["simulated"] > results["fault-free"]["simulated"]
+
+
+# ======================================================= bit-identical recovery
+def checkpointed_training(directory, steps=8, every=2):
+    """DDP training that saves model, optimizer and step every ``every`` steps and, after
+    a restart, resumes from the latest save; returns the final parameters."""
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    start = 0
+    path = directory / "latest.pt"
+    if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) > 0 and path.exists():
+        state = torch.load(path)
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        start = state["step"]
+    for step in range(start, steps):
+        data = torch.randn(8, 16, generator=torch.Generator().manual_seed(
+            1000 * step + dist.get_rank()))   # the data position is the step
+        opt.zero_grad()
+        model(data).square().mean().backward()
+        opt.step()
+        if (step + 1) % every == 0:
+            if dist.get_rank() == 0:
+                torch.save({"model": model.module.state_dict(),
+                            "optimizer": opt.state_dict(), "step": step + 1}, path)
+            dist.barrier()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_restarted_run_resumes_bit_identically(cluster, tmp_path):
+    (tmp_path / "clean").mkdir()
+    clean = cluster.run(checkpointed_training, world_size=2, args=(tmp_path / "clean",))
+    reduces = [c for c in clean.collectives if c.op == "all_reduce"]
+    for i, at in enumerate((reduces[3].end * 1.0001, reduces[-2].end * 1.0001)):
+        directory = tmp_path / f"crash{i}"
+        directory.mkdir()
+        run = cluster.run(checkpointed_training, world_size=2, args=(directory,),
+                          faults=[faults.Crash(rank=1, at=at)], max_restarts=1)
+        assert len(run.restarts) == 1
+        for got, want in zip(run.results[0], clean.results[0]):
+            assert torch.equal(got, want)
+        assert run.restarts[0].lost_work < at   # it resumed from a checkpoint
