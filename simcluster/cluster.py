@@ -251,12 +251,11 @@ class Cluster:
         _accounting.install_hooks()
         try:
             scheduler.run(rank_main)
-        except DeadlockError as error:
+        except DeadlockError:
+            # After a crash, survivors may wait for each other where no watchdog sees the
+            # dead rank (a receive from any source): the crash is what went wrong.
             if not world.deaths:
                 raise
-            # The survivors wait for each other where no watchdog can see the dead rank
-            # (a receive from any source): the crash is still what went wrong.
-            error.add_note("(after a crash)")
         finally:
             _accounting.remove_hooks()
             _torch_internals.uninstall()

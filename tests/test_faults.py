@@ -5,6 +5,7 @@ benchmarks/bench_faults.py, never asserted here.)"""
 
 import datetime
 import os
+import pickle
 import threading
 
 import pytest
@@ -89,6 +90,15 @@ def test_crash_raises_with_the_rank_node_time_and_partial_run(cluster):
     assert "rank 3 (node 0) crashed" in str(error) and "max_restarts" in str(error)
 
 
+def test_the_error_pickles_without_its_run(cluster):
+    error = crashed(cluster, steps, 2, faults=[faults.Crash(rank=1, at=1e-5)])
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.rank, copy.node, copy.time, copy.cause) == \
+        (error.rank, error.node, error.time, error.cause)
+    assert str(copy) == str(error) and copy.run is None
+    assert copy.restarts == error.restarts
+
+
 def test_the_watchdog_timeout_comes_from_init_process_group(cluster):
     error = crashed(cluster, steps, 4, args=(30,), faults=[faults.Crash(rank=1, at=1e-5)])
     assert 30 < error.run.elapsed < 30.01
@@ -127,6 +137,20 @@ def test_a_crash_ends_a_point_to_point_wait_by_the_watchdog(cluster):
     last = error.run.clock(1).events[-1]
     assert last.label.startswith("watchdog: recv 0->1")
     assert error.run.elapsed == pytest.approx(600.0, rel=1e-6)
+
+
+def test_a_receive_from_any_rank_left_waiting_is_still_the_crash(cluster):
+    def any_source():
+        t = torch.zeros(4)
+        if dist.get_rank() == 0:
+            torch.ones(512, 512) @ torch.ones(512, 512)
+            dist.send(t + 1, dst=1)
+        else:
+            dist.recv(t)   # from whoever sends: no watchdog knows it waits for rank 0
+        return t.sum().item()
+
+    error = crashed(cluster, any_source, 2, faults=[faults.Crash(rank=0, at=1e-6)])
+    assert error.rank == 0
 
 
 def test_a_crash_after_the_rank_returned_does_nothing(cluster):
