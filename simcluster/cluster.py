@@ -307,12 +307,13 @@ def _crashed(record, run, restarts, advice):
     waited = ""
     if stopped:
         timeouts = sorted({run._timeouts[r] for r in stopped})
-        waited = (f" {_faults.rank_list(stopped).capitalize()} waited for it until their watchdog timeout "
-                  f"({' / '.join(f'{t:g}' for t in timeouts)} s, set by "
+        waited = (f" {_faults.rank_list(stopped).capitalize()} waited for it until their "
+                  f"watchdog timeout ({' / '.join(f'{t:g}' for t in timeouts)} s, set by "
                   "dist.init_process_group(timeout=...)) and stopped; the run ended at "
                   f"{_faults.seconds(record.detected)}.")
-    message = (f"rank {record.rank} (node {record.node}) crashed at {_faults.seconds(record.time)} of "
-               f"simulated time ({record.cause}), attempt {record.attempt}.{waited} {advice} "
+    message = (f"rank {record.rank} (node {record.node}) crashed at "
+               f"{_faults.seconds(record.time)} of simulated time ({record.cause}), in attempt "
+               f"{record.attempt}.{waited} {advice} "
                "The partial run is in .run: .run.timeline() shows the crash and the wait.")
     return RankCrashedError(record.rank, record.node, record.time, record.cause, run,
                             restarts + [record], message)

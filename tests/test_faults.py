@@ -368,8 +368,10 @@ def test_a_second_node_crash_after_shrinking(two_nodes):
 def test_the_same_faulty_run_twice_is_identical(two_nodes):
     first = faults.Crash(rank=1, at=2e-5)
     second = restarted_at(two_nodes, steps, 4, first) + 1e-5
+    slow = [faults.Straggler(rank=0, factor=2.0, start=1e-5), faults.PacketLoss(node=0, rate=0.1),
+            faults.LinkDegraded(node="network", factor=0.5, end=second)]
     kwargs = dict(world_size=4, max_restarts=2, min_world_size=2,
-                  faults=[first, faults.NodeCrash(node=1, at=second)])
+                  faults=[first, faults.NodeCrash(node=1, at=second)] + slow)
     first = two_nodes.run(steps, **kwargs)
     second = two_nodes.run(steps, **kwargs)
     assert first.results == second.results
