@@ -86,7 +86,7 @@ def test_crash_raises_with_the_rank_node_time_and_partial_run(cluster):
         assert "rank 3 crashed" in last.label
         assert last.end - last.start == pytest.approx(600.0, rel=1e-6)
     assert 600 < run.elapsed < 601
-    assert sorted(r for r, _, crash in run.recorder.deaths if crash) == [3]
+    assert sorted(r for r, _, crash in run.deaths if crash) == [3]
     assert "rank 3 (node 0) crashed" in str(error) and "max_restarts" in str(error)
 
 
@@ -327,7 +327,7 @@ def test_lost_work_counts_from_the_latest_checkpoint(cluster, tmp_path):
 def test_node_crash_kills_every_rank_on_the_node(two_nodes):
     error = crashed(two_nodes, steps, 4, faults=[faults.NodeCrash(node=1, at=1e-5)])
     assert (error.rank, error.node) == (2, 1)
-    crashed_ranks = sorted(r for r, _, crash in error.run.recorder.deaths if crash)
+    crashed_ranks = sorted(r for r, _, crash in error.run.deaths if crash)
     assert crashed_ranks == [2, 3]
     assert error.cause == "NodeCrash(node=1, at=1e-05)"
 
@@ -553,3 +553,24 @@ def test_a_restarted_run_resumes_bit_identically(cluster, tmp_path):
         for got, want in zip(run.results[0], clean.results[0]):
             assert torch.equal(got, want)
         assert run.restarts[0].lost_work < at   # it resumed from a checkpoint
+
+
+def test_the_timeline_marks_the_crash_and_the_watchdog_stops(cluster):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    error = crashed(cluster, steps, 4, args=(1e-3,), faults=[faults.Crash(rank=2, at=1e-4)])
+    ax = error.run.timeline()
+    marks = {line.get_gid(): line for line in ax.get_lines()}
+    crash, stops = marks["crash"], marks["watchdog stop"]
+    assert list(crash.get_ydata()) == pytest.approx([2 - 0.17])   # rank 2's compute lane
+    assert len(stops.get_xdata()) == 3
+    assert max(stops.get_xdata()) > crash.get_xdata()[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "crash" in labels and "watchdog stop" in labels
+    plt.close("all")
+    clean = cluster.run(steps, world_size=4)
+    assert not [line for line in clean.timeline().get_lines() if line.get_gid()]
+    plt.close("all")
