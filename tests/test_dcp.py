@@ -341,3 +341,99 @@ def test_timeline_and_trace_show_storage_io(saved, tmp_path):
     trace = json.loads(open(run.save_trace(tmp_path / "t.json")).read())
     io_events = [e for e in trace["traceEvents"] if e.get("cat") == "io"]
     assert len(io_events) == 5 and all(e["name"].startswith("write ") for e in io_events)
+
+
+# ------------------------------------------------------ crashes and restarts
+def _resumable(directory, steps=6, every=2):
+    """Train ``steps`` steps with FSDP2, saving with DCP every ``every`` steps into
+    ``directory/step_N``; start from the latest complete checkpoint (one whose
+    ``.metadata`` the coordinator committed). Returns the final state, the step it
+    started from, the attempt, and what it found of a torn checkpoint."""
+    def fn():
+        model, optimizer = _sharded(_model())
+        complete = sorted(int(name.split("_")[1]) for name in os.listdir(directory)
+                          if os.path.exists(os.path.join(directory, name, ".metadata")))
+        found = {name: sorted(os.listdir(os.path.join(directory, name)))
+                 for name in os.listdir(directory)}
+        sizes = {name: os.path.getsize(os.path.join(directory, name, "__1_0.distcp"))
+                 for name in found if "__1_0.distcp" in found[name]}
+        start = complete[-1] if complete else 0
+        if start:
+            msd, osd = get_state_dict(model, optimizer)
+            state = {"model": msd, "optim": osd}
+            dcp.load(state, checkpoint_id=os.path.join(directory, f"step_{start}"))
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+        for step in range(start, steps):
+            torch.manual_seed(1000 * step + dist.get_rank())   # the data of this step
+            model(torch.randn(8, 64)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if (step + 1) % every == 0:
+                msd, osd = get_state_dict(model, optimizer)
+                dcp.save({"model": msd, "optim": osd},
+                         checkpoint_id=os.path.join(directory, f"step_{step + 1}"))
+        return (_full_state(model, optimizer), start,
+                os.environ["TORCHELASTIC_RESTART_COUNT"], found, sizes)
+    return fn
+
+
+def test_dcp_save_crash_restart_load_is_bit_identical(tmp_path):
+    """Rank 1 crashes while it writes its shard of the step-4 checkpoint: that file is
+    torn and the checkpoint never committed, so the restart resumes from step 2, and ends
+    bit-identical to the run that never failed."""
+    cluster = sc.Cluster("dgx-a100")
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "faulty").mkdir()
+    clean = cluster.run(_resumable(str(tmp_path / "clean")), world_size=4)
+    writes = [e for e in clean.clock(1).events if e.lane == "io"]
+    assert len(writes) == 3                       # steps 2, 4 and 6
+    at = (writes[1].start + writes[1].end) / 2
+    run = cluster.run(_resumable(str(tmp_path / "faulty")), world_size=4,
+                      faults=[sc.faults.Crash(rank=1, at=at)], max_restarts=1)
+    for rank in range(4):
+        assert _equal(run.results[rank][0], clean.results[rank][0])
+    assert [r[1:3] for r in run.results] == [(2, "1")] * 4
+    found, sizes = run.results[0][3], run.results[0][4]
+    assert ".metadata" in found["step_2"] and ".metadata" not in found["step_4"]
+    full = os.path.getsize(tmp_path / "clean" / "step_4" / "__1_0.distcp")
+    assert 0 < sizes["step_4"] < full              # torn: cut where the crash came
+    assert sizes["step_2"] == full                 # the same state's bytes, complete
+    [record] = run.restarts
+    assert record.rank == 1 and record.time == at
+    # the work lost runs from the step-2 checkpoint's commit to the crash
+    commit = [e for e in clean.clock(1).events if e.lane == "io"][0].end
+    assert at - record.lost_work >= commit
+    assert record.lost_work < at - writes[0].start
+
+
+def test_a_crash_during_torch_save_tears_the_file(tmp_path):
+    path = tmp_path / "state.pt"
+
+    def fn():
+        if dist.get_rank() != 0:
+            return None
+        attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+        if attempt == "1":
+            torn = os.path.getsize(path)
+            try:
+                torch.load(path)
+                loads = True
+            except RuntimeError:            # not a valid zip file any more
+                loads = False
+            return torn, loads
+        torch.save(torch.zeros(4_000_000), path)     # 16 MB: about 1 ms
+        return None
+
+    cluster = sc.Cluster("dgx-a100")
+    clean = cluster.run(fn, world_size=2)
+    full = os.path.getsize(path)
+    [write] = [e for e in clean.clock(0).events if e.lane == "io"]
+    at = write.start + 0.25 * write.duration
+    run = cluster.run(fn, world_size=2, faults=[sc.faults.Crash(rank=0, at=at)],
+                      max_restarts=1)
+    torn, loads = run.results[0]
+    assert torn == pytest.approx(0.25 * full, rel=0.01) and not loads
+    # the crashed write shows as storage I/O cut at the crash
+    events = [e for e in run.clock(0).events if e.lane == "io"]
+    assert events[0].end == at
