@@ -345,7 +345,8 @@ def test_timeline_and_trace_show_storage_io(saved, tmp_path):
 
 # ------------------------------------------------------ crashes and restarts
 def _resumable(directory, steps=6, every=2):
-    """Train ``steps`` steps with FSDP2, saving with DCP every ``every`` steps into
+    """Train ``steps`` steps with FSDP2 (a global batch of 8, split among the ranks),
+    saving with DCP every ``every`` steps into
     ``directory/step_N``; start from the latest complete checkpoint (one whose
     ``.metadata`` the coordinator committed). Returns the final state, the step it
     started from, the attempt, and what it found of a torn checkpoint."""
@@ -364,9 +365,12 @@ def _resumable(directory, steps=6, every=2):
             dcp.load(state, checkpoint_id=os.path.join(directory, f"step_{start}"))
             set_state_dict(model, optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optim"])
+        rank, world = dist.get_rank(), dist.get_world_size()
         for step in range(start, steps):
-            torch.manual_seed(1000 * step + dist.get_rank())   # the data of this step
-            model(torch.randn(8, 64)).square().mean().backward()
+            # a global batch of 8 per step, split among however many ranks there are
+            torch.manual_seed(1000 * step)
+            batch = torch.randn(8, 64).chunk(world)[rank]
+            model(batch).square().mean().backward()
             optimizer.step()
             optimizer.zero_grad()
             if (step + 1) % every == 0:
@@ -437,3 +441,29 @@ def test_a_crash_during_torch_save_tears_the_file(tmp_path):
     # the crashed write shows as storage I/O cut at the crash
     events = [e for e in run.clock(0).events if e.lane == "io"]
     assert events[0].end == at
+
+
+def test_elastic_restart_on_fewer_ranks_resumes_from_a_resharded_checkpoint():
+    """A node of two is lost after the step-2 checkpoint: the job restarts on the two
+    surviving ranks, loads the 4-rank checkpoint re-sharded, and ends where the 4-rank
+    run ended (the same global batch; sums in another order, so equal to rounding)."""
+    import tempfile
+
+    two_nodes = sc.Cluster.from_dict({"nodes": [{"devices": 2, "count": 2}]})
+    with tempfile.TemporaryDirectory() as clean_dir, \
+            tempfile.TemporaryDirectory() as faulty_dir:
+        clean = two_nodes.run(_resumable(clean_dir), world_size=4)
+        writes = [e for e in clean.clock(2).events if e.lane == "io"]
+        at = (writes[0].end + writes[1].start) / 2     # training steps 3 and 4
+        run = two_nodes.run(_resumable(faulty_dir), world_size=4, max_restarts=1,
+                            faults=[sc.faults.NodeCrash(node=1, at=at)], min_world_size=2)
+        assert run.world_size == 2
+        assert [r[1:3] for r in run.results] == [(2, "1")] * 2
+        final, expected = run.results[0][0], clean.results[0][0]
+        assert final.keys() == expected.keys()
+        for key in expected:
+            torch.testing.assert_close(final[key], expected[key], rtol=1e-5, atol=1e-6)
+        # two ranks of one node read the whole 4-rank checkpoint
+        assert sum(io["read"] for io in run.storage_io) >= sum(
+            os.path.getsize(os.path.join(faulty_dir, "step_2", f"__{r}_0.distcp"))
+            for r in range(4))
