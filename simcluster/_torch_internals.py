@@ -1280,7 +1280,8 @@ def install_storage_hooks(on_io, on_checkpoint):
     Patches, until the returned function is called:
 
     * ``torch.save`` and ``torch.load`` on a path or a file on disk (not on an in-memory
-      buffer): the file's bytes;
+      buffer): the file's bytes, plus those of the fake tensors (which are saved as
+      records of their shapes, :func:`_records_for_fakes`);
     * ``torch.distributed.checkpoint``'s file-system writer and reader
       (``_FileSystemWriter.write_data``, ``FileSystemReader.read_data``): the bytes of
       each file, from the write results and the read plan's ``_StorageInfo`` (offset,
@@ -1357,12 +1358,15 @@ def _charge(write, nbytes, path):
 
 def _save(obj, f, *args, **kwargs):
     target = _real_file(f) if _charged() else None
+    fake_bytes = {}
+    obj = _records_for_fakes(obj, fake_bytes)
     result = _original_save(obj, f, *args, **kwargs)
     if target is not None:
         path, position = target
         # a file object written from its start holds this save alone: name it, so that
         # a crash during the write can tear it
-        _charge(True, _file_bytes(f, target, True), path if not position else None)
+        nbytes = _file_bytes(f, target, True) + sum(fake_bytes.values())
+        _charge(True, nbytes, path if not position else None)
         if _on_checkpoint is not None:
             _on_checkpoint()
     return result
@@ -1370,10 +1374,67 @@ def _save(obj, f, *args, **kwargs):
 
 def _load(f, *args, **kwargs):
     target = _real_file(f) if _charged() else None
-    result = _original_load(f, *args, **kwargs)
+    fake_bytes = []
+    result = _fakes_for_records(_original_load(f, *args, **kwargs), fake_bytes)
     if target is not None:
-        _charge(False, _file_bytes(f, target, False), target[0])
+        _charge(False, _file_bytes(f, target, False) + sum(fake_bytes), target[0])
     return result
+
+
+# A fake tensor (``sc.fake_tensors()``) has no data to save: ``torch.save`` writes this
+# record of it instead (plain types, which ``torch.load(weights_only=True)`` accepts) and
+# charges the bytes the tensor would take; ``torch.load`` makes a fake tensor of it again.
+_FAKE_RECORD = "__simcluster_fake_tensor__"
+
+
+def _records_for_fakes(obj, fake_bytes):
+    """``obj`` with every fake tensor in its dicts, lists and tuples replaced by a record;
+    ``fake_bytes`` gets ``{storage: bytes}`` of the fakes (shared storage counted once).
+    Returns ``obj`` itself when it holds no fake tensor."""
+    if isinstance(obj, torch.Tensor):
+        if not is_fake(obj):
+            return obj
+        fake_bytes[storage_key(obj)] = obj.untyped_storage().nbytes()
+        return {_FAKE_RECORD: True, "shape": list(obj.shape), "dtype": str(obj.dtype),
+                "requires_grad": obj.requires_grad}
+    if isinstance(obj, dict):
+        items = [(k, _records_for_fakes(v, fake_bytes)) for k, v in obj.items()]
+        if all(new is obj[k] for k, new in items):
+            return obj
+        return {k: v for k, v in items}
+    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+        new = [_records_for_fakes(v, fake_bytes) for v in obj]
+        if all(a is b for a, b in zip(new, obj)):
+            return obj
+        return type(obj)(new)
+    return obj
+
+
+def _fakes_for_records(obj, fake_bytes):
+    """``obj`` (just loaded) with every fake-tensor record made a fake tensor again;
+    ``fake_bytes`` gets their sizes. Raises if there are records outside
+    ``sc.fake_tensors()``, where no fake tensor can be made."""
+    if isinstance(obj, dict):
+        if obj.get(_FAKE_RECORD) is True:
+            if not fake_mode_active():
+                raise RuntimeError(
+                    "this file holds fake tensors (saved inside sc.fake_tensors(), with "
+                    "shapes but no data): load it inside `with sc.fake_tensors():` too")
+            dtype = getattr(torch, obj["dtype"].removeprefix("torch."))
+            tensor = torch.empty(obj["shape"], dtype=dtype,
+                                 requires_grad=obj["requires_grad"])
+            fake_bytes.append(tensor.untyped_storage().nbytes())
+            return tensor
+        for k, v in obj.items():
+            new = _fakes_for_records(v, fake_bytes)
+            if new is not v:
+                obj[k] = new
+        return obj
+    if isinstance(obj, list):
+        obj[:] = [_fakes_for_records(v, fake_bytes) for v in obj]
+    elif type(obj) is tuple:
+        return tuple(_fakes_for_records(v, fake_bytes) for v in obj)
+    return obj
 
 
 functools.update_wrapper(_save, _original_save)

@@ -467,3 +467,41 @@ def test_elastic_restart_on_fewer_ranks_resumes_from_a_resharded_checkpoint():
         assert sum(io["read"] for io in run.storage_io) >= sum(
             os.path.getsize(os.path.join(faulty_dir, "step_2", f"__{r}_0.distcp"))
             for r in range(4))
+
+
+def test_fake_tensors_are_saved_as_records_and_charged_their_full_size(tmp_path):
+    """Inside sc.fake_tensors() a state dict has shapes but no data: torch.save writes a
+    small file that records them, charged as the real bytes; torch.load (also inside
+    fake_tensors) gives fake tensors of the same shapes, charged the same."""
+    path = tmp_path / "big.pt"
+
+    def fn():
+        if dist.get_rank() != 0:
+            return None
+        with sc.fake_tensors():
+            model = nn.Linear(8192, 8192)                  # 268 MB of fp32 weights
+            state = {"model": model.state_dict(), "step": 7, "shapes": [(1, 2)]}
+            torch.save(state, path)
+            back = torch.load(path)
+        try:
+            torch.load(path)
+            outside = "loaded"
+        except RuntimeError as error:
+            outside = str(error)
+        return ({k: (tuple(v.shape), v.dtype) for k, v in back["model"].items()},
+                back["step"], back["shapes"], outside)
+
+    run = sc.Cluster("dgx-a100").run(fn, world_size=2)
+    shapes, step, small, outside = run.results[0]
+    assert shapes == {"weight": ((8192, 8192), torch.float32),
+                      "bias": ((8192,), torch.float32)}
+    assert (step, small) == (7, [(1, 2)])
+    assert "load it inside `with sc.fake_tensors():`" in outside
+    assert os.path.getsize(path) < 10_000                  # the records, not the data
+    tensors = 4 * (8192 * 8192 + 8192)
+    written = run.storage_io[0]["write"]
+    assert tensors < written < tensors + 10_000
+    assert run.storage_io[0]["read"] == written            # once, inside fake_tensors
+    [save, load] = [e for e in run.clock(0).events if e.lane == "io"]
+    assert save.duration == pytest.approx(written / (15.2 * GB))
+    assert load.duration == pytest.approx(written / (25.6 * GB))
