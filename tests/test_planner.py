@@ -357,3 +357,25 @@ def test_gradient_reduction_hides_behind_backward_without_pipeline():
         "all_reduce", list(range(16)), planner.parameter_count(SMALL) * 2).seconds
     # hidden behind the last backward: only the overlap slowdown remains
     assert est.breakdown["dp_communication"] == pytest.approx(full * 0.189, rel=0.01)
+
+
+def test_other_clusters_use_their_own_hardware():
+    kw = dict(tp=4, pp=2, dp=2, global_batch=32, micro_batch=2)
+    a100 = planner.estimate(SMALL, Cluster.preset("dgx-a100", nodes=2), **kw)
+    h100 = planner.estimate(SMALL, Cluster.preset("dgx-h100", nodes=2), **kw)
+    assert h100.step_time < 0.6 * a100.step_time   # 989 vs 312 TFLOP/s, faster links
+    assert h100.peak_flops == 989e12 and a100.peak_flops == 312e12
+    # HGX A100 4-GPU boards: tensor parallelism of 8 crosses the network
+    hetero = planner.estimate(SMALL, Cluster.preset("hetero-11"), tp=8, pp=1, dp=1,
+                              global_batch=8, micro_batch=1)
+    dgx = planner.estimate(SMALL, Cluster.preset("dgx-a100", nodes=1), tp=8, pp=1, dp=1,
+                           global_batch=8, micro_batch=1)
+    assert hetero.breakdown["tp_communication"] > 1.5 * dgx.breakdown["tp_communication"]
+    # a custom device with only an fp32 peak computes 16-bit at that peak
+    slow = spec.from_dict({"nodes": [{"devices": 8, "device": {
+        "memory_gb": 80, "peak_tflops": {"float32": 19.5}, "hbm_gbps": 2039}}]})
+    assert planner.estimate(SMALL, slow, global_batch=8, micro_batch=8).peak_flops == 19.5e12
+    with pytest.raises(ValueError, match="cfg must be a planner.TransformerConfig"):
+        planner.estimate({"layers": 2}, slow, global_batch=8)
+    with pytest.raises(ValueError, match="unknown cluster preset"):
+        planner.estimate(SMALL, "dgx-z100", global_batch=8)
