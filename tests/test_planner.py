@@ -3,7 +3,9 @@ Narayanan et al. 2021 Table 1 reproduced (docs/planner.md), the costs taken from
 and costmodel.py, and invalid layouts refused with a ValueError that names the value."""
 
 import dataclasses
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -379,3 +381,16 @@ def test_other_clusters_use_their_own_hardware():
         planner.estimate({"layers": 2}, slow, global_batch=8)
     with pytest.raises(ValueError, match="unknown cluster preset"):
         planner.estimate(SMALL, "dgx-z100", global_batch=8)
+
+
+def test_bench_planner_reports_both_papers():
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)  # `benchmarks` is imported from the repository root
+    from benchmarks import bench_planner
+
+    result = bench_planner.main(verbose=False)
+    assert result["goal_met"] and len(result["rows"]) == len(planner.MEGATRON_TABLE1)
+    assert result["mean_error"] <= 0.08 and result["korthikanti_mean_error"] <= 0.08
+    assert all(r["paper"] == row.tflops_per_gpu
+               for r, row in zip(result["rows"], planner.MEGATRON_TABLE1))
