@@ -22,7 +22,9 @@ slowest stage, with its exposed tensor- and pipeline-parallel communication. Eve
 time is a roofline, ``max(FLOPs / (peak x efficiency), bytes / (HBM x efficiency))``.
 
 The published runs this reproduces are in :data:`MEGATRON_TABLE1` (Narayanan et al. 2021,
-Table 1); ``benchmarks/bench_planner.py`` prints the comparison.
+Table 1, mean error 1.7 %; one row calibrates :data:`SOFTWARE_EFFICIENCY`) and
+:data:`KORTHIKANTI_TABLE5` (Korthikanti et al. 2022, Table 5, 6.1 %, nothing fitted);
+``benchmarks/bench_planner.py`` prints both comparisons.
 """
 
 import itertools
