@@ -34,4 +34,6 @@ __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_conjugate_operators", "check_megatron_mlp", "check_parallel_linears",
            "check_sequence_parallel",
            "check_fit_settings", "check_zero1", "check_zero2", "check_zero3",
-           "check_zero_memory"]
+           "check_zero_memory",
+           "check_checkpoint_interval", "check_find_straggler", "check_recovery",
+           "check_resume"]
