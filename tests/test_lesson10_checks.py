@@ -154,17 +154,19 @@ def test_resume_without_checkpoints(capsys):
 
 
 @pytest.mark.slow
-def test_resume_that_deadlocks(capsys):
-    text = starts(capsys, checks.check_resume,
-                  functools.partial(learner_train, gather_on_rank_0=True),
-                  f"{RESUME}without a failure: deadlock (rank 0: all_gather")
-    assert "— Hint: " in text
+def test_resume_with_a_gather_only_rank_0_calls(capsys):
+    """On a real cluster this hangs until the watchdog; the simulator names the mismatch."""
+    expect(capsys, checks.check_resume, functools.partial(learner_train, gather_on_rank_0=True),
+           f"{RESUME}without a failure: mismatch in all_gather #8 on group WORLD: the op "
+           "differs (rank 0: all_gather, rank 1: barrier) — Hint: every rank must call the "
+           "same collectives, in the same order, with matching arguments.")
 
 
 @pytest.mark.slow
 def test_resume_that_raises_after_the_restart(capsys):
-    starts(capsys, checks.check_resume, functools.partial(learner_train, load_missing_key=True),
-           f"{RESUME}{HALF}: rank 0 raised KeyError: 'epoch'")
+    text = starts(capsys, checks.check_resume,
+                  functools.partial(learner_train, load_missing_key=True), f"{RESUME}{HALF}: rank ")
+    assert " raised KeyError: 'epoch' — Hint: read the message above" in text
 
 
 @pytest.mark.slow
@@ -172,7 +174,7 @@ def test_resume_that_checkpoints_every_step(capsys):
     text = starts(capsys, checks.check_resume,
                   functools.partial(learner_train, save_every_step=True),
                   f"{RESUME}without a failure: your run wrote ")
-    assert "3.3× what one checkpoint every 3 steps" in text
+    assert "3.2× what one checkpoint every 3 steps" in text
 
 
 def test_resume_with_a_training_mistake(capsys):
