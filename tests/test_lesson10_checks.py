@@ -41,8 +41,8 @@ def starts(capsys, check, answer, prefix):
 @pytest.mark.parametrize("check, answer, text", [
     pytest.param(checks.check_resume, MINE["train"],
                  "bit-identical to the fault-free run after 4 crash scenarios (ranks 0-3, "
-                 "before, between and after checkpoints, two crashes in one run); 106065 "
-                 "bytes of checkpoints per fault-free run", marks=pytest.mark.slow),
+                 "before, between and after checkpoints, two crashes in one run), resuming "
+                 "from the latest checkpoint", marks=pytest.mark.slow),
     (checks.check_find_straggler, MINE["find_straggler"],
      "found 8 stragglers and raised no false alarm on 12 traces of noise, pauses and "
      "whole-job slowdowns"),

@@ -174,8 +174,9 @@ def check_resume(fn):
                       f"{RESUME_EVERY} steps, written once, needs ({num(ref_written)})",
                       f"save every `every` steps, and only one rank (rank 0) writes the "
                       "state every rank holds the same.")
-    return (f"bit-identical to the fault-free run after 4 crash scenarios (ranks 0-3, "
-            f"before, between and after checkpoints, two crashes in one run); {num(written)} bytes of checkpoints per fault-free run")
+    return ("bit-identical to the fault-free run after 4 crash scenarios (ranks 0-3, "
+            "before, between and after checkpoints, two crashes in one run), resuming from "
+            "the latest checkpoint")
 
 
 # ---------------------------------------------------------- 2. find the straggler
