@@ -236,16 +236,16 @@ class RankClock:
             self.now = t
 
     def run_io(self, end, label):
-        """The compute stream waits for storage I/O that started now and ends at ``end``
-        (it stops at the deadline: the rank dies during the I/O)."""
-        dies = end > self.deadline
-        if dies:
-            end = max(self.now, self.deadline)
-        if end > self.now:
-            self.events.append(ClockEvent("io", self.now, end, label))
-            self.io += end - self.now
-            self.now = end
-        if dies:
+        """The compute stream waits for storage I/O that started now and ends at ``end``;
+        the rank dies at its deadline if that comes first (the I/O is cut short)."""
+        if self.now >= self.deadline:
+            self._on_deadline()
+        stop = min(end, self.deadline)
+        if stop > self.now:
+            self.events.append(ClockEvent("io", self.now, stop, label))
+            self.io += stop - self.now
+            self.now = stop
+        if end > self.deadline:
             self._on_deadline()
 
     def ready_when_read(self, key, t):
