@@ -600,3 +600,15 @@ def test_the_timeline_marks_the_crash_and_the_watchdog_stops(cluster):
     clean = cluster.run(steps, world_size=4)
     assert not [line for line in clean.timeline().get_lines() if line.get_gid()]
     plt.close("all")
+
+
+def test_the_trace_marks_the_deaths(cluster, tmp_path):
+    import json
+
+    error = crashed(cluster, steps, 2, args=(1e-3,), faults=[faults.Crash(rank=1, at=1e-5)])
+    path = error.run.save_trace(tmp_path / "crash.json")
+    events = json.loads(path.read_text())["traceEvents"]
+    marks = sorted((e["args"]["rank"], e["name"], e["ts"]) for e in events
+                   if e.get("cat") == "fault")
+    assert [m[:2] for m in marks] == [(0, "watchdog stop"), (1, "crash")]
+    assert marks[1][2] == pytest.approx(10.0)   # microseconds
