@@ -138,6 +138,8 @@ def test_a_full_disk_raises_enospc_naming_rank_and_node(tmp_path):
 
     with pytest.raises(sc.RankError) as info:
         cluster.run(fn, world_size=2)
+    with pytest.raises(RuntimeError, match="inside cluster.run"):
+        sc.now()
     error = info.value.original
     assert isinstance(error, OSError) and error.errno == errno.ENOSPC
     assert "rank 1" in str(error) and "node0" in str(error)
@@ -247,10 +249,10 @@ def test_dcp_save_takes_bytes_over_the_nodes_write_bandwidth(tmp_path):
         state = {f"w{i}": distribute_tensor(torch.zeros(4_000_000), mesh, [Shard(0)])
                  for i in range(8)}
         dist.barrier()
-        start = _now()
+        start = sc.now()
         dcp.save(state, checkpoint_id=directory)
         dist.barrier()
-        return _now() - start if rank == 0 else None
+        return sc.now() - start if rank == 0 else None
 
     for preset in ("dgx-a100", "dgx-h100"):
         directory = str(tmp_path / preset)
@@ -260,13 +262,6 @@ def test_dcp_save_takes_bytes_over_the_nodes_write_bandwidth(tmp_path):
         assert nbytes > 128e6
         expected = nbytes / run.cluster.spec.nodes[0].storage.write_bandwidth
         assert run.results[0] == pytest.approx(expected, rel=0.03), preset
-
-
-def _now():
-    """The calling rank's simulated time (its compute stream)."""
-    from simcluster.accounting import current
-
-    return current().clock.now
 
 
 def test_dcp_save_on_4_load_on_4_is_bit_identical(saved):
