@@ -289,6 +289,7 @@ def test_dcp_load_on_2_reshards_bit_identically(saved):
     assert all(0.4 * data < io["read"] < 0.75 * data for io in run.storage_io)
 
 
+@pytest.mark.slow
 def test_a_rank_that_imports_dcp_inside_the_run_is_charged_too(tmp_path):
     """Notebooks may import torch.distributed.checkpoint inside the rank function: the
     run patches it when it is imported (run in a fresh interpreter, where it is not)."""
