@@ -287,8 +287,11 @@ def _failure(world, run, scheduled, attempt, start, alive_nodes):
     crashed = {r: d for r, d in world.deaths.items() if d.crash} or world.deaths
     rank = min(crashed, key=lambda r: (crashed[r].time, r))
     death = crashed[rank]
-    saved = [c for c in world.checkpoints if c is not None and c <= death.time]
-    resume = min(saved) if len(saved) == world.world_size else start
+    # The ranks that write checkpoints (all of them with DCP, rank 0 alone when it saves
+    # a replicated model) must each have saved one before the crash.
+    noted = [c for c in world.checkpoints if c is not None]
+    saved = [c for c in noted if c <= death.time]
+    resume = min(saved) if saved and len(saved) == len(noted) else start
     node = alive_nodes[run.cluster.spec.node_of(rank)]
     dead_nodes = {alive_nodes[run.cluster.spec.node_of(r)] for r, d in world.deaths.items()
                   if d.crash and isinstance(scheduled.get(r), _faults.NodeCrash)}

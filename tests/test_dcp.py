@@ -501,3 +501,22 @@ def test_fake_tensors_are_saved_as_records_and_charged_their_full_size(tmp_path)
     [save, load] = [e for e in run.clock(0).events if e.lane == "io"]
     assert save.duration == pytest.approx(written / (15.2 * GB))
     assert load.duration == pytest.approx(written / (25.6 * GB))
+
+
+def test_lost_work_counts_from_rank_0s_torch_save(tmp_path):
+    """A replicated model checkpointed by rank 0 alone (the usual DDP loop): a crash
+    loses the work since that save, not since the start."""
+    def fn():
+        if dist.get_rank() == 0:
+            torch.save(torch.zeros(1000), tmp_path / "latest.pt")
+        dist.barrier()
+        torch.ones(512, 512) @ torch.ones(512, 512)
+
+    cluster = sc.Cluster("dgx-a100")
+    clean = cluster.run(fn, world_size=2)
+    [save] = [e for e in clean.clock(0).events if e.lane == "io"]
+    matmul = clean.clock(1).events[-1]
+    at = (matmul.start + matmul.end) / 2
+    run = cluster.run(fn, world_size=2, faults=[sc.faults.Crash(rank=1, at=at)],
+                      max_restarts=1)
+    assert run.restarts[0].lost_work == pytest.approx(at - save.end)
