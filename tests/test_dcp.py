@@ -61,11 +61,11 @@ def test_custom_clusters_take_a_storage_by_name_or_numbers():
 
 def test_the_array_serves_one_transfer_at_a_time_and_fills_idle_gaps():
     storage = NodeStorage(sc_spec.StorageSpec("1 B/s", 100, 1.0, 1.0), "node0")
-    assert storage.transfer(0.0, 1, True, 0) == 1.0
-    assert storage.transfer(5.0, 1, True, 1) == 6.0
-    assert storage.transfer(0.0, 2, False, 2) == 3.0     # waits for [0, 1], then idle
-    assert storage.transfer(0.5, 3, False, 3) == 7.0     # [3, 5] and [6, 7]
-    assert storage.transfer(0.0, 1, True, 0) == 8.0      # all busy until 7
+    assert storage.transfer(0.0, 1, True, 0) == (0.0, 1.0)
+    assert storage.transfer(5.0, 1, True, 1) == (5.0, 6.0)
+    assert storage.transfer(0.0, 2, False, 2) == (1.0, 3.0)   # waits for [0, 1]
+    assert storage.transfer(0.5, 3, False, 3) == (3.0, 7.0)   # [3, 5] and [6, 7]
+    assert storage.transfer(0.0, 1, True, 0) == (7.0, 8.0)    # all busy until 7
     assert (storage.bytes_written, storage.bytes_read) == (3, 5)
 
 
@@ -98,9 +98,16 @@ def test_torch_save_and_load_in_ranks_share_the_nodes_bandwidth(tmp_path):
     reads = [s for s in spans if s[1].startswith("read")]
     assert len(writes) == len(reads) == 4
     storage = run.cluster.spec.nodes[0].storage
-    # all four start together; the node's array takes them one after another
-    assert len({start for _, _, start, _ in writes}) == 1
-    assert max(end for *_, end in writes) - writes[0][2] == pytest.approx(
+    # all four ask at once; the node's array takes them one after another, each at its
+    # full bandwidth, while the others wait for it
+    spans_in_order = sorted((start, end) for _, _, start, end in writes)
+    assert all(a[1] == pytest.approx(b[0]) for a, b in zip(spans_in_order, spans_in_order[1:]))
+    assert all(end - start == pytest.approx(size / storage.write_bandwidth)
+               for (_, _, start, end), size in zip(sorted(writes), sizes))
+    asked = min(start for _, _, start, _ in writes)
+    waits = [e for r in range(4) for e in run.clock(r).events if e.label == "wait for storage"]
+    assert len(waits) == 6 and sum(e.start == asked for e in waits) == 3   # 3 writes, 3 reads
+    assert max(end for *_, end in writes) - asked == pytest.approx(
         sum(sizes) / storage.write_bandwidth, rel=1e-9)
     assert max(end for *_, end in reads) - min(start for _, _, start, _ in reads) == \
         pytest.approx(sum(sizes) / storage.read_bandwidth, rel=1e-9)
