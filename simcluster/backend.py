@@ -226,10 +226,10 @@ class SimWorld:
         self.bytes_sent = [0] * world_size     # point-to-point payload bytes, per sender
         self.messages_sent = [0] * world_size  # point-to-point messages, per sender
         self.deaths = {}   # rank -> Death, for the ranks whose process died
+        # Each rank's latest saved checkpoint (simulated seconds), for a restart's lost work.
+        self.checkpoints = [None] * world_size
         # Each rank's watchdog timeout in simulated seconds (dist.init_process_group's).
         self.timeouts = [DEFAULT_WATCHDOG_TIMEOUT_S] * world_size
-        # Each rank's latest checkpoint (simulated seconds), for a restart's lost work.
-        self.checkpoints = [None] * world_size
 
     # ------------------------------------------------------------------- faults
     def schedule_crash(self, rank, t, cause):
@@ -237,8 +237,9 @@ class SimWorld:
         self.clock(rank).set_deadline(t, lambda: self.die(rank, t, cause, crash=True), "")
 
     def note_checkpoint(self, rank):
-        """``rank`` has saved a checkpoint now: a crash after this loses only the work
-        done since (``RestartRecord.lost_work``)."""
+        """``rank`` has saved a checkpoint now (a ``torch.save`` to a file, or a committed
+        ``dcp.save``): a crash after this loses only the work done since
+        (``RestartRecord.lost_work``)."""
         clock = self.clock(rank)
         if clock is not None:
             self.checkpoints[rank] = clock.end

@@ -251,12 +251,11 @@ class Cluster:
         _accounting.install_hooks()
         try:
             scheduler.run(rank_main)
-        except DeadlockError as error:
+        except DeadlockError:
+            # After a crash, survivors may wait for each other where no watchdog sees the
+            # dead rank (a receive from any source): the crash is what went wrong.
             if not world.deaths:
                 raise
-            # The survivors wait for each other where no watchdog can see the dead rank
-            # (a receive from any source): the crash is still what went wrong.
-            error.add_note("(after a crash)")
         finally:
             _accounting.remove_hooks()
             _torch_internals.uninstall()
@@ -287,17 +286,17 @@ def _failure(world, run, scheduled, attempt, start, alive_nodes):
     crashed = {r: d for r, d in world.deaths.items() if d.crash} or world.deaths
     rank = min(crashed, key=lambda r: (crashed[r].time, r))
     death = crashed[rank]
-    # The ranks that write checkpoints (all of them with DCP, rank 0 alone when it saves
-    # a replicated model) must each have saved one before the crash.
-    noted = [c for c in world.checkpoints if c is not None]
-    saved = [c for c in noted if c <= death.time]
-    resume = min(saved) if saved and len(saved) == len(noted) else start
+    # The latest checkpoint saved in this attempt (a torch.save to a file, or a dcp.save
+    # once committed; a write the crash cut short never counts). Another rank may finish
+    # one after the crash, before its watchdog fires: then no work is lost.
+    resume = max((t for t in world.checkpoints if t is not None and t >= start),
+                 default=start)
     node = alive_nodes[run.cluster.spec.node_of(rank)]
     dead_nodes = {alive_nodes[run.cluster.spec.node_of(r)] for r, d in world.deaths.items()
                   if d.crash and isinstance(scheduled.get(r), _faults.NodeCrash)}
     record = _faults.RestartRecord(
         time=death.time, rank=rank, node=node, cause=death.cause,
-        lost_work=death.time - max(resume, start), attempt=attempt,
+        lost_work=max(0.0, death.time - resume), attempt=attempt,
         world_size=world.world_size, detected=run.elapsed)
     return record, dead_nodes
 
@@ -308,12 +307,13 @@ def _crashed(record, run, restarts, advice):
     waited = ""
     if stopped:
         timeouts = sorted({run._timeouts[r] for r in stopped})
-        waited = (f" {_faults.rank_list(stopped).capitalize()} waited for it until their watchdog timeout "
-                  f"({' / '.join(f'{t:g}' for t in timeouts)} s, set by "
+        waited = (f" {_faults.rank_list(stopped).capitalize()} waited for it until their "
+                  f"watchdog timeout ({' / '.join(f'{t:g}' for t in timeouts)} s, set by "
                   "dist.init_process_group(timeout=...)) and stopped; the run ended at "
                   f"{_faults.seconds(record.detected)}.")
-    message = (f"rank {record.rank} (node {record.node}) crashed at {_faults.seconds(record.time)} of "
-               f"simulated time ({record.cause}), attempt {record.attempt}.{waited} {advice} "
+    message = (f"rank {record.rank} (node {record.node}) crashed at "
+               f"{_faults.seconds(record.time)} of simulated time ({record.cause}), in attempt "
+               f"{record.attempt}.{waited} {advice} "
                "The partial run is in .run: .run.timeline() shows the crash and the wait.")
     return RankCrashedError(record.rank, record.node, record.time, record.cause, run,
                             restarts + [record], message)
