@@ -612,3 +612,57 @@ def test_the_trace_marks_the_deaths(cluster, tmp_path):
                    if e.get("cat") == "fault")
     assert [m[:2] for m in marks] == [(0, "watchdog stop"), (1, "crash")]
     assert marks[1][2] == pytest.approx(10.0)   # microseconds
+
+
+def elastic_training(directory, steps=6, save_after=2):
+    """FSDP2 training with a global batch of 8 split over the ranks, whatever their number;
+    it saves a DCP checkpoint after step ``save_after`` and resumes from it if there is
+    one. Returns (the step it started from, the full parameters at the end)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = 0
+    if (directory / "step").exists():
+        start = int((directory / "step").read_text())
+        model_state, optim_state = get_state_dict(model, opt)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(directory / "checkpoint"))   # re-sharded
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+    share = 8 // dist.get_world_size()
+    rows = slice(dist.get_rank() * share, (dist.get_rank() + 1) * share)
+    for step in range(start, steps):
+        batch = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        model(batch[rows]).square().mean().backward()
+        opt.step()
+        if step == save_after:
+            model_state, optim_state = get_state_dict(model, opt)
+            dcp.save({"model": model_state, "optim": optim_state},
+                     checkpoint_id=str(directory / "checkpoint"))
+            if dist.get_rank() == 0:
+                (directory / "step").write_text(str(step + 1))
+            dist.barrier()
+    return start, {k: v.full_tensor() for k, v in model.state_dict().items()}
+
+
+def test_elastic_shrink_resumes_from_a_resharded_checkpoint(two_nodes, tmp_path):
+    """A node is lost after the checkpoint: the job goes on with 2 ranks instead of 4,
+    loads the 4-rank checkpoint re-sharded, and ends where the fault-free run ends (up
+    to the order of the additions in the gradient reduction)."""
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "faulty").mkdir()
+    clean = two_nodes.run(elastic_training, world_size=4, args=(tmp_path / "clean",))
+    run = two_nodes.run(elastic_training, world_size=4, args=(tmp_path / "faulty",),
+                        faults=[faults.NodeCrash(node=1, at=clean.elapsed * 0.8)],
+                        max_restarts=1, min_world_size=2)
+    assert run.world_size == 2 and [r[0] for r in run.results] == [3, 3]
+    for name, want in clean.results[0][1].items():
+        torch.testing.assert_close(run.results[0][1][name], want, rtol=0, atol=1e-6)
+    assert 0 < run.restarts[0].lost_work < run.restarts[0].time
