@@ -260,7 +260,8 @@ def logit_gradients(vocab=4096, hidden=16, tokens=1024, scale=None, half=True, l
     mean over ``tokens``) in fp32, the loss multiplied by ``scale`` before the backward
     (what ``GradScaler.scale`` does). Returns ``{"logits": the gradient that reached the
     logits, "head": the LM head's weight gradient}``, both in fp32 and divided by
-    ``scale`` again (what ``GradScaler.unscale_`` does)."""
+    ``scale`` again (what ``GradScaler.unscale_`` does), and ``"targets"``, the target
+    tokens."""
     model, x, y = _lm_head(vocab, hidden, tokens, logit_std, seed)
     seen = {}
     with torch.autocast("cpu", dtype=torch.float16, enabled=half):
@@ -272,7 +273,8 @@ def logit_gradients(vocab=4096, hidden=16, tokens=1024, scale=None, half=True, l
     loss = nn.functional.cross_entropy(logits.float(), y)
     (loss * (scale or 1.0)).backward()
     unscale = 1.0 / (scale or 1.0)
-    return {"logits": seen["logits"] * unscale, "head": model[2].weight.grad * unscale}
+    return {"logits": seen["logits"] * unscale, "head": model[2].weight.grad * unscale,
+            "targets": y}
 
 
 def scaled_training(steps=24, init_scale=2.0**32, growth_interval=4, vocab=1024, hidden=16,
