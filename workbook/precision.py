@@ -205,7 +205,7 @@ def a100(memory_gib=80):
     bandwidth) with ``memory_gib`` GiB of memory: a larger one measures what a step
     *would* need on an 80 GiB A100 where it runs out of memory."""
     spec = sc.spec.preset("dgx-a100")
-    device = replace(spec.nodes[0].device, name=f"A100-{memory_gib}GiB", memory=memory_gib * GiB)
+    device = replace(spec.nodes[0].device, name=f"A100-{memory_gib}GiB", memory=int(memory_gib * GiB))
     return sc.Cluster(replace(spec, nodes=(replace(spec.nodes[0], devices=1, nics=1,
                                                    device=device),)))
 
