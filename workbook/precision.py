@@ -31,6 +31,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 import simcluster as sc
+from simcluster.spec import preset
 from workbook.tensorparallel import Block, activation_bytes
 
 GiB = 2**30
@@ -82,7 +83,10 @@ class GPT(nn.Module):
             x = checkpoint_sequential(self.blocks, self.segments, x, use_reentrant=False)
         else:
             for i, block in enumerate(self.blocks):
-                x = checkpoint(block, x, use_reentrant=False) if i in self.checkpointed else block(x)
+                if i in self.checkpointed:
+                    x = checkpoint(block, x, use_reentrant=False)
+                else:
+                    x = block(x)
         return self.norm(x)
 
 
@@ -204,10 +208,11 @@ def a100(memory_gib=80):
     """One simulated A100 (the ``dgx-a100`` preset's device: its FLOP/s and HBM
     bandwidth) with ``memory_gib`` GiB of memory: a larger one measures what a step
     *would* need on an 80 GiB A100 where it runs out of memory."""
-    spec = sc.spec.preset("dgx-a100")
-    device = replace(spec.nodes[0].device, name=f"A100-{memory_gib}GiB", memory=int(memory_gib * GiB))
-    return sc.Cluster(replace(spec, nodes=(replace(spec.nodes[0], devices=1, nics=1,
-                                                   device=device),)))
+    spec = preset("dgx-a100")
+    device = replace(spec.nodes[0].device, name=f"A100-{memory_gib}GiB",
+                     memory=int(memory_gib * GiB))
+    node = replace(spec.nodes[0], devices=1, nics=1, device=device)
+    return sc.Cluster(replace(spec, name=f"one A100 ({memory_gib} GiB)", nodes=(node,)))
 
 
 # ----------------------------------------------------------------- number formats
