@@ -155,3 +155,14 @@ def test_grad_scaler_skips_overflowing_steps(gpu):
     # a skipped step leaves the parameters alone: the next loss is the same
     assert all(log[i + 1][2] == log[i][2] for i in skipped)
     assert log[-1][2] < log[16][2]
+
+
+def test_sqrt_l_segments_are_best_for_a_chain_of_equal_layers(gpu):
+    """A chain of 16 Linear + ReLU layers, each keeping one tensor of its input's size:
+    (k − 1) + L/k tensors (+ the loss's input gradient), least at k = √16 = 4."""
+    chain = dict(layers=16, width=64, tokens=32)
+    one = 32 * 64 * 4
+    peaks = {k: gpu.run(P.chain_step, world_size=1, kwargs=dict(chain, segments=k))
+             .category_peaks(0)["activations"] for k in (2, 4, 8, 16)}
+    assert {k: p / one for k, p in peaks.items()} == {k: k - 1 + 16 // k + 1 for k in peaks}
+    assert min(peaks, key=peaks.get) == 4

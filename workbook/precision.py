@@ -8,6 +8,8 @@ here is what the lesson measures with torch's own APIs on the simulated cluster:
   GPT-style layer Korthikanti et al. 2022 count) on a ``batch × seq × hidden`` input,
   with torch's activation checkpointing applied per block (``checkpoint``), to the core
   attention only (``selective``) or in ``segments`` (``checkpoint_sequential``);
+* :func:`chain_step`, a chain of equal ``Linear`` + ReLU layers, where √L checkpoints
+  are the best placement (a transformer block is not such a layer);
 * :func:`train_steps`, what the rank runs: a few Adam steps of the model in fp32, TF32 or
   bf16 autocast, with gradient accumulation, on fake tensors (shapes only) by default;
   :func:`measure` runs it on a cluster and returns a :class:`StepReport`: simulated time
@@ -95,6 +97,24 @@ def _recomputed(fn):
     def run(*args):
         return checkpoint(fn, *args, use_reentrant=False)
     return run
+
+
+def chain_step(layers=16, width=1024, tokens=8192, segments=None):
+    """What the rank runs: one forward and backward, on fake tensors, of a chain of
+    ``layers`` equal layers, ``Linear(width, width)`` + ReLU, the case Chen et al. (2016)
+    analyse: each layer keeps one ``tokens × width`` tensor (its ReLU's output, which is
+    also the next layer's input). ``segments``: run it under ``checkpoint_sequential``.
+    Read the activation peak with ``run.category_peaks(0)["activations"]``."""
+    with sc.fake_tensors():
+        torch.manual_seed(0)
+        chain = nn.Sequential(*(module for _ in range(layers)
+                                for module in (nn.Linear(width, width), nn.ReLU())))
+        x = torch.randn(tokens, width)
+        if segments:
+            out = checkpoint_sequential(chain, segments, x, use_reentrant=False)
+        else:
+            out = chain(x)
+        out.square().mean().backward()
 
 
 def parameter_count(layers, hidden):
