@@ -23,7 +23,8 @@ What a fault does:
 * :class:`LinkDegraded` — a node's NVLink fabric (or the network between nodes) has
   ``factor`` times its bandwidth from ``start`` to ``end``.
 * :class:`PacketLoss` — a share ``rate`` of the packets that cross the node's NICs is lost
-  and sent again: data still arrives, later (see :func:`retransmission_factor`).
+  and sent again: data still arrives, later (see :func:`retransmission_factor` and
+  :func:`retransmission_rounds`).
 
 After a crash ``cluster.run`` raises :class:`~simcluster.RankCrashedError`, or, given
 ``max_restarts``, restarts every rank as torchrun does: see :class:`RestartRecord`.

@@ -153,6 +153,32 @@ def test_a_receive_from_any_rank_left_waiting_is_still_the_crash(cluster):
     assert error.rank == 0
 
 
+def test_what_a_rank_posted_before_it_died_still_completes_in_time(cluster):
+    """Rank 1 posts a receive, then computes until it crashes. Rank 0 runs later (in wall
+    time) but sends long before the crash (in simulated time): the message arrives."""
+    def post_then_die():
+        t = torch.zeros(4)
+        if dist.get_rank() == 0:
+            dist.recv(t, src=1, tag=0)          # lets rank 1 run first
+            dist.send(t + 1, dst=1, tag=1)
+            return "sent"
+        dist.isend(t + 1, dst=0, tag=0)
+        work = dist.irecv(t, src=0, tag=1)
+        for _ in range(50):
+            torch.ones(256, 256) @ torch.ones(256, 256)
+        work.wait()
+        return "received"
+
+    clean = cluster.run(post_then_die, world_size=2)
+    late = clean.clock(1).end * 0.9             # during rank 1's compute
+    error = crashed(cluster, post_then_die, 2, faults=[faults.Crash(rank=1, at=late)])
+    assert error.run.results == ["sent", None]
+    assert [(r, crash) for r, _, crash in error.run.deaths] == [(1, True)]
+    early = clean.clock(0).events[-1].end / 10  # before rank 0 sends
+    error = crashed(cluster, post_then_die, 2, faults=[faults.Crash(rank=1, at=early)])
+    assert [(r, crash) for r, _, crash in error.run.deaths] == [(1, True), (0, False)]
+
+
 def test_a_crash_after_the_rank_returned_does_nothing(cluster):
     done = cluster.run(steps, world_size=4)
     run = cluster.run(steps, world_size=4, faults=[faults.Crash(rank=3, at=done.elapsed * 2)])
@@ -281,7 +307,7 @@ def test_more_failures_than_max_restarts_raise(cluster):
     assert [(r.rank, r.attempt) for r in error.restarts] == [(0, 0), (1, 1)]
     assert error.restarts[0].restarted is not None and error.restarts[1].restarted is None
     assert error.rank == 1 and error.time == second
-    assert "max_restarts=1" in str(error)
+    assert "one more than max_restarts=1 allows" in str(error)
 
 
 def test_an_exception_in_the_function_is_not_restarted(cluster):
@@ -574,3 +600,69 @@ def test_the_timeline_marks_the_crash_and_the_watchdog_stops(cluster):
     clean = cluster.run(steps, world_size=4)
     assert not [line for line in clean.timeline().get_lines() if line.get_gid()]
     plt.close("all")
+
+
+def test_the_trace_marks_the_deaths(cluster, tmp_path):
+    import json
+
+    error = crashed(cluster, steps, 2, args=(1e-3,), faults=[faults.Crash(rank=1, at=1e-5)])
+    path = error.run.save_trace(tmp_path / "crash.json")
+    events = json.loads(path.read_text())["traceEvents"]
+    marks = sorted((e["args"]["rank"], e["name"], e["ts"]) for e in events
+                   if e.get("cat") == "fault")
+    assert [m[:2] for m in marks] == [(0, "watchdog stop"), (1, "crash")]
+    assert marks[1][2] == pytest.approx(10.0)   # microseconds
+
+
+def elastic_training(directory, steps=6, save_after=2):
+    """FSDP2 training with a global batch of 8 split over the ranks, whatever their number;
+    it saves a DCP checkpoint after step ``save_after`` and resumes from it if there is
+    one. Returns (the step it started from, the full parameters at the end)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = 0
+    if (directory / "step").exists():
+        start = int((directory / "step").read_text())
+        model_state, optim_state = get_state_dict(model, opt)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(directory / "checkpoint"))   # re-sharded
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+    share = 8 // dist.get_world_size()
+    rows = slice(dist.get_rank() * share, (dist.get_rank() + 1) * share)
+    for step in range(start, steps):
+        batch = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        model(batch[rows]).square().mean().backward()
+        opt.step()
+        if step == save_after:
+            model_state, optim_state = get_state_dict(model, opt)
+            dcp.save({"model": model_state, "optim": optim_state},
+                     checkpoint_id=str(directory / "checkpoint"))
+            if dist.get_rank() == 0:
+                (directory / "step").write_text(str(step + 1))
+            dist.barrier()
+    return start, {k: v.full_tensor() for k, v in model.state_dict().items()}
+
+
+def test_elastic_shrink_resumes_from_a_resharded_checkpoint(two_nodes, tmp_path):
+    """A node is lost after the checkpoint: the job goes on with 2 ranks instead of 4,
+    loads the 4-rank checkpoint re-sharded, and ends where the fault-free run ends (up
+    to the order of the additions in the gradient reduction)."""
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "faulty").mkdir()
+    clean = two_nodes.run(elastic_training, world_size=4, args=(tmp_path / "clean",))
+    run = two_nodes.run(elastic_training, world_size=4, args=(tmp_path / "faulty",),
+                        faults=[faults.NodeCrash(node=1, at=clean.elapsed * 0.8)],
+                        max_restarts=1, min_world_size=2)
+    assert run.world_size == 2 and [r[0] for r in run.results] == [3, 3]
+    for name, want in clean.results[0][1].items():
+        torch.testing.assert_close(run.results[0][1][name], want, rtol=0, atol=1e-6)
+    assert 0 < run.restarts[0].lost_work < run.restarts[0].time
