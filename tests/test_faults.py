@@ -325,7 +325,7 @@ def test_an_exception_in_the_function_is_not_restarted(cluster):
 def test_faults_in_the_downtime_do_nothing(cluster):
     """A crash timed while the job is down (between the failure and the restart)."""
     run = cluster.run(steps, world_size=4, max_restarts=1, restart_delay=60,
-                      faults=[faults.Crash(rank=0, at=1e-5), faults.Crash(rank=1, at=50)])
+                      faults=[faults.Crash(rank=0, at=1e-5), faults.Crash(rank=1, at=20)])
     assert len(run.restarts) == 1
 
 
