@@ -374,3 +374,37 @@ def test_a_plan_that_deadlocks_is_reported(capsys, monkeypatch):
     text = starts(capsys, checks.check_recovery, forgets_the_workers_tasks,
                   f"{RECOVERY}2 servers, 4 workers, worker 3 failing: deadlock (rank 0: recv")
     assert "— Hint: " in text
+
+
+def rng_file_per_rank(ckpt_dir, steps, every):
+    """Another right answer: each rank saves its own RNG state in its own file, written
+    before rank 0's checkpoint, which commits the step (a restart reads the RNG file of
+    the step the checkpoint names)."""
+    rank = dist.get_rank()
+    model, ddp, optimizer, scheduler = job.build()
+    path = os.path.join(ckpt_dir, "latest.pt")
+    step = 0
+    if os.path.exists(path):
+        ckpt = torch.load(path, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        step = ckpt["step"]
+        torch.set_rng_state(torch.load(os.path.join(ckpt_dir, f"rng{rank}-{step}.pt")))
+    while step < steps:
+        job.train_step(ddp, optimizer, scheduler, *job.batch(step))
+        step += 1
+        if step % every == 0:
+            torch.save(torch.get_rng_state(), os.path.join(ckpt_dir, f"rng{rank}-{step}.pt"))
+            dist.barrier()
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "scheduler": scheduler.state_dict(), "step": step}, path + ".tmp")
+                os.replace(path + ".tmp", path)
+            dist.barrier()
+    return job.params(model)
+
+
+@pytest.mark.slow
+def test_resume_accepts_another_right_answer(capsys):
+    assert line(capsys, checks.check_resume, rng_file_per_rank)[0]
