@@ -147,7 +147,7 @@ def check_resume(fn):
     written = sum(io["write"] for io in clean.storage_io)
     if written == 0:
         raise Failure(f"{where}: no rank wrote a checkpoint (torch.save or dcp.save to a "
-                      f"file in ckpt_dir)", f"every {RESUME_EVERY} steps, save what a "
+                      "file in ckpt_dir)", f"every {RESUME_EVERY} steps, save what a "
                       "restart needs into ckpt_dir.")
     for what, crashes, short_restart in _crash_cases(clean.elapsed):
         run = _train_run(cluster, fn, lambda rank: what, crashes, len(crashes))
@@ -164,14 +164,14 @@ def check_resume(fn):
         if short_restart and last > 0.8 * clean.elapsed:
             raise Failure(f"{what}: the restarted run took {num(last * 1e3)} ms, as long as "
                           f"the whole run ({num(clean.elapsed * 1e3)} ms): it started over "
-                          f"instead of resuming", "when a checkpoint exists in ckpt_dir, "
+                          "instead of resuming", "when a checkpoint exists in ckpt_dir, "
                           "load it and go on from its step (os.path.exists).")
     ref_written = sum(io["write"] for io in clean_ref.storage_io)
     if written > 1.5 * ref_written:
         raise Failure(f"without a failure: your run wrote {num(written)} bytes of "
                       f"checkpoints, {written / ref_written:.1f}× what one checkpoint every "
                       f"{RESUME_EVERY} steps, written once, needs ({num(ref_written)})",
-                      f"save every `every` steps, and only one rank (rank 0) writes the "
+                      "save every `every` steps, and only one rank (rank 0) writes the "
                       "state every rank holds the same.")
     return ("bit-identical to the fault-free run after 4 crash scenarios (ranks 0-3, "
             "before, between and after checkpoints, two crashes in one run), resuming from "
