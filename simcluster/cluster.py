@@ -187,9 +187,10 @@ class Cluster:
                         f"min_world_size={min_world_size}, so the job cannot go on."))
             if last:
                 raise _crashed(record, run, restarts, (
-                    f"It failed {len(restarts) + 1} time(s) and max_restarts={max_restarts}: "
-                    "pass max_restarts=... to cluster.run to restart (from your latest "
-                    "checkpoint)." if max_restarts else "Without restarts the run ends "
+                    f"That is failure {len(restarts) + 1}, one more than "
+                    f"max_restarts={max_restarts} allows: allow more restarts, or make each "
+                    "one lose less work (checkpoint more often)." if max_restarts else
+                    "Without restarts the run ends "
                     "here: pass max_restarts=... to cluster.run to restart every rank, as "
                     "torchrun --max-restarts does, and resume from a checkpoint."))
             start = record.detected + restart_delay
