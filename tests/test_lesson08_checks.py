@@ -64,6 +64,7 @@ def test_checkpointing_reference_passes(capsys):
     assert result and "within 0.0% of the best" in text, text
 
 
+@pytest.mark.slow
 def test_fit_reference_passes(capsys):
     result, text = line(capsys, checks.check_fit, MINE["fit"])
     assert result and "the same losses as plain training" in text, text
