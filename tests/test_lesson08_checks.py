@@ -384,6 +384,30 @@ def test_plain_training_runs_out_of_memory(memory):
         run_fit(train_plain, memory)
 
 
+@pytest.mark.slow
+def test_fit_with_bf16_autocast_and_micro_batches_passes(capsys):
+    """Any combination that fits is accepted: bf16 autocast stays within the tolerance."""
+    mine = learner('''
+def autocast(model, x, y, steps, lr, memory):
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        total = 0.0
+        for xs, ys in zip(x.chunk(8), y.chunk(8)):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(xs)
+            loss = F.mse_loss(out.float(), ys) / 8
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(total)
+    return losses
+''')
+    result, text = line(capsys, checks.check_fit, mine["autocast"])
+    assert result, text
+
+
 def test_fit_train_plain_is_refused(capsys):
     fails(capsys, checks.check_fit, train_plain, "this is train_plain")
 
