@@ -28,8 +28,8 @@ import torch.distributed as dist
 import simcluster as sc
 from simcluster import faults
 from workbook.aggregation import TinyMLP, chunk_bounds
-from workbook.checking import (Failure, call, check, listed, num, refuse_reference, short,
-                               simulate)
+from workbook.checking import (Failure, check, listed, num, on_a_rank, refuse_reference,
+                               short, simulate)
 from workbook.lesson10 import job
 
 
@@ -235,7 +235,7 @@ def check_find_straggler(fn):
     traces = _traces()
     for what, times, expected in traces:
         given = times.clone()
-        got = call(f"{what}: find_straggler", fn, given)
+        got = on_a_rank(fn, (given,), f"{what}: find_straggler")
         if not torch.equal(given, times):
             raise Failure(f"{what}: find_straggler changed the step times it was given",
                           "work on a copy (or on values derived from step_times).")
@@ -275,7 +275,7 @@ def check_checkpoint_interval(fn):
     _refuse_lesson_demos(fn, "daly_interval", "young_interval")
     for delta, mtbf in INTERVAL_CASES:
         where = f"delta={num(delta)}, mtbf={num(mtbf)}"
-        got = call(f"checkpoint_interval({where})", fn, delta, mtbf)
+        got = on_a_rank(fn, (delta, mtbf), f"checkpoint_interval({where})")
         expected = ref.checkpoint_interval(delta, mtbf)
         if isinstance(got, torch.Tensor) and got.numel() == 1:
             got = got.item()
@@ -373,7 +373,7 @@ def _plans(fn, servers, workers, failures):
             before["checkpoint"] = plan["round"] // PS_EVERY * PS_EVERY
             where = (f"{servers} servers, {workers} workers: {_failure_text(failure)} "
                      f"failed at round {plan['round']}")
-            new = call(f"{where}: recover", fn, copy.deepcopy(before), failure)
+            new = on_a_rank(fn, (copy.deepcopy(before), failure), f"{where}: recover")
             _check_plan(before, failure, new, where)
             plan = copy.deepcopy(new)
             schedule[iteration] = (failure, copy.deepcopy(plan))
