@@ -268,3 +268,60 @@ def reference_step(chunks=4, batch=8, model=None, steps=1, lr=1e-2, seed=0):
         optimizer.step()
     return {"losses": [loss.item() for loss in losses], "grads": grads,
             "params": {n: p.detach().clone() for n, p in torch_model.named_parameters()}}
+
+
+# ------------------------------------------------------------------ measured on a cluster
+
+
+@dataclass
+class Report3D:
+    """One measured 3D training step.
+
+    Attributes:
+        pp, dp, tp: the mesh's shape.
+        step_time: simulated seconds of the measured step (between its barriers).
+        peak: bytes by category at the peak of the rank with the highest peak, plus
+            ``"total"``; ``peaks`` the total per rank.
+        bubble: ``1 − compute / step_time``, averaged over the ranks.
+        results: what :func:`train_step` returned on every rank.
+        run: the :class:`simcluster.Run`, for its timeline.
+    """
+
+    pp: int
+    dp: int
+    tp: int
+    step_time: float
+    peak: dict
+    peaks: list = field(repr=False)
+    bubble: float = 0.0
+    results: list = field(default=None, repr=False)
+    run: object = field(default=None, repr=False)
+
+    @property
+    def start(self):
+        """Simulated time at which the measured step starts."""
+        return [c.end for c in self.run.collectives if c.op == "barrier"][-2]
+
+
+def measure(cluster, pp, dp, tp, **kwargs):
+    """Run :func:`train_step` (``kwargs``) on ``pp·dp·tp`` ranks of ``cluster``; return
+    its :class:`Report3D`."""
+    from workbook import pipeline
+
+    world = pp * dp * tp
+    run = cluster.run(train_step, world_size=world, args=(pp, dp, tp), kwargs=kwargs)
+    start, end = [c.end for c in run.collectives if c.op == "barrier"][-2:]
+    peaks = [run.peak_memory(r) for r in range(world)]
+    worst = max(peaks, key=lambda p: p["total"])
+    bubble = pipeline.bubble(run, since=start) - (run.elapsed - end) / (end - start)
+    return Report3D(pp, dp, tp, end - start, worst, [p["total"] for p in peaks], bubble,
+                    run.results, run)
+
+
+def planner_config(vocab=64, hidden=32, heads=4, layers=4, seq=16, dropout=0.0):
+    """The :class:`simcluster.planner.TransformerConfig` of :class:`GPT` with these sizes
+    (untied embeddings: the LM head has its own matrix)."""
+    from simcluster import planner
+
+    return planner.TransformerConfig(layers=layers, hidden=hidden, heads=heads, seq_len=seq,
+                                     vocab=vocab, tied_embeddings=False, dropout=dropout > 0)
