@@ -354,27 +354,24 @@ def mesh_table(cluster, pp, dp, tp, tp_across_nodes=False):
             for r, (coords, groups) in enumerate(run.results)]
 
 
-def step_traffic(report):
-    """What the measured step of ``report`` (a :class:`Report3D`) communicated, by mesh
-    dimension: ``{(dimension, op): (count, simulated seconds, bytes per call)}`` for the
-    collectives (each counted once, not per rank) and ``("pp", "send")`` for the
-    point-to-point messages between stages (rank 0's group's sends)."""
-    run, end = report.run, [c.end for c in report.run.collectives if c.op == "barrier"][-1]
-    start = report.start
-    groups = report.results[0]["groups"]
-    dims = {}
-    for res in report.results:
-        for dim in MESH_DIMS:
-            dims[tuple(res["groups"][dim])] = dim
+def step_traffic(report, rank=0):
+    """What rank ``rank`` communicated in the measured step of ``report`` (a
+    :class:`Report3D`), by mesh dimension: ``{(dimension, op): (calls, simulated
+    seconds, largest bytes per call)}`` for its collectives, and ``("pp", "send")`` for
+    the activations and gradients it sent to a neighbouring stage."""
+    run, start = report.run, report.start
+    end = [c.end for c in run.collectives if c.op == "barrier"][-1]
+    groups = report.results[rank]["groups"]
+    dims = {tuple(ranks): dim for dim, ranks in groups.items()}
     found = {}
     for c in run.collectives:
-        if c.op == "barrier" or not start <= c.start < end:
+        if c.op == "barrier" or rank not in c.ranks or not start <= c.start < end:
             continue
-        key = (dims.get(tuple(c.ranks), "other"), c.op.replace("_into_tensor", "")
-               .replace("_tensor", ""))
-        count, seconds, nbytes = found.get(key, (0, 0.0, c.nbytes))
-        found[key] = (count + 1, seconds + c.duration, max(nbytes, c.nbytes))
-    sends = [e for r in groups["pp"] for e in run.clock(r).events
+        key = (dims.get(tuple(c.ranks), "other"),
+               c.op.replace("_into_tensor", "").replace("_tensor", ""))
+        calls, seconds, nbytes = found.get(key, (0, 0.0, 0))
+        found[key] = (calls + 1, seconds + c.duration, max(nbytes, c.nbytes))
+    sends = [e for e in run.clock(rank).events
              if e.lane == "comm" and e.label.startswith("send ") and start <= e.start < end]
     if sends:
         found[("pp", "send")] = (len(sends), sum(e.end - e.start for e in sends), None)
