@@ -77,11 +77,38 @@ def test_mesh_places_tp_inside_or_across_nodes(cluster, across):
         assert coords[5] == {"pp": 1, "dp": 0, "tp": 1}
 
 
-def test_tp_across_nodes_is_slower(cluster):
-    inside = cluster.run(p3.train_step, world_size=8, args=(2, 2, 2))
-    across = cluster.run(p3.train_step, world_size=8, args=(2, 2, 2),
-                         kwargs={"tp_across_nodes": True})
-    assert across.elapsed > 1.2 * inside.elapsed
+def test_tp_across_nodes_is_slower_and_traffic_by_dimension(cluster):
+    # the second step: the first one also runs the pipeline's shape-inference forward
+    inside = p3.measure(cluster, 2, 2, 2, steps=2)
+    across = p3.measure(cluster, 2, 2, 2, tp_across_nodes=True, steps=2)
+    assert across.step_time > 1.2 * inside.step_time
+    traffic = p3.step_traffic(inside)
+    # rank 0: 2 layers x 2 micro-batches x 4 all-reduces (2 forward, 2 backward)
+    assert traffic["tp", "all_reduce"][0] == 16
+    assert traffic["pp", "send"][0] == 2              # stage 0 sends one activation per micro-batch
+    assert traffic["dp", "reduce_scatter"][0] >= 1
+    assert traffic["dp", "all_gather"][0] >= 1
+    # InfiniBand latency instead of NVLink's (this model's messages are tiny)
+    assert p3.step_traffic(across)["tp", "all_reduce"][1] > 1.5 * traffic["tp", "all_reduce"][1]
+    phases = p3.stage_phases(inside, 0)
+    assert phases["forward"] > 0 and phases["backward"] > 0 and phases["idle"] > 0
+    assert sum(phases.values()) == pytest.approx(inside.step_time, rel=1e-6)
+
+
+def test_explorer_text_picture_and_bad_layout():
+    from simcluster import planner
+
+    cfg = planner.TransformerConfig(layers=24, hidden=2304, heads=24, seq_len=2048, vocab=51200)
+    dgx = sc.Cluster.preset("dgx-a100", nodes=4)
+    explorer = p3.Explorer(cfg, dgx, global_batch=512, dp=32, micro_batch=4)
+    est = planner.estimate(cfg, dgx, dp=32, global_batch=512, micro_batch=4)
+    text = explorer.text()
+    assert text.startswith("tp=1 pp=1 dp=32 micro-batch=4 recompute=full ZeRO-0")
+    assert f"step {est.step_time:.2f} s" in text and "fits" in text
+    bundle = explorer._repr_mimebundle_()
+    assert bundle["text/plain"] == text and bundle["image/png"]
+    assert p3.Explorer(cfg, dgx, global_batch=512, tp=5).text() == (
+        "not a layout: heads=24 is not divisible by tp=5")
 
 
 def test_bad_batch_names_the_values(cluster):

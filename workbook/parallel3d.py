@@ -502,11 +502,15 @@ class Explorer:
                         for name, options in self.CHOICES.items()}
 
             def redraw(_=None):
+                from IPython.display import display
+
                 est = self.estimate(**{k: c.value for k, c in controls.items()})
                 with out:
                     out.clear_output(wait=True)
                     print(self.text(est))
-                    plt.show(self.figure(est))
+                    fig = self.figure(est)
+                    display(fig)
+                    plt.close(fig)
 
             for control in controls.values():
                 control.observe(redraw, names="value")
