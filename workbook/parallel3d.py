@@ -493,8 +493,6 @@ class Explorer:
                 import ipywidgets as widgets
             except ImportError:
                 return None
-            import matplotlib.pyplot as plt
-
             out = widgets.Output()
             controls = {name: widgets.SelectionSlider(options=options, description=name,
                                                       value=self.layout[name],
@@ -502,15 +500,13 @@ class Explorer:
                         for name, options in self.CHOICES.items()}
 
             def redraw(_=None):
-                from IPython.display import display
-
+                # set the Output's content directly (as workbook.quiz does): printing into
+                # it needs a live front end, and would leak into the cell's stored outputs
                 est = self.estimate(**{k: c.value for k, c in controls.items()})
-                with out:
-                    out.clear_output(wait=True)
-                    print(self.text(est))
-                    fig = self.figure(est)
-                    display(fig)
-                    plt.close(fig)
+                out.outputs = ({"output_type": "stream", "name": "stdout",
+                                "text": self.text(est) + "\n"},
+                               {"output_type": "display_data", "metadata": {},
+                                "data": {"image/png": self._png(est), "text/plain": "(figure)"}})
 
             for control in controls.values():
                 control.observe(redraw, names="value")
@@ -520,22 +516,26 @@ class Explorer:
         return self._widget
 
     def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = {}
+        widget = self.widget()
+        if widget is not None:
+            bundle.update(widget._repr_mimebundle_())
+        bundle["image/png"] = self._png()
+        bundle["text/plain"] = self.text()
+        return bundle
+
+    def _png(self, est=None):
+        """:meth:`figure` as base64-encoded PNG (the figure is closed, not shown)."""
         import base64
         import io
 
         import matplotlib.pyplot as plt
 
-        bundle = {}
-        widget = self.widget()
-        if widget is not None:
-            bundle.update(widget._repr_mimebundle_())
-        fig = self.figure()
+        fig = self.figure(est)
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", bbox_inches="tight")
         plt.close(fig)
-        bundle["image/png"] = base64.b64encode(buffer.getvalue()).decode()
-        bundle["text/plain"] = self.text()
-        return bundle
+        return base64.b64encode(buffer.getvalue()).decode()
 
 
 def draw_mesh(rows, ax=None, title=None):
