@@ -187,9 +187,10 @@ class Cluster:
                         f"min_world_size={min_world_size}, so the job cannot go on."))
             if last:
                 raise _crashed(record, run, restarts, (
-                    f"It failed {len(restarts) + 1} time(s) and max_restarts={max_restarts}: "
-                    "pass max_restarts=... to cluster.run to restart (from your latest "
-                    "checkpoint)." if max_restarts else "Without restarts the run ends "
+                    f"That is failure {len(restarts) + 1}, one more than "
+                    f"max_restarts={max_restarts} allows: allow more restarts, or make each "
+                    "one lose less work (checkpoint more often)." if max_restarts else
+                    "Without restarts the run ends "
                     "here: pass max_restarts=... to cluster.run to restart every rank, as "
                     "torchrun --max-restarts does, and resume from a checkpoint."))
             start = record.detected + restart_delay
@@ -251,12 +252,11 @@ class Cluster:
         _accounting.install_hooks()
         try:
             scheduler.run(rank_main)
-        except DeadlockError as error:
+        except DeadlockError:
+            # After a crash, survivors may wait for each other where no watchdog sees the
+            # dead rank (a receive from any source): the crash is what went wrong.
             if not world.deaths:
                 raise
-            # The survivors wait for each other where no watchdog can see the dead rank
-            # (a receive from any source): the crash is still what went wrong.
-            error.add_note("(after a crash)")
         finally:
             _accounting.remove_hooks()
             _torch_internals.uninstall()
@@ -287,14 +287,17 @@ def _failure(world, run, scheduled, attempt, start, alive_nodes):
     crashed = {r: d for r, d in world.deaths.items() if d.crash} or world.deaths
     rank = min(crashed, key=lambda r: (crashed[r].time, r))
     death = crashed[rank]
-    saved = [c for c in world.checkpoints if c is not None and c <= death.time]
-    resume = min(saved) if len(saved) == world.world_size else start
+    # The latest checkpoint saved in this attempt (a torch.save to a file, or a dcp.save
+    # once committed; a write the crash cut short never counts). Another rank may finish
+    # one after the crash, before its watchdog fires: then no work is lost.
+    resume = max((t for t in world.checkpoints if t is not None and t >= start),
+                 default=start)
     node = alive_nodes[run.cluster.spec.node_of(rank)]
     dead_nodes = {alive_nodes[run.cluster.spec.node_of(r)] for r, d in world.deaths.items()
                   if d.crash and isinstance(scheduled.get(r), _faults.NodeCrash)}
     record = _faults.RestartRecord(
         time=death.time, rank=rank, node=node, cause=death.cause,
-        lost_work=death.time - max(resume, start), attempt=attempt,
+        lost_work=max(0.0, death.time - resume), attempt=attempt,
         world_size=world.world_size, detected=run.elapsed)
     return record, dead_nodes
 
@@ -305,12 +308,13 @@ def _crashed(record, run, restarts, advice):
     waited = ""
     if stopped:
         timeouts = sorted({run._timeouts[r] for r in stopped})
-        waited = (f" {_faults.rank_list(stopped).capitalize()} waited for it until their watchdog timeout "
-                  f"({' / '.join(f'{t:g}' for t in timeouts)} s, set by "
+        waited = (f" {_faults.rank_list(stopped).capitalize()} waited for it until their "
+                  f"watchdog timeout ({' / '.join(f'{t:g}' for t in timeouts)} s, set by "
                   "dist.init_process_group(timeout=...)) and stopped; the run ended at "
                   f"{_faults.seconds(record.detected)}.")
-    message = (f"rank {record.rank} (node {record.node}) crashed at {_faults.seconds(record.time)} of "
-               f"simulated time ({record.cause}), attempt {record.attempt}.{waited} {advice} "
+    message = (f"rank {record.rank} (node {record.node}) crashed at "
+               f"{_faults.seconds(record.time)} of simulated time ({record.cause}), in attempt "
+               f"{record.attempt}.{waited} {advice} "
                "The partial run is in .run: .run.timeline() shows the crash and the wait.")
     return RankCrashedError(record.rank, record.node, record.time, record.cause, run,
                             restarts + [record], message)

@@ -5,7 +5,8 @@ A checkpoint written or read inside a rank (``torch.save``/``torch.load`` on a f
 writer and reader) moves its bytes through the node's NVMe array
 (:class:`~simcluster.spec.StorageSpec`). The rank waits for it: the I/O takes the rank's
 compute stream from the moment it starts until its last byte is on (or off) the disks,
-shown as an ``"io"`` event in its timeline.
+shown as an ``"io"`` event in its timeline (after an idle ``"wait for storage"`` while
+the array is busy with other ranks' transfers).
 
 The array serves one transfer at a time at its full sequential bandwidth, in the order
 the ranks issue them; a transfer that finds it busy waits, and one issued at a simulated
@@ -13,13 +14,17 @@ time when it is idle uses the gap. So the node never moves more than its bandwid
 ``k`` ranks of a node that write ``n`` bytes each at once all have their bytes on disk
 ``k·n / bandwidth`` after they started — the same total as if they shared the bandwidth
 evenly (the last rank finishes then; earlier ranks in the hand-over order sooner). Nodes
-have separate arrays. Not modelled: the copy from the GPU to the host before a write
-(the tensors' PCIe crossing), the page cache (every byte goes to or comes from the
-disks), file-system metadata and latency per file.
+have separate arrays. A rank that crashes while it writes leaves the file torn: the real
+file is cut to the bytes that reached the disks before the crash.
+
+Not modelled: the copy from the GPU to the host before a write (the tensors' PCIe
+crossing), the page cache (every byte goes to or comes from the disks), file-system
+metadata and latency per file.
 """
 
 import bisect
 import errno
+import os
 
 
 class NodeStorage:
@@ -44,8 +49,9 @@ class NodeStorage:
         return sum(self.files.values())
 
     def transfer(self, start, nbytes, write, rank, path=None):
-        """Move ``nbytes`` (written if ``write``, else read) for ``rank``, starting at
-        simulated time ``start``; return when the last byte has moved.
+        """Move ``nbytes`` (written if ``write``, else read) for ``rank``, asked for at
+        simulated time ``start``; return ``(begin, end)``: when the array starts moving
+        them (later than ``start`` if it is busy) and when the last byte has moved.
 
         Raises ``OSError(ENOSPC)`` when a write would fill the storage beyond its
         capacity, as a full disk does.
@@ -68,8 +74,18 @@ class NodeStorage:
             seconds = nbytes / self.spec.read_bandwidth
         return self._occupy(start, seconds)
 
+    def tear(self, path, nbytes):
+        """A write to ``path`` was cut short (its rank crashed): the real file keeps its
+        first ``nbytes``, as a file a process died while writing does."""
+        if path is None:
+            return
+        if os.path.exists(path):
+            os.truncate(path, nbytes)
+        self.files[path] = nbytes
+
     def _occupy(self, t, seconds):
-        """Use the first ``seconds`` of idle time from ``t`` on; return when they end."""
+        """Use the first ``seconds`` of idle time from ``t`` on; return when that time
+        begins and when it ends."""
         starts, ends = self._starts, self._ends
         pieces = []
         i = bisect.bisect_right(ends, t)   # the first busy span ending after t
@@ -85,7 +101,7 @@ class NodeStorage:
             seconds -= used
         for a, b in pieces:
             self._mark_busy(a, b)
-        return t
+        return (pieces[0][0] if pieces else t), t
 
     def _mark_busy(self, start, end):
         """Add ``[start, end)`` to the busy spans, merging neighbours."""
