@@ -5,8 +5,8 @@ Three layouts of 8 simulated A100s (two 4-GPU nodes), tp x pp x dp in {2x2x2, 1x
 parameters), bf16 with mixed-precision Adam, 8 micro-batches of 2 sequences per replica,
 on fake tensors, run by :func:`workbook.parallel3d.train_step` (TP with
 ``parallelize_module``, FSDP2 over dp keeping the step's gathered layers, torch's 1F1B),
-measured on its second step. The planner predicts the same layout with
-``efficiency=planner.ROOFLINE`` (every kernel at the device's peak, as the simulator
+measured on its second step (:func:`workbook.parallel3d.cross_check`). The planner
+predicts the same layout with ``efficiency=planner.ROOFLINE`` (every kernel at the device's peak, as the simulator
 charges them), ``recompute="none"`` and ``zero=1`` (during a step FSDP2 under a pipeline
 holds whole parameters and gradients and a shard of the optimizer state).
 
@@ -25,38 +25,19 @@ lesson 09 closing note):
 """
 
 import pytest
-import torch
-
 import simcluster as sc
-from simcluster import planner
 from workbook import parallel3d as p3
 
 pytestmark = pytest.mark.slow
 
-MODEL = {"vocab": 512, "hidden": 8192, "heads": 64, "layers": 4, "seq": 2048}
-MICRO_BATCHES, MICRO_BATCH = 8, 2
-LAYOUTS = [(2, 2, 2), (1, 4, 2), (4, 1, 2)]      # tp, pp, dp as the issue writes them
+LAYOUTS = p3.CROSS_CHECK_LAYOUTS          # (tp, pp, dp) as the issue writes them
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    return sc.Cluster.from_dict({"nodes": [{"devices": 4, "count": 2}]})
-
-
-@pytest.fixture(scope="module")
-def pairs(cluster):
+def pairs():
     """``{(tp, pp, dp): (Report3D, Estimate)}`` for the three layouts."""
-    cfg = p3.planner_config(**MODEL)
-    found = {}
-    for tp, pp, dp in LAYOUTS:
-        batch = dp * MICRO_BATCHES * MICRO_BATCH
-        report = p3.measure(cluster, pp, dp, tp, micro_batches=MICRO_BATCHES, batch=batch,
-                            model=MODEL, fake=True, dtype=torch.bfloat16, steps=2)
-        est = planner.estimate(cfg, cluster, tp=tp, pp=pp, dp=dp, global_batch=batch,
-                               micro_batch=MICRO_BATCH, recompute="none", zero=1,
-                               efficiency=planner.ROOFLINE)
-        found[tp, pp, dp] = report, est
-    return found
+    cluster = sc.Cluster.from_dict({"nodes": [{"devices": 4, "count": 2}]})
+    return {layout: (report, est) for layout, report, est in p3.cross_check(cluster)}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: "x".join(map(str, x)))

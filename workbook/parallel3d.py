@@ -574,3 +574,39 @@ def draw_mesh(rows, ax=None, title=None):
     ax.set_title(title or "(pp, dp, tp) of every rank; colour: pipeline stage; red: a TP group",
                  fontsize=9, loc="left")
     return ax
+
+
+# ------------------------------------------------------- the planner against the simulator
+
+#: The cross-check's model: a 4-layer GPT of hidden 8,192 (3.2 B parameters), large enough
+#: that its GEMMs, not the simulator's eager elementwise kernels, dominate a step.
+CROSS_CHECK_MODEL = {"vocab": 512, "hidden": 8192, "heads": 64, "layers": 4, "seq": 2048}
+#: The cross-check's layouts on 8 GPUs, ``(tp, pp, dp)`` as issue 13 writes them.
+CROSS_CHECK_LAYOUTS = ((2, 2, 2), (1, 4, 2), (4, 1, 2))
+
+
+def cross_check(cluster, layouts=CROSS_CHECK_LAYOUTS, model=CROSS_CHECK_MODEL,
+                micro_batches=8, micro_batch=2):
+    """The planner's prediction beside the simulator's measurement, per layout.
+
+    Each ``(tp, pp, dp)`` layout runs :func:`train_step` on fake tensors (bf16,
+    mixed-precision Adam, ``micro_batches`` micro-batches of ``micro_batch`` sequences per
+    replica, the second step measured), and :func:`simcluster.planner.estimate` predicts
+    it with ``efficiency=planner.ROOFLINE`` (kernels at the device's peaks, as the
+    simulator charges them), ``recompute="none"`` and ``zero=1`` (FSDP2 under a pipeline
+    holds whole parameters and gradients during a step, and a shard of the optimizer
+    state). Returns ``[(layout, Report3D, Estimate), ...]``.
+    """
+    from simcluster import planner
+
+    cfg = planner_config(**model)
+    rows = []
+    for tp, pp, dp in layouts:
+        batch = dp * micro_batches * micro_batch
+        report = measure(cluster, pp, dp, tp, micro_batches=micro_batches, batch=batch,
+                         model=model, fake=True, dtype=torch.bfloat16, steps=2)
+        est = planner.estimate(cfg, cluster, tp=tp, pp=pp, dp=dp, global_batch=batch,
+                               micro_batch=micro_batch, recompute="none", zero=1,
+                               efficiency=planner.ROOFLINE)
+        rows.append(((tp, pp, dp), report, est))
+    return rows
