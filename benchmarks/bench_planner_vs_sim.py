@@ -32,7 +32,7 @@ def main():
     for (tp, pp, dp), report, est in rows:
         print(f"{f'{tp} x {pp} x {dp}':>12} {report.step_time * 1e3:>7.1f}ms "
               f"{est.step_time * 1e3:>7.1f}ms {report.step_time / est.step_time:>6.3f}  "
-              f"{report.peak['total'] / GiB:>7.2f}GB {est.memory_per_gpu / GiB:>7.2f}GB "
+              f"{report.peak['total'] / GiB:>6.2f}GiB {est.memory_per_gpu / GiB:>6.2f}GiB "
               f"{report.peak['total'] / est.memory_per_gpu:>6.3f}")
     print("\nmemory at the peak, GiB (simulator | planner)")
     for (tp, pp, dp), report, est in rows:
