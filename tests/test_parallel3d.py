@@ -14,25 +14,12 @@ def cluster():
     return sc.Cluster.from_dict(TWO_NODES)
 
 
-def _compare(run, pp, dp, m, **kwargs):
-    """Largest differences (losses, gradients, updated parameters) between the 3D run and
-    :func:`p3.reference_step`; also checks that every parameter of the model was seen."""
-    ref = p3.reference_step(chunks=dp * m, steps=kwargs.get("steps", 1))
-    losses = [loss for r in run.results if r["coords"]["pp"] == pp - 1 and r["coords"]["tp"] == 0
-              for loss in r["losses"]]
-    assert len(losses) == len(ref["losses"]) == dp * m
-    seen = {p3._plain_name(n) for r in run.results for n in r["grads"]}
-    assert seen == set(ref["grads"])
-    diff = {"loss": max(abs(a - b) for a, b in zip(losses, ref["losses"])),
-            "grad": max((g - ref["grads"][p3._plain_name(n)]).abs().max().item()
-                        for r in run.results for n, g in r["grads"].items()),
-            "param": max((p - ref["params"][p3._plain_name(n)]).abs().max().item()
-                         for r in run.results for n, p in r["params"].items())}
-    # the step did change the parameters (a run that skips the update would still match)
-    moved = max((ref["params"][n] - p).abs().max().item()
-                for n, p in dict(p3.GPT().named_parameters()).items())
-    assert moved > 1e-4
-    return diff
+def _check(report, micro_batches, steps=1):
+    diff = p3.compare_with_reference(report, steps=steps)
+    assert not diff["missing"]                       # every parameter was on some stage
+    assert len(diff["losses"]) == len(diff["reference_losses"]) == report.dp * micro_batches
+    assert diff["moved"] > 1e-4                      # the step did change the parameters
+    assert diff["loss"] < 1e-5 and diff["grad"] < 1e-6 and diff["param"] < 1e-6, diff
 
 
 @pytest.mark.parametrize("layout", [(2, 2, 2),
@@ -40,18 +27,12 @@ def _compare(run, pp, dp, m, **kwargs):
                                     pytest.param((4, 2, 1), marks=pytest.mark.slow)])
 def test_3d_step_equals_one_process(cluster, layout):
     pp, dp, tp = layout
-    m = max(2, pp)
-    run = cluster.run(p3.train_step, world_size=8, args=layout, kwargs={"micro_batches": m})
-    diff = _compare(run, pp, dp, m)
-    assert diff["loss"] < 1e-5 and diff["grad"] < 1e-6 and diff["param"] < 1e-6, diff
+    _check(p3.measure(cluster, pp, dp, tp, micro_batches=max(2, pp)), max(2, pp))
 
 
 def test_3d_recompute_two_steps_equal_one_process(cluster):
-    run = cluster.run(p3.train_step, world_size=8, args=(2, 2, 2),
-                      kwargs={"micro_batches": 2, "recompute": True, "steps": 2,
-                              "schedule": "GPipe"})
-    diff = _compare(run, 2, 2, 2, steps=2)
-    assert diff["loss"] < 1e-5 and diff["grad"] < 1e-6 and diff["param"] < 1e-6, diff
+    _check(p3.measure(cluster, 2, 2, 2, micro_batches=2, recompute=True, steps=2,
+                      schedule="GPipe"), 2, steps=2)
 
 
 def _mesh_only(pp, dp, tp, across):

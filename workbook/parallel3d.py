@@ -24,9 +24,13 @@ What is here:
   and :func:`coordinates`, each rank's place in it;
 * :func:`train_step`, what every rank runs; :func:`reference_step`, the same step in one
   process; :func:`measure` runs the 3D step on a cluster and returns a :class:`Report3D`;
+  :func:`compare_with_reference` sets the two side by side;
+* reading a step: :func:`mesh_table` and :func:`draw_mesh` (who sits where),
+  :func:`step_traffic` (collectives by mesh dimension), :func:`stage_phases`;
 * :func:`planner_config`, the :class:`simcluster.planner.TransformerConfig` of the same
-  model, so that the planner's prediction can be set beside the measurement;
-* :func:`explorer`, the planner's layouts as sliders, memory bars and a step-time
+  model, and :func:`cross_check`, the planner's prediction beside the simulator's
+  measurement (``tests/test_planner_vs_sim.py``, ``benchmarks/bench_planner_vs_sim.py``);
+* :class:`Explorer`, the planner's layouts as sliders, memory bars and a step-time
   breakdown (a widget in Jupyter; a fixed text and picture in a stored notebook).
 """
 
@@ -250,6 +254,33 @@ def train_step(pp, dp, tp, micro_batches=2, batch=8, model=None, schedule="1F1B"
 def _plain_name(name):
     """A parameter's name in the whole :class:`GPT` (without checkpoint wrappers)."""
     return name.replace("_checkpoint_wrapped_module.", "")
+
+
+def compare_with_reference(report, steps=1):
+    """Set a real-tensor float32 run of :func:`train_step` (``report``, a
+    :class:`Report3D`) beside :func:`reference_step` on the same batch.
+
+    Returns ``{"losses": the 3D run's micro-batch losses (replica 0's first),
+    "reference_losses", "loss", "grad", "param": the largest absolute differences,
+    "moved": the largest change of a parameter in the reference's step (so that a run
+    that skipped its update cannot pass), "missing": reference parameters no stage
+    returned}``.
+    """
+    last = sorted((r for r in report.results
+                   if r["coords"]["pp"] == report.pp - 1 and r["coords"]["tp"] == 0),
+                  key=lambda r: r["coords"]["dp"])       # one last stage per replica
+    losses = [loss for r in last for loss in r["losses"]]
+    ref = reference_step(chunks=len(losses), steps=steps)
+    seen = {_plain_name(n) for r in report.results for n in r["grads"]}
+    before = dict(GPT().named_parameters())
+    return {"losses": losses, "reference_losses": ref["losses"],
+            "loss": max(abs(a - b) for a, b in zip(losses, ref["losses"])),
+            "grad": max((g - ref["grads"][_plain_name(n)]).abs().max().item()
+                        for r in report.results for n, g in r["grads"].items()),
+            "param": max((q - ref["params"][_plain_name(n)]).abs().max().item()
+                         for r in report.results for n, q in r["params"].items()),
+            "moved": max((ref["params"][n] - q).abs().max().item() for n, q in before.items()),
+            "missing": sorted(set(ref["grads"]) - seen)}
 
 
 def reference_step(chunks=4, batch=8, model=None, steps=1, lr=1e-2, seed=0):
