@@ -31,8 +31,13 @@ def test_3d_step_equals_one_process(cluster, layout):
 
 
 def test_3d_recompute_two_steps_equal_one_process(cluster):
-    _check(p3.measure(cluster, 2, 2, 2, micro_batches=2, recompute=True, steps=2,
-                      schedule="GPipe"), 2, steps=2)
+    kwargs = {"micro_batches": 2, "steps": 2, "schedule": "GPipe"}
+    recomputed = p3.measure(cluster, 2, 2, 2, recompute=True, **kwargs)
+    _check(recomputed, 2, steps=2)
+    # the blocks kept only their inputs, and ran their forward again in the backward
+    plain = p3.measure(cluster, 2, 2, 2, **kwargs)
+    assert recomputed.peak["activations"] < 0.7 * plain.peak["activations"]
+    assert recomputed.run.recorder.clocks[0].flops > 1.2 * plain.run.recorder.clocks[0].flops
 
 
 def _mesh_only(pp, dp, tp, across):

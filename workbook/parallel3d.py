@@ -35,6 +35,7 @@ What is here:
 """
 
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -43,11 +44,11 @@ import torch.distributed as dist
 import torch.distributed.pipelining as pipelining
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
+from torch.utils.checkpoint import checkpoint
 
 import simcluster as sc
 from workbook.tensorparallel import Block, tp_plan
@@ -205,10 +206,13 @@ def train_step(pp, dp, tp, micro_batches=2, batch=8, model=None, schedule="1F1B"
                          f"micro_batches={micro_batches} equal micro-batches")
     with sc.fake_tensors() if fake else contextlib.nullcontext():
         stage = stage_module(GPT(dtype=dtype, seed=seed, **model), stage_index, pp)
-        for name, block in list(stage.layers.items()):
+        for block in stage.layers.values():
             parallelize_module(block, mesh["tp"], tp_plan())
             if recompute:
-                stage.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
+                # the block's own forward, checkpointed: its module hooks (FSDP2's) still
+                # run around it, and its parameters keep their names
+                block.forward = functools.partial(checkpoint, block.forward,
+                                                  use_reentrant=False)
         # Gathered once per step, kept until the step's last backward: the pipeline runs
         # every micro-batch's forward through the same layers, and resharding after each
         # would all-gather them again per micro-batch (torchtitan's choice with PP too).
@@ -251,11 +255,6 @@ def train_step(pp, dp, tp, micro_batches=2, batch=8, model=None, schedule="1F1B"
     return result
 
 
-def _plain_name(name):
-    """A parameter's name in the whole :class:`GPT` (without checkpoint wrappers)."""
-    return name.replace("_checkpoint_wrapped_module.", "")
-
-
 def compare_with_reference(report, steps=1):
     """Set a real-tensor float32 run of :func:`train_step` (``report``, a
     :class:`Report3D`) beside :func:`reference_step` on the same batch.
@@ -271,13 +270,13 @@ def compare_with_reference(report, steps=1):
                   key=lambda r: r["coords"]["dp"])       # one last stage per replica
     losses = [loss for r in last for loss in r["losses"]]
     ref = reference_step(chunks=len(losses), steps=steps)
-    seen = {_plain_name(n) for r in report.results for n in r["grads"]}
+    seen = {n for r in report.results for n in r["grads"]}
     before = dict(GPT().named_parameters())
     return {"losses": losses, "reference_losses": ref["losses"],
             "loss": max(abs(a - b) for a, b in zip(losses, ref["losses"])),
-            "grad": max((g - ref["grads"][_plain_name(n)]).abs().max().item()
+            "grad": max((g - ref["grads"][n]).abs().max().item()
                         for r in report.results for n, g in r["grads"].items()),
-            "param": max((q - ref["params"][_plain_name(n)]).abs().max().item()
+            "param": max((q - ref["params"][n]).abs().max().item()
                          for r in report.results for n, q in r["params"].items()),
             "moved": max((ref["params"][n] - q).abs().max().item() for n, q in before.items()),
             "missing": sorted(set(ref["grads"]) - seen)}
