@@ -1,7 +1,6 @@
 """The lesson 09 demo: a GPT trained on a (pp, dp, tp) mesh equals the one-process model."""
 
 import pytest
-import torch
 
 import simcluster as sc
 from workbook import parallel3d as p3

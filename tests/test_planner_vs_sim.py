@@ -14,14 +14,16 @@ the optimizer state). ``benchmarks/bench_planner_vs_sim.py`` prints the numbers.
 What agrees, and what does not:
 
 * step time within 15 % on all three layouts; the simulator is 5-9 % slower because it
-  executes eager kernels the planner takes as Megatron-LM's fused ones (unfused softmax
-  and GeLU, FSDP2's copy-in/copy-out, per-micro-batch gradient accumulation, an unfused
-  mixed-precision Adam at ~100 bytes per parameter instead of 34);
+  executes work the planner does not count: FSDP2's copies into and out of its
+  all-gather buffers, a gradient accumulation per micro-batch, an unfused
+  mixed-precision Adam (~100 bytes per parameter instead of 34), and compute slowed while
+  pipeline sends run beside it;
 * peak memory within 15 % too (5-9 % more on the simulator); by category, optimizer
   state to 1 %, gradients (with the backward's activation gradients) to 6 %,
-  activations to 10 %. Parameters differ by FSDP2's design: it keeps its 1/dp shard beside the gathered
-  copy (1.5x the planner's ZeRO-1 parameters at dp = 2), which Megatron-LM's
-  distributed optimizer, the planner's model, does not; the test pins that factor.
+  activations to 10 %. Parameters differ by FSDP2's design: it keeps its 1/dp shard
+  beside the gathered copy (1.5x the planner's ZeRO-1 parameters at dp = 2), which
+  Megatron-LM's distributed optimizer, the planner's model, does not; the test pins that
+  factor.
 """
 
 import pytest
