@@ -233,6 +233,24 @@ def simulate(cluster, body, world_size, where, hints=None, accounting=False, arg
         raise Failure(f"{where(None)}: {short(error)}", hints["exception"]) from None
 
 
+def on_a_rank(fn, args, where):
+    """``fn(*args)`` for a function that needs no cluster, run on one simulated rank so
+    that a loop that never ends is stopped; an exception becomes a :class:`Failure`
+    naming ``where``."""
+
+    def body():
+        try:
+            return True, fn(*args)
+        except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
+            return False, error
+
+    returned, value = simulate(sc.Cluster.preset("dgx-a100"), body, 1,
+                               lambda rank: where).results[0]
+    if not returned:
+        raise raised(where, value)
+    return value
+
+
 def call(who, fn, *args):
     """``fn(*args)`` outside the cluster; an exception becomes a :class:`Failure`."""
     try:
