@@ -48,7 +48,7 @@ def _reference():
 MESH_CASES = ((2, 2, 2), (1, 4, 2), (4, 1, 2), (3, 2, 1), (2, 2, 4))
 GROUPS_HINT = ("return a dict {'pp': ..., 'dp': ..., 'tp': ...} of the three groups this "
                "rank is a member of, each made by dist.new_group.")
-LAYOUT_HINT = ("init_device_mesh lays the ranks out row-major over (pp, dp, tp): tp varies "
+MESH_HINT = ("init_device_mesh lays the ranks out row-major over (pp, dp, tp): tp varies "
                "fastest, so a tp group is tp consecutive ranks (one node's NVLink), a dp "
                "group steps by tp, and a pp group by dp·tp.")
 
@@ -94,20 +94,22 @@ def _compare_mesh(case, results):
         return
     rank = (moved or wrong)[0]
     result, where = results[rank], f"(pp, dp, tp) = {case}: rank {rank}"
-    axis, name = next((a, n) for a, n in enumerate(DIMS)
-                      if result["mine"][n] != result["expected"][n])
+    mine_at = _coordinate(rank, result["mine"])
+    axis, name = next((a, n) for a, n in enumerate(DIMS)  # where the coordinate moved
+                      if result["mine"][n] != result["expected"][n]
+                      and (not moved or mine_at[a] != result["coordinate"][a]))
     mine, expected = result["mine"][name], result["expected"][name]
     if rank not in mine:
         raise Failure(f"{where}: its {name} group {mine} does not contain it",
                       "keep the group whose ranks include this rank.")
     text = f"{where}: your {name} group is {mine}, init_device_mesh's is {expected}"
     if moved:
-        text += (f", so you put it at (pp, dp, tp) = {_coordinate(rank, result['mine'])}, "
+        text += (f", so you put it at (pp, dp, tp) = {mine_at}, "
                  f"the mesh at {result['coordinate']}")
     if set(mine) < set(expected):
         raise Failure(text, f"a {name} group has {case[axis]} ranks, one per coordinate "
                             f"along {name}: check your range bounds.")
-    raise Failure(text, LAYOUT_HINT)
+    raise Failure(text, MESH_HINT)
 
 
 @check("3D process groups")
@@ -308,9 +310,10 @@ def layout_cluster(memory_cap=None):
 
 
 def describe_layout(est):
-    """``tp 2 × pp 4 × dp 4, micro-batch 1, selective recompute, ZeRO-2``."""
+    """``tp 2 × pp 4 × dp 4, micro-batch 1, selective recomputation, ZeRO-2``."""
+    recompute = {"none": "no"}.get(est.recompute, est.recompute)
     text = (f"tp {est.tp} × pp {est.pp} × dp {est.dp}, micro-batch {est.micro_batch}, "
-            f"{est.recompute} recompute, ZeRO-{est.zero}")
+            f"{recompute} recomputation, ZeRO-{est.zero}")
     if est.virtual_stages > 1:
         text += f", {est.virtual_stages} virtual stages"
     return text + (", sequence parallel" if est.sequence_parallel else "")
