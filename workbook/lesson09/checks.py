@@ -193,8 +193,8 @@ def _refuse_planner(fn, name, hint):
                       "with", hint) from None
 
 
-# LLaMA-7B (Touvron et al. 2023): SwiGLU, own output matrix; and a grouped-query model
-# of LLaMA-2-70B's shape (8 key/value heads for 64 query heads)
+# LLaMA-7B: SwiGLU, an output matrix of its own; and LLaMA-2-70B's shape, grouped-query
+# attention with 8 key/value heads for 64 query heads (docs/reference-numbers.md)
 LLAMA_7B = planner.TransformerConfig(layers=32, hidden=4096, heads=32, seq_len=2048,
                                      vocab=32000, ffn_hidden=11008, swiglu=True,
                                      tied_embeddings=False)
