@@ -9,14 +9,14 @@ Ranks are threads of this Python process, scheduled one at a time in a fixed ord
 every run is deterministic, and a deadlock is reported instead of hanging.
 """
 
-from . import _torch_internals
+from . import _torch_internals, faults
 from .clock import ClockEvent, CollectiveRecord
 from .cluster import Cluster
-from .errors import (CollectiveMismatchError, DeadlockError, OutOfMemoryError, RankError,
-                     SimulationError,
-                     SimulationTimeout)
+from .errors import (CollectiveMismatchError, DeadlockError, OutOfMemoryError,
+                     RankCrashedError, RankError, SimulationError, SimulationTimeout)
 from .report import Run, Summary
-from .spec import PRESETS, ClusterSpec, DeviceSpec, LinkSpec, NetworkSpec, NodeSpec
+from .spec import (PRESETS, ClusterSpec, DeviceSpec, LinkSpec, NetworkSpec, NodeSpec,
+                   StorageSpec)
 
 _torch_internals.warn_if_untested()
 
@@ -93,8 +93,8 @@ def fake_tensors():
 
 __all__ = [
     "Cluster", "Run", "Summary", "ClusterSpec", "NodeSpec", "DeviceSpec", "LinkSpec",
-    "NetworkSpec", "PRESETS",
+    "NetworkSpec", "StorageSpec", "PRESETS",
     "SimulationError", "RankError", "DeadlockError", "CollectiveMismatchError",
-    "SimulationTimeout", "OutOfMemoryError", "fake_tensors", "collectives_called",
+    "SimulationTimeout", "OutOfMemoryError", "RankCrashedError", "faults", "fake_tensors", "collectives_called",
     "memory_in_use", "host_memory_in_use", "reset_peak_memory", "CollectiveRecord", "ClockEvent",
 ]

@@ -85,6 +85,11 @@ back. What we rely on, and why:
   tensors of the global shapes, which only learns the output's shape; accounting charges
   nothing inside it (:func:`set_sharding_propagation_context`), else every DTensor op
   would cost the rank its global size on top of its local one.
+* ``torch.save`` and ``torch.load`` are wrapped while a run is active, and so are
+  ``torch.distributed.checkpoint.filesystem``'s ``_FileSystemWriter.write_data``,
+  ``FileSystemReader.read_data`` (whose plan's ``storage_data`` gives each item's file,
+  offset and length) and ``FileSystem.create_stream``: the bytes a rank writes to and
+  reads from files are charged to its node's storage (:func:`install_storage_hooks`).
 * numpy's ``np.random.mtrand._rand._bit_generator`` is the legacy global generator; its
   ctypes view gives its raw Mersenne Twister words cheaply (:func:`numpy_rng_words`).
 """
@@ -93,6 +98,7 @@ import ctypes
 import contextlib
 import functools
 import importlib.abc
+import os
 import sys
 import threading
 import warnings
@@ -587,7 +593,7 @@ def _patch_pipelining():
     to the next, and reads the result with ``.item()``. Made under the fake mode, those
     tensors have no value to read. Importing the module costs a second and imports
     ``torch._dynamo``, so a run patches it only if it is imported: at the start of the
-    run, or as a rank imports it (:class:`_PatchPipeliningOnImport`).
+    run, or as a rank imports it (:class:`_PatchOnImport`).
     """
     global _original_warmup_p2p
     schedules = sys.modules.get(_SCHEDULES)
@@ -607,32 +613,34 @@ def _unpatch_pipelining():
         _original_warmup_p2p = None
 
 
-class _PatchPipeliningOnImport(importlib.abc.MetaPathFinder):
-    """On ``sys.meta_path`` during a run: when ``torch.distributed.pipelining.schedules``
-    is first imported (inside a rank, even inside ``sc.fake_tensors()``), it is patched
-    (:func:`_patch_pipelining`) as soon as it has loaded."""
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """On ``sys.meta_path`` during a run: when module ``name`` is first imported (inside
+    a rank, even inside ``sc.fake_tensors()``), ``patch()`` runs as soon as it has loaded
+    (pipelining's schedules, :func:`_patch_pipelining`; DCP's file system,
+    :func:`_patch_checkpoint`)."""
 
-    NAME = "torch.distributed.pipelining.schedules"
+    def __init__(self, name, patch):
+        self.name, self.patch = name, patch
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != self.NAME:
+        if fullname != self.name:
             return None
         for finder in sys.meta_path:
             find = None if finder is self else getattr(finder, "find_spec", None)
             spec = find(fullname, path, target) if find is not None else None
             if spec is not None and spec.loader is not None:
-                load = spec.loader.exec_module
+                load, patch = spec.loader.exec_module, self.patch
 
                 def exec_module(module):
                     load(module)
-                    _patch_pipelining()
+                    patch()
 
                 spec.loader.exec_module = exec_module   # this spec's own loader
                 return spec
         return None
 
 
-_patch_on_import = _PatchPipeliningOnImport()
+_patch_on_import = _PatchOnImport(_SCHEDULES, lambda: _patch_pipelining())
 
 
 # Collectives of picklable objects send a pickle's bytes and its length in tensors they
@@ -1218,6 +1226,179 @@ def set_dtensor_handlers(state):
         table.clear()
         table.update(entries)
 
+
+
+# ------------------------------------------------------------------ for storage
+_original_save, _original_load = torch.save, torch.load
+_in_checkpoint_io = threading.local()   # .depth > 0: inside DCP's reader or writer
+
+
+@contextlib.contextmanager
+def _counted_by_checkpoint():
+    """A block whose file I/O DCP's reader or writer wrapper charges itself, so the
+    ``torch.save``/``torch.load`` calls it makes on its streams are not charged again."""
+    _in_checkpoint_io.depth = getattr(_in_checkpoint_io, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _in_checkpoint_io.depth -= 1
+
+
+def _charged():
+    return getattr(_in_checkpoint_io, "depth", 0) == 0
+
+
+def _real_file(f):
+    """``(path or None, position)`` if ``f`` is a file on disk (a path, or a file object
+    with a descriptor), else None (an in-memory buffer such as ``io.BytesIO``)."""
+    if isinstance(f, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(f)), None
+    try:
+        f.fileno()
+        position = f.tell()
+    except (AttributeError, OSError, ValueError):
+        return None
+    name = getattr(f, "name", None)
+    return (os.path.abspath(name) if isinstance(name, str) else None), position
+
+
+def _file_bytes(f, target, write):
+    """Bytes ``torch.save`` wrote to, or ``torch.load`` read from, file ``f``."""
+    path, position = target
+    if position is None:
+        return os.path.getsize(path)
+    if write:
+        return f.tell() - position
+    return os.fstat(f.fileno()).st_size - position
+
+
+def install_storage_hooks(on_io):
+    """Charge file I/O done inside a rank: ``on_io(write, nbytes, path)`` hears of it.
+
+    Patches, until the returned function is called:
+
+    * ``torch.save`` and ``torch.load`` on a path or a file on disk (not on an in-memory
+      buffer): the file's bytes;
+    * ``torch.distributed.checkpoint``'s file-system writer and reader
+      (``_FileSystemWriter.write_data``, ``FileSystemReader.read_data``): the bytes of
+      each file, from the write results and the read plan's ``_StorageInfo`` (offset,
+      length, relative path) — what ``dcp.save`` and ``dcp.load`` move, re-sharded or
+      not; the ``torch.save``/``torch.load`` calls they make on their streams are not
+      counted again;
+    * ``FileSystem.create_stream`` outside those two: the checkpoint's metadata file,
+      written by the coordinator in ``finish`` and read in ``read_metadata``.
+
+    Importing ``torch.distributed.checkpoint`` takes about a second, so it is patched only
+    once imported: now, or when a rank first imports it (:class:`_PatchOnImport`).
+    """
+    global _on_io
+    _on_io = on_io
+    torch.save, torch.load = _save, _load
+    _patch_checkpoint()
+    if _original_checkpoint is None and _patch_checkpoint_on_import not in sys.meta_path:
+        sys.meta_path.insert(0, _patch_checkpoint_on_import)
+    return _uninstall_storage_hooks
+
+
+_on_io = None                 # during a run: the callback of install_storage_hooks
+_original_checkpoint = None   # DCP's (write_data, read_data, create_stream) while patched
+_CHECKPOINT_FILESYSTEM = "torch.distributed.checkpoint.filesystem"
+
+
+_patch_checkpoint_on_import = _PatchOnImport(_CHECKPOINT_FILESYSTEM,
+                                             lambda: _patch_checkpoint())
+
+
+def _uninstall_storage_hooks():
+    """Undo :func:`install_storage_hooks`."""
+    global _on_io, _original_checkpoint
+    _on_io = None
+    torch.save, torch.load = _original_save, _original_load
+    if _patch_checkpoint_on_import in sys.meta_path:
+        sys.meta_path.remove(_patch_checkpoint_on_import)
+    if _original_checkpoint is not None:
+        writer, reader, fs = _checkpoint_classes()
+        writer.write_data, reader.read_data, fs.create_stream = _original_checkpoint
+        _original_checkpoint = None
+
+
+def _checkpoint_classes():
+    module = sys.modules[_CHECKPOINT_FILESYSTEM]
+    return module._FileSystemWriter, module.FileSystemReader, module.FileSystem
+
+
+def _patch_checkpoint():
+    """Patch DCP's file-system writer and reader if they are imported and a run is on."""
+    global _original_checkpoint
+    module = sys.modules.get(_CHECKPOINT_FILESYSTEM)
+    if module is None or _original_checkpoint is not None or _on_io is None \
+            or not hasattr(module, "FileSystem"):
+        return
+    writer, reader, fs = _checkpoint_classes()
+    _original_checkpoint = (writer.write_data, reader.read_data, fs.create_stream)
+    for function, original in zip((_write_data, _read_data, _create_stream),
+                                  _original_checkpoint):
+        functools.update_wrapper(function, original)
+    writer.write_data, reader.read_data, fs.create_stream = (_write_data, _read_data,
+                                                             _create_stream)
+
+
+def _charge(write, nbytes, path):
+    if _on_io is not None:
+        _on_io(write, nbytes, path)
+
+
+def _save(obj, f, *args, **kwargs):
+    target = _real_file(f) if _charged() else None
+    result = _original_save(obj, f, *args, **kwargs)
+    if target is not None:
+        _charge(True, _file_bytes(f, target, True), target[0])
+    return result
+
+
+def _load(f, *args, **kwargs):
+    target = _real_file(f) if _charged() else None
+    result = _original_load(f, *args, **kwargs)
+    if target is not None:
+        _charge(False, _file_bytes(f, target, False), target[0])
+    return result
+
+
+functools.update_wrapper(_save, _original_save)
+functools.update_wrapper(_load, _original_load)
+
+
+def _charge_files(storage, lengths, write):
+    """Charge ``[(relative path, bytes)]`` of a DCP reader or writer, one file at a time."""
+    per_file = {}
+    for name, nbytes in lengths:
+        per_file[name] = per_file.get(name, 0) + nbytes
+    for name, nbytes in per_file.items():
+        _charge(write, nbytes, str(storage.fs.concat_path(storage.path, name)))
+
+
+def _write_data(self, plan, planner):
+    with _counted_by_checkpoint():
+        future = _original_checkpoint[0](self, plan, planner)
+    _charge_files(self, ((r.storage_data.relative_path, r.storage_data.length)
+                         for r in future.value()), True)
+    return future
+
+
+def _read_data(self, plan, planner):
+    with _counted_by_checkpoint():
+        future = _original_checkpoint[1](self, plan, planner)
+    infos = (self.storage_data[item.storage_index] for item in plan.items)
+    _charge_files(self, ((i.relative_path, i.length) for i in infos), False)
+    return future
+
+
+@contextlib.contextmanager
+def _create_stream(self, path, mode):
+    with _original_checkpoint[2](self, path, mode) as stream:
+        yield stream
+    if _charged():
+        _charge("w" in mode, os.path.getsize(path), os.path.abspath(os.fspath(path)))
 
 
 # ------------------------------------------------------------------ for numpy

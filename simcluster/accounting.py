@@ -48,10 +48,12 @@ import torch
 
 from ._torch_internals import (FAKE, SUBCLASS, DispatchMode, ModuleStack, dispatch_kind,
                                fake_dispatch, fake_mode_active, flop_formula, in_backward,
-                               key_of_storage, on_side_stream, own_parameters,
-                               set_sharding_propagation_context, storage_key)
+                               install_storage_hooks, key_of_storage, on_side_stream,
+                               own_parameters, set_sharding_propagation_context,
+                               storage_key)
 from .clock import CollectiveRecord, RankClock
 from .memory import MemoryAccount
+from .storage import NodeStorage
 
 HOST_TO_DEVICE, DEVICE_TO_HOST = "host->device", "device->host"
 TRANSFERS = (HOST_TO_DEVICE, DEVICE_TO_HOST)
@@ -176,7 +178,7 @@ class RankAccounting(DispatchMode):
         dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
         if flops and dtype is _F32 and func.overloadpacket in _TF32_OPS:
             dtype = _fp32_matmul_dtype()
-        seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes)
+        seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes, clock.now)
         label = self.modules.innermost()
         clock.flops += flops
         seconds = clock.run_compute(seconds, label)
@@ -221,9 +223,10 @@ class RankAccounting(DispatchMode):
             dtype = _fp32_matmul_dtype()
         cost, label = self.recorder.cost, self.modules.innermost()
         if on_host:
-            seconds, label = cost.host_roofline(self.rank, flops, nbytes), f"host: {label}"
+            seconds = cost.host_roofline(self.rank, flops, nbytes, self.clock.now)
+            label = f"host: {label}"
         else:
-            seconds = cost.roofline(self.rank, flops, dtype, nbytes)
+            seconds = cost.roofline(self.rank, flops, dtype, nbytes, self.clock.now)
         self._charge(seconds, flops, label)
         return out
 
@@ -244,6 +247,16 @@ class RankAccounting(DispatchMode):
                 clock.ready_when_read(storage_key(t), end)
         else:
             clock.wait_until(end, f"wait for {direction}")
+
+    def storage_io(self, write, nbytes, path=None):
+        """This rank wrote (``write``) or read ``nbytes`` of its node's storage, starting
+        now: its compute stream waits until the node's array has moved them."""
+        if nbytes <= 0 or self._paused:
+            return
+        storage = self.recorder.storage[self.recorder.spec.node_of(self.rank)]
+        end = storage.transfer(self.clock.now, nbytes, write, self.rank, path)
+        self.recorder.storage_bytes[self.rank]["write" if write else "read"] += nbytes
+        self.clock.run_io(end, f"{'write' if write else 'read'} {_size(nbytes)}")
 
     def _is_pinned(self, run, args, kwargs):
         """``aten.is_pinned``: whether the tensor lives in the simulated host memory."""
@@ -346,6 +359,14 @@ def _outputs(out):
 
 def _nbytes(t):
     return t.numel() * t.element_size()
+
+
+def _size(nbytes):
+    """``"4.2 MB"``: a byte count for a timeline label."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
 
 
 def _work(counter, args, kwargs, out, inputs, outputs):
@@ -494,6 +515,14 @@ def on_optimizer_post(optimizer, args, kwargs):
         # created is already "optimizer state". Parameters stay parameters.
 
 
+def on_storage_io(write, nbytes, path):
+    """The calling rank wrote (``write``) or read ``nbytes`` of a file at ``path`` (None:
+    a file object without a name)."""
+    acc = current()
+    if acc is not None:
+        acc.storage_io(write, nbytes, path)
+
+
 def on_storage_resize(storage, nbytes):
     """A storage was resized in place, bypassing the dispatcher (FSDP2 does this)."""
     acc = current()
@@ -528,8 +557,12 @@ class Recorder:
         host_transfers: per rank, ``{direction: bytes}`` copied over its PCIe link.
         module_time: per rank, ``{module label: simulated compute seconds}``.
         traffic: ``{(src, dst): bytes}`` sent over the simulated links.
+        storage: one :class:`~simcluster.storage.NodeStorage` per node, its NVMe array.
+        storage_bytes: per rank, ``{"write": bytes, "read": bytes}`` of storage I/O.
         collectives: every completed collective, a
             :class:`~simcluster.clock.CollectiveRecord`, in the order they completed.
+        deaths: ``(rank, simulated time, crashed)`` for every rank whose process died,
+            by a fault (``crashed``) or by its watchdog, over all attempts of the run.
     """
 
     def __init__(self, spec, world_size, cost):
@@ -544,6 +577,17 @@ class Recorder:
         self.module_time = [{} for _ in range(world_size)]
         self.traffic = {}
         self.collectives = []
+        self.storage = [NodeStorage(node.storage, node.name) for node in spec.nodes]
+        self.storage_bytes = [{"write": 0, "read": 0} for _ in range(world_size)]
+        self.deaths = []
+
+    def restart(self, t):
+        """Every rank's process restarts at simulated time ``t`` (after a crash): the
+        clocks go on (the time until ``t`` is an idle wait), the memory is empty."""
+        for clock in self.clocks:
+            clock.resume_at(t, "down: restarting after a failure")
+        for memory in self.memories + self.host_memories:
+            memory.restart()
 
     def add_traffic(self, src, dst, nbytes):
         """Count ``nbytes`` sent from rank ``src`` to rank ``dst``."""
@@ -599,6 +643,7 @@ def install_hooks():
 
     set_sharding_propagation_context(_NotCharged())
     _hooks.append(_Removable(lambda: set_sharding_propagation_context(None)))
+    _hooks.append(_Removable(install_storage_hooks(on_storage_io)))
     _hooks.extend([
         nn_module.register_module_forward_pre_hook(on_forward_pre),
         nn_module.register_module_forward_hook(on_forward_post),

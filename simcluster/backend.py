@@ -11,6 +11,7 @@ explained instead of hanging.
 
 import threading
 from collections import defaultdict, deque
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -18,7 +19,8 @@ import torch.distributed as dist
 from . import accounting, collectives, validation
 from ._torch_internals import (WorkBase, backend_options_fields, on_side_stream, reduce_op_name,
                                register_backend)
-from .errors import CollectiveMismatchError, DeadlockError
+from .errors import CollectiveMismatchError, DeadlockError, ProcessDied
+from .faults import DEFAULT_WATCHDOG_TIMEOUT_S, seconds
 
 FLIGHT_RECORDER_LENGTH = 5
 
@@ -56,6 +58,7 @@ class _Collective:
         self.args = {}
         self.arrivals = {}   # group rank -> simulated time it reached the collective
         self.done = False
+        self.failed = None   # why it can never complete (a member died), else None
         self.end = 0.0       # simulated time the collective finishes
 
     def __str__(self):
@@ -76,11 +79,22 @@ class _Wait:
 class _Message:
     """A posted send or receive that waits for its partner."""
 
-    def __init__(self, src, dst, tag, tensor, posted):
+    def __init__(self, kind, src, dst, tag, tensor, posted):
+        self.kind = kind   # "send" or "recv"
         self.src, self.dst, self.tag, self.tensor = src, dst, tag, tensor
         self.posted = posted  # simulated time its rank's compute stream posted it
         self.done = False
+        self.failed = None    # why it can never complete (the partner died), else None
         self.end = 0.0
+
+    def poster(self):
+        """The rank that posted it: a send's source, a receive's destination."""
+        return self.src if self.kind == "send" else self.dst
+
+    def __str__(self):
+        if self.kind == "send":
+            return f"send {self.src}->{self.dst} (tag {self.tag})"
+        return f"recv {'any' if self.src is None else self.src}->{self.dst} (tag {self.tag})"
 
 
 class _GroupState:
@@ -128,7 +142,9 @@ class SimWork(WorkBase):
         all-gathers and reduce-scatters): then, as with NCCL, only that stream waits, and
         the compute stream waits when an op reads the result.
         """
-        self._world.scheduler.wait_until(lambda: self._pending.done, self._what)
+        self._world.scheduler.wait_until(self._finished, self._what)
+        if self._pending.failed is not None:
+            self._world.die_waiting(self._clock, self._pending)
         if self._clock is not None:
             if on_side_stream():
                 self._ready_when_read()
@@ -141,14 +157,18 @@ class SimWork(WorkBase):
         for t in accounting.tensors_in(self._result):
             self._clock.ready_when_read(accounting.storage_key(t), self._pending.end)
 
+    def _finished(self):
+        """Completed, or failed for good (a rank it needs died)."""
+        return self._pending.done or self._pending.failed is not None
+
     def is_completed(self):
-        """Whether the operation has completed. A scheduling point: a rank that polls
-        (``while not work.is_completed(): ...``) lets the other ranks run, so that they
-        can complete it."""
-        return self._world.scheduler.poll(lambda: self._pending.done, self._what)
+        """Whether the operation has completed (or failed: a rank it needs died). A
+        scheduling point: a rank that polls (``while not work.is_completed(): ...``) lets
+        the other ranks run, so that they can complete it."""
+        return self._world.scheduler.poll(self._finished, self._what)
 
     def is_success(self):
-        return self._pending.done
+        return self._pending.done and self._pending.failed is None
 
     def exception(self):
         return None
@@ -160,7 +180,9 @@ class SimWork(WorkBase):
     def get_future(self):
         # C++ callers (DDP's reducer) block on the future directly, outside our scheduler,
         # so hand out a future only once the work has completed.
-        self._world.scheduler.wait_until(lambda: self._pending.done, self._what)
+        self._world.scheduler.wait_until(self._finished, self._what)
+        if self._pending.failed is not None:
+            self._world.die_waiting(self._clock, self._pending)
         if self._clock is not None:
             self._ready_when_read()
         future = torch.futures.Future()
@@ -171,6 +193,14 @@ class SimWork(WorkBase):
         """The group rank a completed receive came from (``recv(src=None)`` returns it)."""
         self.wait()
         return self._group_ranks.index(self._pending.src)
+
+
+class Death(NamedTuple):
+    """How a rank's simulated process died (``SimWorld.deaths``)."""
+
+    time: float   # simulated seconds
+    cause: str    # the fault, e.g. "Crash(rank=3, at=2.0)", or the watchdog's message
+    crash: bool   # True: a fault killed it; False: its watchdog, waiting for a dead rank
 
 
 class SimWorld:
@@ -195,6 +225,98 @@ class SimWorld:
         self.calls = [[] for _ in range(world_size)]
         self.bytes_sent = [0] * world_size     # point-to-point payload bytes, per sender
         self.messages_sent = [0] * world_size  # point-to-point messages, per sender
+        self.deaths = {}   # rank -> Death, for the ranks whose process died
+        # Each rank's watchdog timeout in simulated seconds (dist.init_process_group's).
+        self.timeouts = [DEFAULT_WATCHDOG_TIMEOUT_S] * world_size
+        # Each rank's latest checkpoint (simulated seconds), for a restart's lost work.
+        self.checkpoints = [None] * world_size
+
+    # ------------------------------------------------------------------- faults
+    def schedule_crash(self, rank, t, cause):
+        """``rank``'s process dies at simulated time ``t`` (a fault named ``cause``)."""
+        self.clock(rank).set_deadline(t, lambda: self.die(rank, t, cause, crash=True), "")
+
+    def note_checkpoint(self, rank):
+        """``rank`` has saved a checkpoint now: a crash after this loses only the work
+        done since (``RestartRecord.lost_work``)."""
+        clock = self.clock(rank)
+        if clock is not None:
+            self.checkpoints[rank] = clock.end
+
+    def die(self, rank, t, cause, crash):
+        """``rank``'s process dies at ``t``: what waits for it fails; unwind the rank."""
+        if rank not in self.deaths:
+            self.deaths[rank] = Death(t, cause, crash)
+            if self.recorder is not None:
+                self.recorder.deaths.append((rank, t, crash))
+            self._fail_operations_of(rank)
+        raise ProcessDied()
+
+    def check_alive(self, rank):
+        """Called as ``rank`` starts an operation: it dies here if its time has come."""
+        clock = self.clock(rank)
+        if clock is not None and clock.now >= clock.deadline:
+            clock.die_at_deadline("")
+        if rank in self.deaths:   # it caught its own death and went on
+            raise ProcessDied()
+
+    def die_waiting(self, clock, what):
+        """The operation a rank waited for failed: its watchdog stops the rank."""
+        if clock is None:   # (faults need accounting: cluster.run refuses them without)
+            raise ProcessDied()
+        clock.die_at_deadline(f"waiting in {what}")
+
+    def _watch(self, rank, since, what, reason):
+        """``rank`` waits, since ``since``, for ``what``, which failed because of
+        ``reason``: its watchdog stops it ``timeout`` seconds after ``since``."""
+        clock = self.clock(rank)
+        if clock is None or rank in self.deaths:
+            return
+        timeout = self.timeouts[rank]
+        t = since + timeout
+        label = f"watchdog: {what} did not finish in {timeout:g} s ({reason})"
+        clock.set_deadline(t, lambda: self.die(rank, max(t, clock.now), label, crash=False),
+                           label)
+
+    def fail_collective(self, coll, reason):
+        """``coll`` can never complete: every member that joined it waits for its watchdog."""
+        coll.failed = reason
+        for group_rank, arrival in coll.arrivals.items():
+            self._watch(coll.group.ranks[group_rank], arrival, str(coll), reason)
+
+    def fail_message(self, msg, reason):
+        """A posted send or receive can never complete: its rank waits for its watchdog."""
+        msg.failed = reason
+        self._watch(msg.poster(), msg.posted, str(msg), reason)
+
+    def _fail_operations_of(self, rank):
+        """Everything that waits for dead ``rank`` fails."""
+        reason = self.dead_reason([rank])
+        for group in self.groups.values():
+            if rank not in group.ranks:
+                continue
+            member = group.ranks.index(rank)
+            for coll in group.open.values():
+                if coll.failed is None and member not in coll.args:
+                    self.fail_collective(coll, reason)
+        for queues in (self.sends, self.recvs):
+            for (src, dst, _), posted in queues.items():
+                if rank in (src, dst):
+                    for msg in posted:
+                        self.fail_message(msg, reason)
+                    posted.clear()
+        for (dst, _), posted in self.any_recvs.items():
+            if dst == rank:
+                posted.clear()
+
+    def dead_reason(self, ranks):
+        """Why an operation among ``ranks`` can never complete (one of them died), or None."""
+        for r in ranks:
+            if r in self.deaths:
+                death = self.deaths[r]
+                return (f"rank {r} crashed at {seconds(death.time)}" if death.crash else
+                        f"rank {r} stopped at {seconds(death.time)} (its own watchdog)")
+        return None
 
     def collectives_called(self, rank):
         """The names of the collectives global ``rank`` has called, oldest first."""
@@ -272,7 +394,10 @@ class SimWorld:
         """Build the error that describes why no rank can move."""
         pending, waits = {}, {}
         for rank in range(self.world_size):
-            if self.scheduler.is_done(rank):
+            if rank in self.deaths:
+                death = self.deaths[rank]
+                pending[rank] = f"died at {seconds(death.time)} ({death.cause})"
+            elif self.scheduler.is_done(rank):
                 pending[rank] = "returned from its function"
             else:
                 waits[rank] = self.scheduler.waiting_for(rank)
@@ -390,6 +515,7 @@ class SimProcessGroup(dist.ProcessGroup):
         ``nbytes`` is the buffer size the cost model charges (see costmodel.OP_FAMILY).
         """
         group, world, me = self._group, self._world, self._group_rank
+        world.check_alive(self._global_rank)
         seq = group.next_seq[me]
         group.next_seq[me] += 1
         coll = group.open.get(seq)
@@ -403,17 +529,24 @@ class SimProcessGroup(dist.ProcessGroup):
         calls = world.calls[self._global_rank]
         call_index = len(calls)
         calls.append((name, seq, group.label))
-        if len(coll.args) == len(group.ranks):
-            self._charge(coll, nbytes)
-            with accounting.paused():
-                try:
-                    error = finish([coll.args[r] for r in range(len(group.ranks))])
-                except RuntimeError as exc:  # e.g. an output tensor of the wrong size
-                    error = f"the ranks' tensors do not fit together ({exc})"
-            if error:
-                world.scheduler.fail(CollectiveMismatchError(
-                    "arguments", {}, seq, group.label, name, error))
-            coll.done = True
+        if coll.failed is None:
+            reason = world.dead_reason(group.ranks)
+            if reason is not None:   # a member died before joining: it never will
+                world.fail_collective(coll, reason)
+        else:
+            world.fail_collective(coll, coll.failed)   # (starts this rank's watchdog)
+        if coll.failed is None and len(coll.args) == len(group.ranks):
+            self._charge(coll, nbytes)   # fails it if a member dies before it ends
+            if coll.failed is None:
+                with accounting.paused():
+                    try:
+                        error = finish([coll.args[r] for r in range(len(group.ranks))])
+                    except RuntimeError as exc:  # e.g. an output tensor of the wrong size
+                        error = f"the ranks' tensors do not fit together ({exc})"
+                if error:
+                    world.scheduler.fail(CollectiveMismatchError(
+                        "arguments", {}, seq, group.label, name, error))
+                coll.done = True
             del group.open[seq]
             # Drop the ranks' tensors so a finished collective keeps no memory alive;
             # the keys stay for the wait description.
@@ -431,9 +564,13 @@ class SimProcessGroup(dist.ProcessGroup):
         if recorder is None:
             return
         ranks = self._group.ranks
-        charge = recorder.cost.collective_time(coll.name, ranks, nbytes)
         start = max(coll.arrivals.values())
+        charge = recorder.cost.collective_time(coll.name, ranks, nbytes, at=start)
         coll.end = start + charge.seconds
+        reason = _dies_before(recorder, ranks, coll.end)
+        if reason is not None:
+            self._world.fail_collective(coll, reason)
+            return
         label = f"{coll.name} #{coll.seq}"
         for r in ranks:
             recorder.clocks[r].run_comm(start, coll.end, label)
@@ -620,14 +757,17 @@ class SimProcessGroup(dist.ProcessGroup):
         validation.point_to_point("send", self._global_rank, tensors[0])
         world, me = self._world, self._global_rank
         dst = self._peer(dst, "send")
-        msg = _Message(me, dst, tag, tensors[0], world.posted(me))
+        world.check_alive(me)
+        msg = _Message("send", me, dst, tag, tensors[0], world.posted(me))
         key = (me, dst, tag)
         world.messages_sent[me] += 1
         world.bytes_sent[me] += tensors[0].numel() * tensors[0].element_size()
         partner = world.recvs[key].popleft() if world.recvs[key] else None
         if partner is None and world.any_recvs[(dst, tag)]:
             partner = world.any_recvs[(dst, tag)].popleft()
-        if partner is not None:
+        if dst in world.deaths:
+            world.fail_message(msg, world.dead_reason([dst]))
+        elif partner is not None:
             self._deliver(msg, partner)
         else:
             world.sends[key].append(msg)
@@ -640,9 +780,12 @@ class SimProcessGroup(dist.ProcessGroup):
         validation.point_to_point("recv", self._global_rank, tensors[0])
         world, me = self._world, self._global_rank
         src = self._peer(src, "receive")
-        msg = _Message(src, me, tag, tensors[0], world.posted(me))
+        world.check_alive(me)
+        msg = _Message("recv", src, me, tag, tensors[0], world.posted(me))
         key = (src, me, tag)
-        if world.sends[key]:
+        if src in world.deaths:
+            world.fail_message(msg, world.dead_reason([src]))
+        elif world.sends[key]:
             self._deliver(world.sends[key].popleft(), msg)
         else:
             world.recvs[key].append(msg)
@@ -654,7 +797,8 @@ class SimProcessGroup(dist.ProcessGroup):
         """Post a receive from any rank of the group: the earliest posted send wins."""
         validation.point_to_point("recv", self._global_rank, tensors[0])
         world, me = self._world, self._global_rank
-        msg = _Message(None, me, tag, tensors[0], world.posted(me))
+        world.check_alive(me)
+        msg = _Message("recv", None, me, tag, tensors[0], world.posted(me))
         what = _Wait("recv", f"waiting in recv from any rank (tag {tag}): nobody sent one")
         work = SimWork(world, msg, tensors, what, world.clock(me), self._group.ranks)
         for src in self._group.ranks:
@@ -680,10 +824,7 @@ class SimProcessGroup(dist.ProcessGroup):
                                 recv.dst: f"receives {_shape(recv.tensor)} {recv.tensor.dtype}"},
                 None, self._group.label, "send/recv",
                 "the receiving tensor must have the same shape and dtype as the sent one."))
-        with torch.no_grad(), accounting.paused():
-            collectives.copy_bytes(send.tensor, recv.tensor)
         recv.src = send.src
-        send.done = recv.done = True
         recorder = self._world.recorder
         if recorder is not None:
             # Full duplex, as NVLink and InfiniBand are: the message needs the sender's
@@ -693,10 +834,31 @@ class SimProcessGroup(dist.ProcessGroup):
             nbytes = _nbytes([send.tensor])
             sender, receiver = recorder.clocks[send.src], recorder.clocks[recv.dst]
             start = max(send.posted, recv.posted, sender.send_free, receiver.recv_free)
-            send.end = recv.end = start + recorder.cost.p2p_time(send.src, recv.dst, nbytes)
+            send.end = recv.end = start + recorder.cost.p2p_time(send.src, recv.dst, nbytes,
+                                                                 at=start)
+            reason = _dies_before(recorder, (send.src, recv.dst), send.end)
+            if reason is not None:   # one side dies before the message is through
+                self._world.fail_message(send, reason)
+                self._world.fail_message(recv, reason)
+                return
+        with torch.no_grad(), accounting.paused():
+            collectives.copy_bytes(send.tensor, recv.tensor)
+        send.done = recv.done = True
+        if recorder is not None:
             sender.run_comm(start, send.end, f"send {send.src}->{recv.dst}", lane="send")
             receiver.run_comm(start, send.end, f"recv {send.src}->{recv.dst}", lane="recv")
             recorder.add_traffic(send.src, recv.dst, nbytes)
+
+
+def _dies_before(recorder, ranks, end):
+    """Why an operation among ``ranks`` ending at ``end`` never completes: one of them
+    dies before (a crash fault, or its watchdog). None if all live to see it end."""
+    for r in ranks:
+        clock = recorder.clocks[r]
+        if clock.deadline < end:
+            how = "was stopped by its watchdog" if clock.deadline_label else "crashed"
+            return f"rank {r} {how} at {seconds(clock.deadline)}"
+    return None
 
 
 def _tag_as_communication(tensors):

@@ -13,6 +13,7 @@ Every collective a run completes is kept as a :class:`CollectiveRecord`
 """
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -21,10 +22,12 @@ class ClockEvent(NamedTuple):
     """A span of simulated time on one rank's stream.
 
     ``lane`` is ``"compute"`` (an op, or several of the same module in a row), ``"idle"``
-    (the compute stream waits, e.g. for communication) or ``"comm"`` (the communication
-    stream transfers); ``label`` says what ran: a module's name, ``"all_reduce #3"``,
-    ``"send 0->1"`` (on rank 0's send lane), ``"recv 0->1"`` (on rank 1's receive lane),
-    ``"wait for communication"``. Times are simulated seconds.
+    (the compute stream waits, e.g. for communication), ``"comm"`` (the communication
+    stream transfers) or ``"io"`` (the rank reads or writes the node's storage, and its
+    compute stream waits for it); ``label`` says what ran: a module's name,
+    ``"all_reduce #3"``, ``"send 0->1"`` (on rank 0's send lane), ``"recv 0->1"`` (on
+    rank 1's receive lane), ``"wait for communication"``, ``"write 4.2 MB"``. Times are
+    simulated seconds.
     """
 
     lane: str
@@ -81,8 +84,11 @@ class RankClock:
         comm_free: when the communication stream is all free: the later of the two lanes.
         compute, comm, idle: simulated seconds spent computing, communicating (a send and
             a receive at the same time count once), and waiting on the compute stream.
+        io: simulated seconds spent reading and writing storage (not counted in idle).
         flops: floating-point operations the rank's compute performed.
         events: the :class:`ClockEvent` list, in the order they were recorded.
+        deadline: when the rank's process dies (a crash fault, or its watchdog timeout);
+            ``math.inf`` while nothing threatens it. See :meth:`set_deadline`.
     """
 
     def __init__(self, overlap_slowdown=1.0):
@@ -91,18 +97,52 @@ class RankClock:
         self.compute = 0.0
         self.comm = 0.0
         self.idle = 0.0
+        self.io = 0.0
         self.flops = 0
         self.events = []
         self.overlap_slowdown = overlap_slowdown
         self._ready_at = {}   # storage key -> time an async collective finishes writing it
         self._busy_starts, self._busy_ends = [], []  # communication spans, sorted, disjoint
+        self.deadline = math.inf
+        self._on_deadline = None   # called (and raises) when the clock reaches the deadline
+        self.deadline_label = ""   # what the compute stream waits for until the deadline
+
+    def set_deadline(self, t, on_deadline, label):
+        """The rank dies at ``t``, unless an earlier deadline is set: the clock calls
+        ``on_deadline()``, which raises, as soon as compute or a wait would pass ``t``.
+        ``label`` names a wait that ends with the death (the timeline's idle bar)."""
+        if t < self.deadline:
+            self.deadline, self._on_deadline, self.deadline_label = t, on_deadline, label
+
+    def die_at_deadline(self, label):
+        """The compute stream waits, idle, until the deadline; then the rank dies. ``label``
+        names the wait unless the deadline has its own (a watchdog's)."""
+        self.wait_until(self.deadline, self.deadline_label or label)
+        self._on_deadline()
+
+    def resume_at(self, t, label=None):
+        """A restarted process starts at ``t``: its streams are free from then on, nothing
+        threatens it, and (given a ``label``) the time until ``t`` is an idle wait."""
+        self.deadline, self._on_deadline, self.deadline_label = math.inf, None, ""
+        if label is not None:
+            self.wait_until(t, label)
+        self.now = max(self.now, t)
+        self.send_free = max(self.send_free, t)
+        self.recv_free = max(self.recv_free, t)
+        self._ready_at.clear()
 
     def run_compute(self, seconds, label):
         """Run ``seconds`` of full-speed compute in ``label`` on the compute stream; return
-        how long it took, slowed where the communication stream is busy."""
+        how long it took, slowed where the communication stream is busy. Compute that
+        would pass the deadline stops there, and the rank dies."""
         if seconds <= 0:
             return 0.0
+        if self.now >= self.deadline:
+            self._on_deadline()
         start, self.now = self.now, self._compute_end(self.now, seconds)
+        dies = self.now > self.deadline
+        if dies:
+            self.now = self.deadline
         self.compute += self.now - start
         events = self.events
         last = events[-1] if events else None
@@ -111,6 +151,8 @@ class RankClock:
             events[-1] = ClockEvent("compute", last.start, self.now, label)
         else:
             events.append(ClockEvent("compute", start, self.now, label))
+        if dies:
+            self._on_deadline()
         return self.now - start
 
     def _compute_end(self, t, work):
@@ -180,11 +222,22 @@ class RankClock:
         return fresh
 
     def wait_until(self, t, label):
-        """The compute stream waits (idle) until simulated time ``t``."""
+        """The compute stream waits (idle) until simulated time ``t``; the rank dies if
+        that is past its deadline."""
+        if t > self.deadline:
+            self.wait_until(self.deadline, self.deadline_label or label)
+            self._on_deadline()
         if t > self.now:
             self.events.append(ClockEvent("idle", self.now, t, label))
             self.idle += t - self.now
             self.now = t
+
+    def run_io(self, end, label):
+        """The compute stream waits for storage I/O that started now and ends at ``end``."""
+        if end > self.now:
+            self.events.append(ClockEvent("io", self.now, end, label))
+            self.io += end - self.now
+            self.now = end
 
     def ready_when_read(self, key, t):
         """Storage ``key`` is written by communication until ``t``: the compute stream

@@ -8,6 +8,9 @@ Inside ``train`` the default process group is already initialised on the ``sim``
 backend, so ordinary ``torch.distributed`` code runs unchanged.
 """
 
+import dataclasses
+import datetime
+import os
 import sys
 import threading
 
@@ -15,10 +18,14 @@ import torch.distributed as dist
 
 from . import _torch_internals, backend, spec, validation
 from . import accounting as _accounting
+from . import faults as _faults
 from .costmodel import CostModel
-from .errors import SimulationError
+from .errors import DeadlockError, RankCrashedError, SimulationError
 from .report import Run
 from .scheduler import RankScheduler
+
+# What torchrun tells its workers about restarts (TORCHELASTIC_RESTART_COUNT: the attempt).
+_ELASTIC_ENV = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 
 
 class Cluster:
@@ -65,7 +72,9 @@ class Cluster:
         return draw_cluster(self.spec, ax=ax)
 
     def run(self, fn, world_size=None, args=(), kwargs=None, timeout=None,
-            accounting=True, algorithms=None, speed_factor=None, link_factor=None):
+            accounting=True, algorithms=None, speed_factor=None, link_factor=None,
+            faults=None, max_restarts=0, min_world_size=None,
+            restart_delay=_faults.DEFAULT_RESTART_DELAY_S):
         """Run ``fn(*args, **kwargs)`` on ranks ``0 .. world_size-1`` and return a :class:`Run`.
 
         Args:
@@ -87,8 +96,26 @@ class Cluster:
                 long (a straggler).
             link_factor: ``{node_index or "network": factor}`` multiplies a link's
                 bandwidth (0.5: a degraded link).
+            faults: a list of :mod:`simcluster.faults` (``faults.Crash(rank=3, at=2.0)``,
+                ``NodeCrash``, ``Straggler``, ``LinkDegraded``, ``PacketLoss``), each at a
+                simulated time. Needs ``accounting``.
+            max_restarts: like torchrun's ``--max-restarts``: after a crash, every rank is
+                restarted (``fn`` called again, a fresh process group) this many times at
+                most. The simulated clock runs on; ``os.environ["TORCHELASTIC_RESTART_COUNT"]``
+                is the attempt (0 first); ``run.restarts`` lists the failures;
+                ``run.results`` are the last attempt's. Only crashes restart: an exception
+                raised by ``fn`` stops the run at once, as without restarts. Objects in
+                ``args`` survive a restart (real processes would start afresh): build the
+                model inside ``fn`` and resume from a checkpoint.
+            min_world_size: like torchrun's ``--nnodes=MIN:MAX``: after a
+                :class:`~simcluster.faults.NodeCrash`, restart on the surviving nodes
+                with fewer ranks, if at least this many are left. Without it a crashed node
+                is replaced (the same world size).
+            restart_delay: simulated seconds from the failed attempt's end (its last rank
+                stopped) to the restart: torchrun's detection, rendezvous and start-up.
 
         Raises:
+            RankCrashedError: a rank crashed and the run could not restart (any more).
             RankError: ``fn`` raised on some rank.
             DeadlockError, CollectiveMismatchError: the ranks' communication does not fit.
             SimulationTimeout: the run timed out or stopped making progress.
@@ -97,25 +124,96 @@ class Cluster:
         """
         world_size = validation.run_arguments(self, fn, world_size, args, kwargs, timeout,
                                               speed_factor, link_factor)
+        faults = _faults.check(faults, world_size, len(self.spec.nodes))
+        _faults.check_restarts(max_restarts, min_world_size, restart_delay, world_size)
+        if faults and not accounting:
+            raise ValueError("faults happen at simulated times, and accounting=False keeps "
+                             "no simulated time: run with accounting on")
         if not _one_run_at_a_time.acquire(blocking=False):
             raise SimulationError(_second_run_refused())
+        saved_env = {name: os.environ.get(name) for name in _ELASTIC_ENV}
         try:
             return self._run(fn, world_size, args, kwargs, timeout, accounting, algorithms,
-                             speed_factor, link_factor)
+                             speed_factor, link_factor, faults, max_restarts, min_world_size,
+                             float(restart_delay))
         finally:
+            for name, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
             _one_run_at_a_time.release()
 
     def _run(self, fn, world_size, args, kwargs, timeout, accounting, algorithms,
-             speed_factor, link_factor):
-        """:meth:`run`, once its arguments are checked and no other run is active."""
+             speed_factor, link_factor, faults, max_restarts, min_world_size,
+             restart_delay):
+        """:meth:`run`, once its arguments are checked and no other run is active: one
+        attempt, and after each crash (as long as restarts are left) another."""
         kwargs = dict(kwargs or {})
+        os.environ["TORCHELASTIC_MAX_RESTARTS"] = str(max_restarts)
+        alive_nodes = list(range(len(self.spec.nodes)))   # original indices, in order
+        cluster, recorder, start, restarts = self, None, 0.0, []
+        for attempt in range(max_restarts + 1):
+            os.environ["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
+            if recorder is None:
+                cost = CostModel(cluster.spec, algorithms)
+                cost.speed_factor.update(speed_factor or {})
+                cost.link_factor.update(link_factor or {})
+                _faults.slow_down(faults, cost, world_size, alive_nodes)
+                recorder = (_accounting.Recorder(cluster.spec, world_size, cost)
+                            if accounting else None)
+                if recorder is not None and start > 0:
+                    for clock in recorder.clocks:
+                        clock.resume_at(start)
+            elif start > 0:
+                recorder.restart(start)
+            world, results, scheduled = cluster._attempt(
+                fn, world_size, args, kwargs, timeout, recorder, faults, start, alive_nodes)
+            run = Run(cluster, world_size, results, world)
+            run.restarts = list(restarts)
+            if not world.deaths:
+                return run
+            record, dead_nodes = _failure(world, run, scheduled, attempt, start, alive_nodes)
+            last = attempt == max_restarts
+            shrink = min_world_size is not None and dead_nodes
+            if shrink:
+                left = [i for i, original in enumerate(alive_nodes)
+                        if original not in dead_nodes]
+                smaller = sum(1 for r in range(world_size)
+                              if cluster.spec.node_of(r) in left)
+                if smaller < min_world_size:
+                    raise _crashed(record, run, restarts, (
+                        f"Only {smaller} rank(s) are left on the surviving nodes, fewer than "
+                        f"min_world_size={min_world_size}, so the job cannot go on."))
+            if last:
+                raise _crashed(record, run, restarts, (
+                    f"It failed {len(restarts) + 1} time(s) and max_restarts={max_restarts}: "
+                    "pass max_restarts=... to cluster.run to restart (from your latest "
+                    "checkpoint)." if max_restarts else "Without restarts the run ends "
+                    "here: pass max_restarts=... to cluster.run to restart every rank, as "
+                    "torchrun --max-restarts does, and resume from a checkpoint."))
+            start = record.detected + restart_delay
+            restarts.append(dataclasses.replace(record, restarted=start))
+            if shrink:
+                kept = [cluster.spec.nodes[i] for i in left]
+                alive_nodes = [alive_nodes[i] for i in left]
+                lost = [i for i in range(len(self.spec.nodes)) if i not in alive_nodes]
+                cluster = Cluster(dataclasses.replace(
+                    cluster.spec, nodes=tuple(kept),
+                    name=f"{self.spec.name} without node {_faults.node_list(lost)}"))
+                world_size, recorder = smaller, None
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _attempt(self, fn, world_size, args, kwargs, timeout, recorder, faults, start,
+                 alive_nodes):
+        """One attempt of a run on this cluster, from simulated time ``start``: returns
+        the world, the results, and ``{rank: fault}`` for the crashes scheduled."""
         results = [None] * world_size
-        cost = CostModel(self.spec, algorithms)
-        cost.speed_factor.update(speed_factor or {})
-        cost.link_factor.update(link_factor or {})
-        recorder = _accounting.Recorder(self.spec, world_size, cost) if accounting else None
         scheduler = RankScheduler(world_size, lambda: world.explain_deadlock(), timeout)
         world = backend.SimWorld(scheduler, world_size, recorder)
+        scheduled = _faults.crashes(faults, start, world_size, self.spec, alive_nodes)
+        for rank, fault in scheduled.items():
+            world.schedule_crash(rank, fault.at, str(fault))
 
         def rank_main(rank):
             _torch_internals.enter_rank_thread()
@@ -127,7 +225,14 @@ class Cluster:
                     mode.__enter__()
                 try:
                     _torch_internals.init_default_group(rank, world_size, world.store)
-                    results[rank] = fn(*args, **kwargs)
+                    result = fn(*args, **kwargs)
+                    if rank not in world.deaths:   # (a dead rank that caught its death)
+                        results[rank] = result
+                except BaseException:
+                    # A dead rank unwinds with ProcessDied, which torch may have wrapped
+                    # on the way (a C++ caller): its death is known, whatever the type.
+                    if rank not in world.deaths:
+                        raise
                 finally:
                     if mode is not None:
                         mode.__exit__(None, None, None)
@@ -146,11 +251,17 @@ class Cluster:
         _accounting.install_hooks()
         try:
             scheduler.run(rank_main)
+        except DeadlockError as error:
+            if not world.deaths:
+                raise
+            # The survivors wait for each other where no watchdog can see the dead rank
+            # (a receive from any source): the crash is still what went wrong.
+            error.add_note("(after a crash)")
         finally:
             _accounting.remove_hooks()
             _torch_internals.uninstall()
             sys.excepthook = excepthook
-        return Run(self, world_size, results, world)
+        return world, results, scheduled
 
 
 # The ranks of a run share process-wide state with the process (torch.distributed's hooks,
@@ -170,6 +281,41 @@ def _second_run_refused():
             "Wait for it to return, then run again.")
 
 
+def _failure(world, run, scheduled, attempt, start, alive_nodes):
+    """The :class:`~simcluster.faults.RestartRecord` of a failed attempt, and the original
+    indices of the nodes a NodeCrash took down."""
+    crashed = {r: d for r, d in world.deaths.items() if d.crash} or world.deaths
+    rank = min(crashed, key=lambda r: (crashed[r].time, r))
+    death = crashed[rank]
+    saved = [c for c in world.checkpoints if c is not None and c <= death.time]
+    resume = min(saved) if len(saved) == world.world_size else start
+    node = alive_nodes[run.cluster.spec.node_of(rank)]
+    dead_nodes = {alive_nodes[run.cluster.spec.node_of(r)] for r, d in world.deaths.items()
+                  if d.crash and isinstance(scheduled.get(r), _faults.NodeCrash)}
+    record = _faults.RestartRecord(
+        time=death.time, rank=rank, node=node, cause=death.cause,
+        lost_work=death.time - max(resume, start), attempt=attempt,
+        world_size=world.world_size, detected=run.elapsed)
+    return record, dead_nodes
+
+
+def _crashed(record, run, restarts, advice):
+    """The :class:`RankCrashedError` that ends a run after the failure ``record``."""
+    stopped = sorted(r for r, d in run._deaths.items() if not d.crash)
+    waited = ""
+    if stopped:
+        timeouts = sorted({run._timeouts[r] for r in stopped})
+        waited = (f" {_faults.rank_list(stopped).capitalize()} waited for it until their watchdog timeout "
+                  f"({' / '.join(f'{t:g}' for t in timeouts)} s, set by "
+                  "dist.init_process_group(timeout=...)) and stopped; the run ended at "
+                  f"{_faults.seconds(record.detected)}.")
+    message = (f"rank {record.rank} (node {record.node}) crashed at {_faults.seconds(record.time)} of "
+               f"simulated time ({record.cause}), attempt {record.attempt}.{waited} {advice} "
+               "The partial run is in .run: .run.timeline() shows the crash and the wait.")
+    return RankCrashedError(record.rank, record.node, record.time, record.cause, run,
+                            restarts + [record], message)
+
+
 def _learner_init_process_group(backend_name, kwargs):
     """Accept a rank function's own ``dist.init_process_group(...)`` inside a run."""
     world = backend.current_world()
@@ -180,6 +326,12 @@ def _learner_init_process_group(backend_name, kwargs):
                 "with cluster.run(fn, world_size=...) instead of calling it directly.")
         return False
     rank = world.scheduler.rank
+    timeout = kwargs.get("timeout")
+    if timeout is not None:
+        if not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() <= 0:
+            raise ValueError(f"rank {rank}: init_process_group(timeout={timeout!r}) must be "
+                             "a positive datetime.timedelta")
+        world.timeouts[rank] = timeout.total_seconds()
     for key, actual in (("world_size", world.world_size), ("rank", rank)):
         wanted = kwargs.get(key, -1)
         if wanted not in (-1, None, actual):

@@ -60,6 +60,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .faults import PACKET_BYTES, retransmission_rounds
+
 NCCL_VERSION = "2.30.7"  # the tuning.cc every NCCL constant below is read from
 PROTOCOLS = ("LL", "LL128", "Simple")
 NCCL_ALGORITHMS = ("ring", "tree")
@@ -321,20 +323,31 @@ class CostModel:
     family, e.g. ``{"all_reduce": "ring"}`` or ``{"all_reduce": "tree/LL128"}``.
     ``overlap_slowdown`` is how many times longer compute takes while communication runs on
     the same device (:data:`OVERLAP_SLOWDOWN`).
+
+    Faults (:mod:`simcluster.faults`) add factors that hold for a window of simulated time:
+    ``speed_windows[rank]`` and ``link_windows[key]`` are lists of ``(start, end, factor)``
+    (``end`` None: to the end), applied at the time an op or a transfer starts.
+    ``packet_loss[node]`` is ``(rate, rto)``: see :meth:`collective_time`.
     """
 
     def __init__(self, spec, algorithms=None):
         self.spec = spec
         self.speed_factor = {}
         self.link_factor = {}
+        self.speed_windows = {}
+        self.link_windows = {}
+        self.packet_loss = {}
+        self._at = 0.0       # when the transfer being charged starts (simulated seconds)
+        self._lost = 0.0     # the share of packets it loses (PacketLoss), while charged
         self.overlap_slowdown = OVERLAP_SLOWDOWN
         self._peak = {}  # (rank, dtype) -> (FLOP/s, HBM bytes/s, slowdown), filled lazily
         self.algorithms = {family: parse_algorithm(family, text)
                            for family, text in dict(algorithms or {}).items()}
 
     # ------------------------------------------------------------------ compute
-    def roofline(self, rank, flops, dtype, nbytes):
-        """Seconds for an op of ``flops`` FLOPs moving ``nbytes`` bytes on ``rank``."""
+    def roofline(self, rank, flops, dtype, nbytes, now=0.0):
+        """Seconds for an op of ``flops`` FLOPs moving ``nbytes`` bytes on ``rank``,
+        starting at simulated time ``now`` (which matters to a straggler's window)."""
         key = (rank, dtype)
         peak = self._peak.get(key)
         if peak is None:
@@ -342,15 +355,21 @@ class CostModel:
             peak = self._peak[key] = (device.flops_for(dtype), device.hbm_bandwidth,
                                       self.speed_factor.get(rank, 1.0))
         flops_per_s, bytes_per_s, slowdown = peak
-        return max(flops / flops_per_s if flops else 0.0, nbytes / bytes_per_s) * slowdown
+        seconds = max(flops / flops_per_s if flops else 0.0, nbytes / bytes_per_s) * slowdown
+        if self.speed_windows and rank in self.speed_windows:
+            seconds *= _factor_at(self.speed_windows[rank], now)
+        return seconds
 
-    def host_roofline(self, rank, flops, nbytes):
+    def host_roofline(self, rank, flops, nbytes, now=0.0):
         """Seconds for an op that ``rank``'s share of its host's CPUs runs (the optimizer
         step of offloaded parameters): the roofline with the share's FLOP/s and memory
         bandwidth."""
         _, bytes_per_s, flops_per_s = self.spec.host_share(rank)
-        return max(flops / flops_per_s if flops else 0.0, nbytes / bytes_per_s) \
+        seconds = max(flops / flops_per_s if flops else 0.0, nbytes / bytes_per_s) \
             * self.speed_factor.get(rank, 1.0)
+        if self.speed_windows and rank in self.speed_windows:
+            seconds *= _factor_at(self.speed_windows[rank], now)
+        return seconds
 
     def host_transfer_time(self, rank, nbytes):
         """Seconds to copy ``nbytes`` between ``rank``'s GPU and its host, one direction:
@@ -369,10 +388,34 @@ class CostModel:
     def _fabric_bandwidth(self, node, gpus):
         """Bytes/s each of ``gpus`` GPUs of ``node`` gets into the others, after faults."""
         return (self.spec.nodes[node].fabric.effective_bandwidth_among(gpus)
-                * self.link_factor.get(node, 1.0))
+                * self.link_factor.get(node, 1.0) * self._window(node))
 
     def _nic_bandwidth(self):
-        return self.spec.inter_node_link.effective_bandwidth * self.link_factor.get("network", 1.0)
+        """Bytes/s one NIC's link carries, after faults; lost packets take their share."""
+        return (self.spec.inter_node_link.effective_bandwidth
+                * self.link_factor.get("network", 1.0) * self._window("network")
+                * (1.0 - self._lost))
+
+    def _window(self, key):
+        """The factor of link ``key``'s degraded windows at the time being charged."""
+        windows = self.link_windows.get(key)
+        return _factor_at(windows, self._at) if windows else 1.0
+
+    def _loss(self, ranks):
+        """``(rate, rto)`` of the lossiest node among ``ranks`` when they span nodes (their
+        traffic crosses the NICs), else None."""
+        if not self.packet_loss:
+            return None
+        nodes = {self.spec.node_of(r) for r in ranks}
+        lossy = [self.packet_loss[n] for n in nodes if n in self.packet_loss]
+        return max(lossy) if lossy and len(nodes) > 1 else None
+
+    def _retransmissions(self, loss, nbytes):
+        """Seconds of retransmission timeouts while ``nbytes`` cross a lossy NIC: the
+        transfer ends when its unluckiest packet has arrived (see faults)."""
+        rate, rto = loss
+        packets = math.ceil(nbytes / PACKET_BYTES)
+        return retransmission_rounds(rate, packets) * rto
 
     def _nics_used(self, per_node):
         """NICs per node a collective's channels use: NCCL gives each local rank at most one
@@ -480,10 +523,33 @@ class CostModel:
         return flat_time(family, algorithm, len(ranks), n,
                          self._link_cost(ranks, spans_nodes, among))
 
-    def collective_time(self, op, ranks, nbytes):
+    def collective_time(self, op, ranks, nbytes, at=0.0):
         """The :class:`Charge` -- seconds, algorithm, protocol -- of collective ``op`` on
-        global ``ranks`` with an ``nbytes`` buffer: the forced algorithm, else the fastest
-        of NCCL's (with the fastest protocol, as NCCL's tuner picks)."""
+        global ``ranks`` with an ``nbytes`` buffer, starting at simulated time ``at``: the
+        forced algorithm, else the fastest of NCCL's (with the fastest protocol, as NCCL's
+        tuner picks).
+
+        With packet loss on a node of the group (which spans nodes), the network carries
+        ``1/(1 - rate)`` times the bytes, and the collective waits for retransmission
+        timeouts until the last of the packets that cross the lossy node's NICs arrived.
+        """
+        loss = self._loss(ranks)
+        self._at, self._lost = at, loss[0] if loss else 0.0
+        try:
+            charge = self._collective_time(op, ranks, nbytes)
+        finally:
+            self._at, self._lost = 0.0, 0.0
+        if loss and charge.seconds:
+            lossy = {n for n in self.packet_loss}
+            crossing = sum(b for src, dst, b in self.traffic(op, charge.algorithm, ranks, nbytes)
+                           if self.spec.node_of(src) != self.spec.node_of(dst)
+                           and {self.spec.node_of(src), self.spec.node_of(dst)} & lossy)
+            charge = charge._replace(
+                seconds=charge.seconds + self._retransmissions(loss, crossing))
+        return charge
+
+    def _collective_time(self, op, ranks, nbytes):
+        """:meth:`collective_time` without packet loss's timeouts."""
         family = OP_FAMILY[op]
         forced = self.algorithms.get(family)
         if family == "barrier":
@@ -525,11 +591,28 @@ class CostModel:
         flat = "flat_ring" if algorithm == "ring" else algorithm
         return pattern(family, flat, list(ranks), nbytes)
 
-    def p2p_time(self, src, dst, nbytes):
-        """Seconds for one message of ``nbytes`` from ``src`` to ``dst``: alpha + n·beta."""
+    def p2p_time(self, src, dst, nbytes, at=0.0):
+        """Seconds for one message of ``nbytes`` from ``src`` to ``dst`` starting at
+        simulated time ``at``: alpha + n·beta (with packet loss, see
+        :meth:`collective_time`)."""
         same_node = self.spec.node_of(src) == self.spec.node_of(dst)
-        c = self._link_cost([src, dst], inter=not same_node)
-        return c.alpha + nbytes * c.beta
+        loss = self._loss([src, dst])
+        self._at, self._lost = at, loss[0] if loss else 0.0
+        try:
+            c = self._link_cost([src, dst], inter=not same_node)
+        finally:
+            self._at, self._lost = 0.0, 0.0
+        seconds = c.alpha + nbytes * c.beta
+        return seconds + (self._retransmissions(loss, nbytes) if loss else 0.0)
+
+
+def _factor_at(windows, t):
+    """The product of the factors of the ``(start, end, factor)`` windows that hold at ``t``."""
+    factor = 1.0
+    for start, end, f in windows:
+        if start <= t and (end is None or t < end):
+            factor *= f
+    return factor
 
 
 def _ring_traffic(family, per_node, n, channels):

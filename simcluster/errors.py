@@ -150,3 +150,39 @@ class OutOfMemoryError(SimulationError, torch.OutOfMemoryError):
             f"({category}). {where} has a total capacity of "
             f"{_gib(device.memory)} of which {_gib(free)} is free. In use: "
             f"{used or 'nothing'}. {advice}")
+
+
+class RankCrashedError(SimulationError):
+    """A rank crashed (a fault) and the run could not go on: no restarts were allowed, or
+    it failed more often than ``max_restarts``, or too few ranks were left to shrink to.
+
+    Attributes:
+        rank: the rank that crashed first in the last attempt (as that attempt numbered it).
+        node: the index of its node in the cluster.
+        time: simulated seconds when it crashed.
+        cause: the fault, e.g. ``"Crash(rank=3, at=2.0)"``.
+        run: the partial :class:`~simcluster.Run` of the last attempt: ``run.elapsed``
+            counts every attempt, including the survivors' watchdog waits, and
+            ``run.timeline()`` shows the crash and the wait. ``run.results`` holds what
+            the ranks that returned before the failure returned (None for the others).
+        restarts: a :class:`~simcluster.faults.RestartRecord` per failure, this one last.
+    """
+
+    def __init__(self, rank, node, time, cause, run, restarts, message):
+        self.rank, self.node, self.time, self.cause = rank, node, time, cause
+        self.run, self.restarts = run, list(restarts)
+        super().__init__(message)
+
+    def __reduce__(self):
+        # The partial run holds the ranks' records (and the cluster): keep them out of
+        # pickles, which only need the message and the numbers.
+        rebuild, (cls, args, fields) = super().__reduce__()
+        return rebuild, (cls, args, {**fields, "run": None})
+
+
+class ProcessDied(BaseException):
+    """Unwinds a rank whose simulated process died: a crash fault, or its watchdog timeout.
+
+    Internal: a BaseException, so that the learner's ``except Exception`` does not catch
+    it, as nothing in a real process catches its own death.
+    """

@@ -60,6 +60,15 @@ class MemoryAccount:
         """Freeze the record: storages freed after the rank returned change nothing."""
         self._closed = True
 
+    def restart(self):
+        """The rank's process was restarted (after a crash): it holds nothing now. The
+        peaks and the history stay, so they cover every attempt."""
+        self._live.clear()
+        self.in_use = dict.fromkeys(CATEGORIES, 0)
+        self.total = 0
+        self._closed = False
+        self.history.append((self.clock.now, 0))
+
     def allocate(self, key, nbytes, category, storage):
         """Count a new storage; raise :class:`OutOfMemoryError` beyond capacity.
 

@@ -14,11 +14,16 @@ import numpy as np
 
 from .memory import CATEGORIES
 
-# Colours of the three lanes of a rank's timeline (colour-blind friendly).
-LANE_COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#C8C8C8"}
-LANE_NAMES = {"compute": "compute", "comm": "communication", "idle": "idle (waiting)"}
+# Colours of the lanes of a rank's timeline (colour-blind friendly).
+LANE_COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#C8C8C8", "io": "#55A868"}
+LANE_NAMES = {"compute": "compute", "comm": "communication", "idle": "idle (waiting)",
+              "io": "storage I/O"}
 CATEGORY_COLORS = dict(zip(CATEGORIES, ("#4C72B0", "#55A868", "#C44E52", "#8172B3",
                                         "#DD8452", "#937860")))
+
+# How a rank's death is marked on the timeline: a crash (a fault), and a rank stopped by
+# its watchdog while it waited for a dead one.
+DEATH_MARKERS = {True: ("X", "#C44E52", "crash"), False: ("|", "#222222", "watchdog stop")}
 
 # Row geometry of the timeline, in rank rows (the y axis is inverted: rank 0 on top).
 MAIN_LANE = (-0.42, 0.08)     # compute and idle: the compute stream
@@ -119,12 +124,15 @@ def _bars(rows, lane_y):
 def draw_timeline(recorder, spec, ax=None, ranks=None, max_labels=100, title=None):
     """A Gantt chart of the run: one row per rank (rank 0 on top).
 
-    Each row has two lanes: the compute stream (compute in blue, idle waits in grey) and,
+    Each row has two lanes: the compute stream (compute in blue, idle waits in grey,
+    reading and writing storage in green, shown only when a rank did) and,
     as a thinner bar just below, the communication stream (orange), labelled with the
     collective's name where the bar is wide enough. Events closer together than about a
-    pixel are merged, so thousands of events on many ranks still draw quickly.
+    pixel are merged, so thousands of events on many ranks still draw quickly. A rank
+    that died (a crash fault, or its watchdog after one) gets a marker at that time.
     """
     from matplotlib.collections import PolyCollection
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     ranks = _check_ranks(ranks, recorder.world_size)
@@ -137,10 +145,10 @@ def draw_timeline(recorder, spec, ax=None, ranks=None, max_labels=100, title=Non
     width_px = max(ax.bbox.width, 100.0)
     eps = span / (2 * width_px) if span > 0 else 0.0
 
-    lanes = {"compute": [], "idle": [], "comm": []}
+    lanes = {"compute": [], "idle": [], "comm": [], "io": []}
     comm_bars = []   # (row, start, end, name)
     for row, clock in enumerate(clocks):
-        by_lane = {"compute": [], "idle": [], "comm": []}
+        by_lane = {"compute": [], "idle": [], "comm": [], "io": []}
         for e in clock.events:
             if e.end > e.start:
                 by_lane[e.lane].append((e.start, e.end, e.label))
@@ -156,7 +164,11 @@ def draw_timeline(recorder, spec, ax=None, ranks=None, max_labels=100, title=Non
                     name = min(weights, key=lambda k: (-weights[k], k))
                     comm_bars.append((row, start * scale, end * scale, name))
 
-    for lane, lane_y in (("idle", MAIN_LANE), ("compute", MAIN_LANE), ("comm", COMM_LANE)):
+    shown = ("compute", "comm", "idle") + (("io",) if lanes["io"] else ())
+    for lane, lane_y in (("idle", MAIN_LANE), ("compute", MAIN_LANE), ("io", MAIN_LANE),
+                         ("comm", COMM_LANE)):
+        if lane not in shown:
+            continue
         collection = PolyCollection(_bars(lanes[lane], lane_y), facecolors=LANE_COLORS[lane],
                                     edgecolors="none", linewidths=0, label=LANE_NAMES[lane])
         collection.set_gid(lane)
@@ -175,10 +187,20 @@ def draw_timeline(recorder, spec, ax=None, ranks=None, max_labels=100, title=Non
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    ax.legend(handles=[Patch(color=LANE_COLORS[k], label=LANE_NAMES[k])
-                       for k in ("compute", "comm", "idle")],
-              loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize=8,
-              frameon=False, borderaxespad=0.2)
+    handles = [Patch(color=LANE_COLORS[k], label=LANE_NAMES[k]) for k in shown]
+    deaths = [(ranks.index(r), t, crash) for r, t, crash in getattr(recorder, "deaths", ())
+              if r in ranks]
+    for crash in (True, False):
+        marker, color, name = DEATH_MARKERS[crash]
+        points = [(t * scale, row + sum(MAIN_LANE) / 2) for row, t, c in deaths if c == crash]
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, linestyle="none", marker=marker, color=color, markersize=9,
+                    markeredgewidth=2, clip_on=False, zorder=5, gid=name)
+            handles.append(Line2D([], [], linestyle="none", marker=marker, color=color,
+                                  markeredgewidth=2, label=name))
+    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0),
+              ncol=len(handles), fontsize=8, frameon=False, borderaxespad=0.2)
     if own_figure:
         ax.figure.tight_layout()
     _label_comm_bars(ax, comm_bars, len(ranks), span * scale, max_labels)

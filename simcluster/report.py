@@ -78,7 +78,10 @@ class Run:
         cluster: the :class:`~simcluster.Cluster` it ran on.
         bytes_sent: ``bytes_sent[r]`` — payload bytes rank ``r`` sent point-to-point.
         messages_sent: ``messages_sent[r]`` — point-to-point messages rank ``r`` sent.
-        elapsed: simulated seconds from start to the last rank's last work.
+        elapsed: simulated seconds from start to the last rank's last work (with
+            restarts: of the last attempt, so counting every attempt and the downtime).
+        restarts: a :class:`~simcluster.faults.RestartRecord` for each crash that made the
+            run restart (``cluster.run(..., max_restarts=...)``); empty without one.
     """
 
     def __init__(self, cluster, world_size, results, world):
@@ -86,6 +89,9 @@ class Run:
         self.bytes_sent = list(world.bytes_sent)
         self.messages_sent = list(world.messages_sent)
         self.recorder = world.recorder
+        self.restarts = []
+        self._deaths = dict(world.deaths)         # this attempt's dead ranks (backend.Death)
+        self._timeouts = list(world.timeouts)     # each rank's watchdog timeout, seconds
 
     def __repr__(self):
         return f"<Run of {self.world_size} ranks on {self.cluster.spec.name}>"
@@ -134,6 +140,13 @@ class Run:
         """Per rank, ``{"host->device": bytes, "device->host": bytes}`` copied over its
         PCIe link."""
         return [dict(t) for t in self._need_accounting().host_transfers]
+
+    @property
+    def storage_io(self):
+        """Per rank, ``{"write": bytes, "read": bytes}`` it moved to and from its node's
+        storage (``torch.save``/``torch.load`` on files, ``dcp.save``/``dcp.load``); the
+        simulated seconds it spent on them are ``run.clock(rank).io``."""
+        return [dict(t) for t in self._need_accounting().storage_bytes]
 
     def category_peaks(self, rank):
         """``{category: bytes}``: the most each category held on ``rank`` at any moment.

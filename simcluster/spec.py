@@ -115,13 +115,36 @@ class HostSpec:
 
 
 @dataclass(frozen=True)
+class StorageSpec:
+    """A node's local storage (NVMe SSDs in RAID 0), where checkpoints are written.
+
+    ``read_bandwidth`` and ``write_bandwidth`` are the array's sequential bandwidths in
+    bytes/s, for the whole node: the ranks of a node that read or write at the same time
+    share them (:mod:`simcluster.storage`). ``capacity`` is in bytes.
+    """
+
+    name: str
+    capacity: int                    # bytes
+    read_bandwidth: float            # bytes/s, the whole node
+    write_bandwidth: float           # bytes/s, the whole node
+
+    def write_seconds(self, nbytes):
+        """Simulated seconds to write ``nbytes`` with the whole array to oneself."""
+        return nbytes / self.write_bandwidth
+
+    def read_seconds(self, nbytes):
+        """Simulated seconds to read ``nbytes`` with the whole array to oneself."""
+        return nbytes / self.read_bandwidth
+
+
+@dataclass(frozen=True)
 class NodeSpec:
     """One machine: ``devices`` devices of type ``device`` on ``fabric``, with ``nics``.
 
     ``cpu`` (``"amd"`` or ``"intel"``) matters to NCCL's tuner across nodes: it picks the
     low-latency protocol's bandwidth cap and the cost of posting a network send.
-    ``host`` is the node's host memory, CPUs and PCIe links (default: a DGX's, after
-    ``device``).
+    ``host`` is the node's host memory, CPUs and PCIe links, ``storage`` its local NVMe
+    storage (defaults: a DGX's, after ``device``).
     """
 
     name: str
@@ -131,6 +154,7 @@ class NodeSpec:
     nics: int = None  # None: one NIC per device
     cpu: str = "amd"
     host: HostSpec = None
+    storage: StorageSpec = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +177,8 @@ class ClusterSpec:
         # Nodes given as NodeSpec("name", devices) get DGX-A100-like hardware.
         nodes = tuple(replace(n, device=n.device or A100_80GB, fabric=n.fabric or NVLINK3,
                               nics=n.devices if n.nics is None else n.nics,
-                              host=n.host or _host_for(n.device or A100_80GB))
+                              host=n.host or _host_for(n.device or A100_80GB),
+                              storage=n.storage or _storage_for(n.device or A100_80GB))
                       for n in self.nodes)
         object.__setattr__(self, "nodes", nodes)
         if self.network is None:
@@ -187,6 +212,10 @@ class ClusterSpec:
     def host_of(self, rank):
         """The :class:`HostSpec` of the node that holds global ``rank``."""
         return self.nodes[self.node_of(rank)].host
+
+    def storage_of(self, rank):
+        """The :class:`StorageSpec` of the node that holds global ``rank``."""
+        return self.nodes[self.node_of(rank)].storage
 
     def host_share(self, rank):
         """``(host memory bytes, host memory bytes/s, host FLOP/s)`` of ``rank``'s GPU: its
@@ -284,6 +313,23 @@ DGX_H100_HOST = HostSpec("2x Intel Xeon 8480C, 2 TiB DDR5-4800", 2048 * GiB,
 def _host_for(device):
     """The host a node of ``device`` GPUs gets by default: a DGX's."""
     return DGX_H100_HOST if device.compute_capability >= 9.0 else DGX_A100_HOST
+
+
+# Local storage (docs/reference-numbers.md#storage): DGX A100 has 15 TB of data cache,
+# four 3.84 TB U.2 NVMe drives (PCIe Gen4) in RAID 0; DGX H100 has 30 TB, eight of them.
+# A PCIe Gen4 U.2 drive of that class (Samsung PM1733, assumed for both) is rated
+# 6.4 GB/s sequential read and 3.8 GB/s sequential write; RAID 0 adds them up. The 11-node cluster's HGX A100 nodes have
+# the same 15 TB array as a DGX A100.
+NVME_GEN4_U2_READ, NVME_GEN4_U2_WRITE = 6.4 * GB, 3.8 * GB
+DGX_A100_STORAGE = StorageSpec("4x 3.84 TB NVMe (RAID 0)", int(4 * 3.84e12),
+                               4 * NVME_GEN4_U2_READ, 4 * NVME_GEN4_U2_WRITE)
+DGX_H100_STORAGE = StorageSpec("8x 3.84 TB NVMe (RAID 0)", int(8 * 3.84e12),
+                               8 * NVME_GEN4_U2_READ, 8 * NVME_GEN4_U2_WRITE)
+
+
+def _storage_for(device):
+    """The local storage a node of ``device`` GPUs gets by default: a DGX's."""
+    return DGX_H100_STORAGE if device.compute_capability >= 9.0 else DGX_A100_STORAGE
 
 
 DEVICES = {d.name: d for d in (A100_80GB, H100_80GB)}
@@ -417,11 +463,30 @@ def _link_from(d, where, kind="nvlink"):
                     else _positive(pair, f"{where}: pair_bandwidth_gbps") * GB)
 
 
+STORAGES = {"dgx-a100": DGX_A100_STORAGE, "dgx-h100": DGX_H100_STORAGE}
+
+
+def _storage_from(d, where):
+    if isinstance(d, str):
+        if d not in STORAGES:
+            raise ValueError(f"{where}: unknown storage {d!r}; known: {', '.join(STORAGES)} "
+                             "(or give a dict with capacity_tb, read_gbps, write_gbps)")
+        return STORAGES[d]
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: storage must be a name or a dict, got {d!r}")
+    _check_fields(d, {"name", "capacity_tb", "read_gbps", "write_gbps"}, where)
+    return StorageSpec(str(d.get("name", "custom")),
+                       int(_positive(d.get("capacity_tb"), f"{where}: capacity_tb") * 1e12),
+                       _positive(d.get("read_gbps"), f"{where}: read_gbps") * GB,
+                       _positive(d.get("write_gbps"), f"{where}: write_gbps") * GB)
+
+
 def from_dict(d):
     """Build a :class:`ClusterSpec` from a dict (the shape of ``examples/cluster.yaml``).
 
     ``{"name": ..., "nodes": [{"devices": 4, "device": "A100-80GB", "fabric": "nvlink3",
-    "nics": 4, "cpu": "amd", "count": 2}, ...], "network": {"nic": "hdr-ib",
+    "nics": 4, "cpu": "amd", "storage": "dgx-a100", "count": 2}, ...],
+    "network": {"nic": "hdr-ib",
     "oversubscription": 1}}``
     Every problem raises ``ValueError`` naming the field.
     """
@@ -438,7 +503,8 @@ def from_dict(d):
         where = f"nodes[{i}]"
         if not isinstance(g, dict):
             raise ValueError(f"{where} must be a dict")
-        _check_fields(g, {"devices", "count", "nics", "device", "fabric", "cpu"}, where)
+        _check_fields(g, {"devices", "count", "nics", "device", "fabric", "cpu", "storage"},
+                      where)
         devices = g.get("devices")
         if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
             raise ValueError(f"{where}: devices must be a positive integer, got {devices!r}")
@@ -452,8 +518,10 @@ def from_dict(d):
         device = _device_from(g.get("device", "A100-80GB"), where)
         fabric = _link_from(g.get("fabric", "nvlink3"), where)
         cpu = _choice(g.get("cpu", "amd"), CPUS, f"{where}: cpu")
+        storage = None if "storage" not in g else _storage_from(g["storage"], where)
         for _ in range(count):
-            nodes.append(NodeSpec(f"node{len(nodes)}", devices, device, fabric, nics, cpu))
+            nodes.append(NodeSpec(f"node{len(nodes)}", devices, device, fabric, nics, cpu,
+                                  storage=storage))
     net = d.get("network", {})
     if not isinstance(net, dict):
         raise ValueError("network must be a dict")

@@ -4,7 +4,8 @@ Layout of the trace:
 
 * one process per node: ``pid`` = node index, named ``"node1 (A100-80GB)"``;
 * two threads per rank on its node: ``tid = 2 * local_rank`` is the compute stream
-  (``"rank 3 compute"``: compute, and idle waits with category ``"idle"``) and
+  (``"rank 3 compute"``: compute, idle waits with category ``"idle"``, and reading and
+  writing storage with category ``"io"``) and
   ``tid = 2 * local_rank + 1`` the communication stream (``"rank 3 comm"``: collectives
   and point-to-point sends);
 * for a rank that received point-to-point messages, a third thread, ``"rank 3 recv"``

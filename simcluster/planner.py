@@ -1,0 +1,821 @@
+"""An analytical planner: memory, step time and MFU of a GPT trained with DP x TP x PP.
+
+    from simcluster import planner
+    cfg = planner.TransformerConfig(layers=24, hidden=2304, heads=24, seq_len=2048,
+                                    vocab=51200)
+    est = planner.estimate(cfg, cluster, tp=1, pp=1, dp=32, global_batch=512)
+    est.step_time, est.hardware_tflops_per_gpu, est.memory_per_gpu, est.breakdown
+
+The executing simulator runs every op of a model; at the scale of published runs (a
+trillion parameters on 3,072 GPUs) that is out of reach, so the planner adds up the same
+costs on paper: the device peaks and HBM bandwidth of ``spec.py``, the collective times of
+``costmodel.py`` (NCCL's model, the same call the simulator makes for a collective), and a
+few constants the simulator does not need at small scale -- each named below with its
+source and explained in ``docs/planner.md``.
+
+Time of one step, for ``m`` micro-batches on ``p`` pipeline stages of ``v`` chunks each::
+
+    step = m * t_mb + (p - 1) / v * t_mb + exposed DP communication + optimizer step
+
+where ``t_mb`` is the forward, recomputation and backward of one micro-batch on the
+slowest stage, with its exposed tensor- and pipeline-parallel communication. Every op's
+time is a roofline, ``max(FLOPs / (peak x efficiency), bytes / (HBM x efficiency))``.
+
+The published runs this reproduces are in :data:`MEGATRON_TABLE1` (Narayanan et al. 2021,
+Table 1); ``benchmarks/bench_planner.py`` prints the comparison.
+"""
+
+import itertools
+from dataclasses import dataclass
+from fractions import Fraction
+
+from . import spec as _spec
+from .costmodel import OVERLAP_SLOWDOWN, CostModel
+
+# ---------------------------------------------------------------- constants
+# What the executing simulator does not model at scale: how close real kernels come to the
+# roofline. docs/planner.md explains each constant and its source.
+#
+# Best achieved fraction of the dense 16-bit peak of a GEMM on A100 SXM: 267.9 of 312
+# TFLOP/s, the "maximum achievable matmul FLOPS" measured by Bekman's mamf-finder
+# (ml-engineering, compute/accelerator, CUDA 12.1).
+GEMM_EFFICIENCY = 0.859
+# The dimension at which a GEMM reaches half of that: a GEMM of m x k by k x n runs at
+# GEMM_EFFICIENCY x d / (d + GEMM_HALF_DIM) for each of m, n, k (A100's tensor cores work
+# on 128 x 128 output tiles with k-steps of 32-64; a thin dimension leaves them idle).
+GEMM_HALF_DIM = 64
+# Achieved fraction of HBM bandwidth of large memory-bound kernels (LayerNorm, softmax,
+# dropout, GeLU, Adam): 0.9 for transfers of 100 MB or more (Calculon's A100 system
+# file, systems/a100_80g.json, "mem1"; Isaev et al., SC 2023).
+HBM_EFFICIENCY = 0.90
+# What a 2021 Megatron-LM step achieves of the kernels' roofline above, everything
+# unmodelled together (kernel launch gaps, fp16 loss-scaling checks, unfused copies and
+# transposes, allocator): calibrated on one row of Narayanan et al. 2021, Table 1 -- the
+# 1.7 B model on 32 GPUs, which has no model parallelism and < 1 % exposed communication,
+# so its time is single-GPU compute -- and validated on the other nine rows.
+SOFTWARE_EFFICIENCY = 0.851
+# Bytes read and written per parameter by a mixed-precision Adam step with Megatron-LM's
+# fp32 main gradients: read gradient, master weight, momentum, variance (4 x 4 bytes),
+# write master weight, momentum, variance (3 x 4) and the 16-bit weight (2); read the
+# gradient once more for the norm of gradient clipping (4).
+ADAM_BYTES_PER_PARAMETER = 34
+# Memory per parameter under mixed-precision Adam (Rajbhandari et al. 2020, ZeRO):
+# 16-bit weights and gradients, K = 12 bytes of fp32 master weights, momentum, variance.
+WEIGHT_BYTES, GRADIENT_BYTES, OPTIMIZER_BYTES = 2, 2, 12
+# Bytes per logit the vocabulary-parallel cross-entropy moves, forward and backward
+# (Megatron-LM's vocab_parallel_cross_entropy: fp32 cast, max-subtract, exp, sum, divide,
+# then the gradient softmax - one-hot): ~6 passes over fp32 logits.
+CROSS_ENTROPY_BYTES_PER_LOGIT = 24
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """How close compute comes to the device's roofline (see the constants above).
+
+    :data:`MEGATRON_A100` (the default) is what Megatron-LM achieved on A100 in 2021;
+    :data:`ROOFLINE` charges every op at the device's peaks, as the executing simulator
+    does (``costmodel.CostModel.roofline``), for comparing the two.
+    """
+
+    gemm: float = GEMM_EFFICIENCY
+    gemm_half_dim: float = GEMM_HALF_DIM
+    hbm: float = HBM_EFFICIENCY
+    software: float = SOFTWARE_EFFICIENCY
+
+
+MEGATRON_A100 = Efficiency()
+ROOFLINE = Efficiency(gemm=1.0, gemm_half_dim=0, hbm=1.0, software=1.0)
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+DTYPES = {"bf16": ("bfloat16", 2), "fp16": ("float16", 2), "fp32": ("float32", 4)}
+
+
+# ------------------------------------------------------------- the model
+@dataclass(frozen=True)
+class TransformerConfig:
+    """A decoder-only transformer.
+
+    The defaults are GPT's (Megatron-LM): ``ffn_hidden = 4 * hidden``, multi-head
+    attention (``kv_heads = heads``), GeLU MLP, biases, LayerNorm and learned position
+    embeddings. ``swiglu=True`` is a LLaMA-style block: SwiGLU MLP (three matrices), no
+    biases, RMSNorm, rotary positions (no position-embedding table). ``kv_heads`` below
+    ``heads`` is grouped-query attention. ``tied_embeddings``: the output layer reuses the
+    input embedding matrix (GPT), else it has its own (LLaMA). ``dropout`` (default: GPT
+    yes, ``swiglu`` no): dropout after attention, after the MLP and on the attention
+    probabilities, whose masks and outputs are kept for backward.
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    ffn_hidden: int = None
+    kv_heads: int = None
+    swiglu: bool = False
+    tied_embeddings: bool = True
+    dropout: bool = None
+
+    def __post_init__(self):
+        if self.dropout is None:  # GPT trains with dropout, LLaMA-style models without
+            object.__setattr__(self, "dropout", not self.swiglu)
+        for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
+            _positive_int(getattr(self, name), name)
+        for name in ("ffn_hidden", "kv_heads"):
+            if getattr(self, name) is not None:
+                _positive_int(getattr(self, name), name)
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden={self.hidden} is not a multiple of heads={self.heads}")
+        if self.heads % self.kv:
+            raise ValueError(f"heads={self.heads} is not a multiple of kv_heads={self.kv}")
+
+    @property
+    def ffn(self):
+        """The MLP's inner size: ``ffn_hidden``, or ``4 * hidden``."""
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def kv(self):
+        """Key/value heads: ``kv_heads``, or ``heads``."""
+        return self.kv_heads or self.heads
+
+    @property
+    def head_dim(self):
+        """Hidden size of one attention head."""
+        return self.hidden // self.heads
+
+    @property
+    def standard(self):
+        """Whether this is the GPT of Narayanan et al. 2021 (their formulas are exact)."""
+        return (not self.swiglu and self.ffn == 4 * self.hidden and self.kv == self.heads
+                and self.tied_embeddings and self.dropout)
+
+    def layer_matmul_parameters(self):
+        """Weights of one layer's matrix multiplies (QKV, output projection, MLP)."""
+        h, kv_dim = self.hidden, self.kv * self.head_dim
+        mlp = (3 if self.swiglu else 2) * h * self.ffn
+        return h * (h + 2 * kv_dim) + h * h + mlp
+
+    def layer_parameters(self):
+        """All parameters of one layer: matrices, biases and the two norms."""
+        h, kv_dim = self.hidden, self.kv * self.head_dim
+        if self.swiglu:  # no biases; RMSNorm has a scale only
+            return self.layer_matmul_parameters() + 2 * h
+        biases = (h + 2 * kv_dim) + h + self.ffn + h
+        return self.layer_matmul_parameters() + biases + 4 * h  # LayerNorm: scale and bias
+
+
+def _positive_int(value, name):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def embedding_parameters(cfg):
+    """Parameters outside the layers: token (and position) embeddings, output layer,
+    final norm."""
+    h = cfg.hidden
+    positions = 0 if cfg.swiglu else cfg.seq_len * h
+    output = 0 if cfg.tied_embeddings else cfg.vocab * h
+    final_norm = h if cfg.swiglu else 2 * h
+    return cfg.vocab * h + positions + output + final_norm
+
+
+def parameter_count(cfg):
+    """Parameters of the model. For the standard GPT this is Narayanan et al. 2021's
+    ``12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h))`` plus the final LayerNorm's ``2h``, which
+    the formula leaves out; for any other config the exact count of its tensors."""
+    return cfg.layers * cfg.layer_parameters() + embedding_parameters(cfg)
+
+
+def flops_per_iteration(cfg, global_batch, recompute="none"):
+    """Training FLOPs of one iteration of ``global_batch`` sequences.
+
+    Counts matrix multiplies only, as Narayanan et al. 2021 (Eq. 3) do: a layer's forward
+    is ``2 x tokens x weights`` plus ``4 b s^2 h`` for attention scores and their use; the
+    backward is twice the forward; the output layer is ``2 b s h V`` forward. Full
+    recomputation repeats every layer's forward (for the standard GPT:
+    ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))``, and 72 instead of 96 without); selective
+    recomputation repeats the attention-score products only (Korthikanti et al. 2022).
+    """
+    _check_choice(recompute, RECOMPUTE, "recompute")
+    _positive_int(global_batch, "global_batch")
+    tokens = global_batch * cfg.seq_len
+    layer_gemm = 2 * tokens * cfg.layer_matmul_parameters()
+    attention = 4 * global_batch * cfg.seq_len ** 2 * cfg.hidden
+    logits = 2 * tokens * cfg.hidden * cfg.vocab
+    forward = cfg.layers * (layer_gemm + attention)
+    extra = {"none": 0, "selective": cfg.layers * attention, "full": forward}[recompute]
+    return 3 * (forward + logits) + extra
+
+
+def activation_memory_per_layer(cfg, micro_batch, tp=1, sequence_parallel=False,
+                                recompute="none"):
+    """Bytes of activations one transformer layer keeps for its backward pass, per GPU,
+    with 16-bit activations and 1-byte dropout masks (Korthikanti et al. 2022, Table 2):
+
+    =============================  ==============================
+    none, ``t = 1``                ``s b h (34 + 5 a s / h)``
+    tensor parallel                ``s b h (10 + 24/t + 5 a s/(h t))``
+    tensor + sequence parallel     ``s b h (34/t + 5 a s/(h t))``
+    selective recomputation        the same without the ``5 a s/(h t)`` term
+    full recomputation             ``2 s b h`` (the layer's input; ``/t`` with sequence
+                                   parallelism, which shards it)
+    =============================  ==============================
+
+    Other configs count the same tensors with their sizes: GQA's smaller K and V,
+    SwiGLU's three MLP activations of ``ffn_hidden``; without dropout there are no masks
+    (``2 s b h`` and ``a s^2 b``) and no dropout output (``2 a s^2 b``: the softmax output
+    feeds the product with V directly), ``s b h (32 + 2 a s/h)`` for ``t = 1``.
+    """
+    _check_choice(recompute, RECOMPUTE, "recompute")
+    _positive_int(micro_batch, "micro_batch")
+    _positive_int(tp, "tp")
+    s, b, h, a, t = cfg.seq_len, micro_batch, cfg.hidden, cfg.heads, tp
+    sbh = s * b * h
+    # sequence parallelism splits the otherwise replicated part along the sequence
+    replicated = t if sequence_parallel else 1
+    if recompute == "full":
+        return round(Fraction(2 * sbh, replicated))
+    kv_share = Fraction(cfg.kv, cfg.heads)
+    # attention: Q 2, K and V 2 each (x kv share), output projection input 2
+    attention_sharded = sbh * (2 + 4 * kv_share + 2)
+    # MLP: GeLU input and second linear input, 2 bytes each of ffn_hidden per token;
+    # SwiGLU: gate, up and their product
+    mlp_sharded = s * b * cfg.ffn * (6 if cfg.swiglu else 4)
+    # LayerNorm inputs 4, QKV and MLP inputs 4, dropout masks after attention and MLP 2
+    replicated_bytes = (10 if cfg.dropout else 8) * sbh
+    # softmax output 2, with dropout its mask 1 and the dropout output 2
+    scores = (5 if cfg.dropout else 2) * a * s * s * b
+    total = Fraction(attention_sharded + mlp_sharded, t) + Fraction(replicated_bytes,
+                                                                      replicated)
+    if recompute == "none":
+        total += Fraction(scores, t)
+    return round(total)
+
+
+# ------------------------------------------------------- Table 1 of the paper
+@dataclass(frozen=True)
+class MegatronRow:
+    """One row of Narayanan et al. 2021, Table 1, with the run's micro-batch size and
+    interleaving from the paper's launch script (Megatron-LM, examples/sc21/run_table_1.sh).
+    """
+
+    params_billion: float
+    heads: int
+    hidden: int
+    layers: int
+    tp: int
+    pp: int
+    dp: int
+    gpus: int
+    batch: int
+    tflops_per_gpu: float      # achieved, counting recomputation (Eq. 3)
+    percent_of_peak: float
+    micro_batch: int
+    virtual_stages: int
+
+    def config(self):
+        """The row's model: s = 2048, V = 51,200 as in the paper."""
+        return TransformerConfig(layers=self.layers, hidden=self.hidden, heads=self.heads,
+                                 seq_len=2048, vocab=51200)
+
+
+MEGATRON_TABLE1 = (
+    MegatronRow(1.7, 24, 2304, 24, 1, 1, 32, 32, 512, 137, 44, 16, 1),
+    MegatronRow(3.6, 32, 3072, 30, 2, 1, 32, 64, 512, 138, 44, 16, 1),
+    MegatronRow(7.5, 32, 4096, 36, 4, 1, 32, 128, 512, 142, 46, 16, 1),
+    MegatronRow(18.4, 48, 6144, 40, 8, 1, 32, 256, 1024, 135, 43, 8, 1),
+    MegatronRow(39.1, 64, 8192, 48, 8, 2, 32, 512, 1536, 138, 44, 4, 1),
+    MegatronRow(76.1, 80, 10240, 60, 8, 4, 32, 1024, 1792, 140, 45, 2, 3),
+    MegatronRow(145.6, 96, 12288, 80, 8, 8, 24, 1536, 2304, 148, 47, 2, 2),
+    MegatronRow(310.1, 128, 16384, 96, 8, 16, 15, 1920, 2160, 155, 50, 1, 2),
+    MegatronRow(529.6, 128, 20480, 105, 8, 35, 9, 2520, 2520, 163, 52, 1, 3),
+    MegatronRow(1008.0, 160, 25600, 128, 8, 64, 6, 3072, 3072, 163, 52, 1, 1),
+)
+
+
+# ------------------------------------------------------------ the estimate
+@dataclass
+class Estimate:
+    """What :func:`estimate` predicts for one layout (times in seconds, memory in bytes)."""
+
+    tp: int
+    pp: int
+    dp: int
+    global_batch: int
+    micro_batch: int
+    recompute: str
+    sequence_parallel: bool
+    zero: int
+    schedule: str
+    virtual_stages: int
+    dtype: str
+    step_time: float
+    model_flops: float          # per iteration, no recomputation
+    hardware_flops: float       # per iteration, recomputation included
+    peak_flops: float           # the device's dense peak for dtype, FLOP/s
+    memory: dict
+    device_memory: int
+    breakdown: dict
+
+    @property
+    def gpus(self):
+        """GPUs the layout uses: ``tp * pp * dp``."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def micro_batches(self):
+        """Micro-batches per pipeline and step: ``global_batch / (dp * micro_batch)``."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def model_tflops_per_gpu(self):
+        """Model FLOPs (no recomputation) per second per GPU, in TFLOP/s."""
+        return self.model_flops / self.step_time / self.gpus / 1e12
+
+    @property
+    def hardware_tflops_per_gpu(self):
+        """FLOPs executed (recomputation included) per second per GPU, in TFLOP/s: what
+        Narayanan et al. 2021 report."""
+        return self.hardware_flops / self.step_time / self.gpus / 1e12
+
+    @property
+    def mfu(self):
+        """Model FLOPs utilisation: model FLOP/s per GPU over the dense peak."""
+        return self.model_tflops_per_gpu * 1e12 / self.peak_flops
+
+    @property
+    def hfu(self):
+        """Hardware FLOPs utilisation: executed FLOP/s per GPU over the dense peak."""
+        return self.hardware_tflops_per_gpu * 1e12 / self.peak_flops
+
+    @property
+    def memory_per_gpu(self):
+        """Bytes in use on the worst GPU (the sum of :attr:`memory`)."""
+        return sum(self.memory.values())
+
+    @property
+    def fits(self):
+        """Whether :attr:`memory_per_gpu` fits the device."""
+        return self.memory_per_gpu <= self.device_memory
+
+    def __repr__(self):
+        layout = (f"tp={self.tp} pp={self.pp} dp={self.dp} mb={self.micro_batch} "
+                  f"recompute={self.recompute} zero={self.zero}")
+        if self.virtual_stages > 1:
+            layout += f" v={self.virtual_stages}"
+        if self.sequence_parallel:
+            layout += " sp"
+        return (f"<Estimate {layout}: step {self.step_time:.3f} s, "
+                f"{self.model_tflops_per_gpu:.0f} TFLOP/s/GPU model, MFU {self.mfu:.1%} "
+                f"(HFU {self.hfu:.1%}), "
+                f"{self.memory_per_gpu / _spec.GiB:.1f} GiB/GPU"
+                f"{'' if self.fits else ' (does not fit)'}>")
+
+
+def _check_choice(value, choices, what):
+    if value not in choices:
+        raise ValueError(f"{what} must be one of {', '.join(map(repr, choices))}, "
+                         f"got {value!r}")
+    return value
+
+
+def _cluster_spec(cluster):
+    spec = getattr(cluster, "spec", cluster)
+    if isinstance(spec, str):
+        spec = _spec.preset(spec)
+    if not isinstance(spec, _spec.ClusterSpec):
+        raise ValueError(f"cluster must be a simcluster.Cluster or ClusterSpec, got {cluster!r}")
+    return spec
+
+
+class _Costs:
+    """Collective and point-to-point times on one cluster, from its
+    :class:`~simcluster.costmodel.CostModel`, remembered by shape (a search asks for the
+    same ones many times)."""
+
+    def __init__(self, spec):
+        self.model = CostModel(spec)
+        self.seen = {}
+
+    def collective(self, op, ranks, nbytes):
+        """Seconds of collective ``op`` on global ``ranks`` (a tuple) with ``nbytes``."""
+        key = (op, ranks, nbytes)
+        if key not in self.seen:
+            self.seen[key] = (self.model.collective_time(op, list(ranks), nbytes).seconds
+                              if nbytes else 0.0)
+        return self.seen[key]
+
+    def p2p(self, src, dst, nbytes):
+        """Seconds of one message of ``nbytes`` from ``src`` to ``dst``."""
+        key = ("p2p", src, dst, nbytes)
+        if key not in self.seen:
+            self.seen[key] = self.model.p2p_time(src, dst, nbytes)
+        return self.seen[key]
+
+
+_COSTS = {}  # id(spec) -> (spec, _Costs): specs hold dicts, so they are not hashable
+
+
+def _costs_for(spec):
+    entry = _COSTS.get(id(spec))
+    if entry is None or entry[0] is not spec:
+        if len(_COSTS) > 32:
+            _COSTS.clear()
+        entry = _COSTS[id(spec)] = (spec, _Costs(spec))
+    return entry[1]
+
+
+class _Device:
+    """The roofline of one device, with an :class:`Efficiency`."""
+
+    def __init__(self, device, dtype, efficiency):
+        # a custom device without a 16-bit peak computes at its fp32 one (as flops_for does)
+        self.peak = device.peak_flops.get(DTYPES[dtype][0]) or device.peak_flops["float32"]
+        self.efficiency = efficiency
+        self.flops = self.peak * efficiency.gemm * efficiency.software
+        self.hbm = device.hbm_bandwidth * efficiency.hbm * efficiency.software
+
+    def gemm(self, m, n, k, batch=1, value_bytes=2):
+        """Seconds of ``batch`` GEMMs of ``m x k`` by ``k x n`` (reads both, writes C)."""
+        flops = 2 * batch * m * n * k
+        nbytes = batch * value_bytes * (m * k + k * n + m * n)
+        size = 1.0
+        half = self.efficiency.gemm_half_dim
+        for d in (m, n, k):
+            size *= d / (d + half)
+        return max(flops / (self.flops * size), nbytes / self.hbm)
+
+    def memory_bound(self, nbytes):
+        """Seconds of an elementwise kernel moving ``nbytes``."""
+        return nbytes / self.hbm
+
+
+def _layer_times(cfg, dev, b, t, sp, value_bytes):
+    """Seconds of one layer's forward on one tensor-parallel rank, for a micro-batch of
+    ``b`` sequences: ``(weight GEMMs, attention scores, other memory-bound kernels)``;
+    the attention scores are the two batched products with the softmax and dropout
+    between them (what selective recomputation repeats)."""
+    s, h, f = cfg.seq_len, cfg.hidden, cfg.ffn
+    tokens = b * s
+    kv_dim = cfg.kv * cfg.head_dim
+    heads = cfg.heads // t
+    gemms = (dev.gemm(tokens, (h + 2 * kv_dim) // t, h, value_bytes=value_bytes)
+             + dev.gemm(tokens, h, h // t, value_bytes=value_bytes)
+             + dev.gemm(tokens, (2 if cfg.swiglu else 1) * f // t, h, value_bytes=value_bytes)
+             + dev.gemm(tokens, h, f // t, value_bytes=value_bytes))
+    # scores Q K^T and probabilities x V: one s x s product per head and sequence
+    attention = (dev.gemm(s, s, cfg.head_dim, batch=b * heads, value_bytes=value_bytes)
+                 + dev.gemm(s, cfg.head_dim, s, batch=b * heads, value_bytes=value_bytes))
+    # fused scale-mask-softmax (read 2, write 2) and dropout (read 2, write 2 + mask 1)
+    attention += dev.memory_bound((9 if cfg.dropout else 4) * b * heads * s * s)
+    rows = tokens / t if sp else tokens  # LayerNorm, dropout run on 1/t with SP
+    # two LayerNorms (read 2, write 2 each), two (bias-)(dropout-)adds into the residual
+    # (read 4, write 2, mask 1), bias-GeLU on the MLP's inner activations (read 2, write 2)
+    # or SwiGLU (read 4, write 2)
+    residual_add = 7 if cfg.dropout else 6
+    elementwise = dev.memory_bound(rows * h * (2 * 4 + 2 * residual_add)
+                                   + tokens * (f // t) * (6 if cfg.swiglu else 4))
+    return gemms, attention, elementwise
+
+
+def _check_stages(cfg, pp, v):
+    if cfg.layers % (pp * v):
+        raise ValueError(f"layers={cfg.layers} is not a multiple of pp * virtual_stages "
+                         f"= {pp} * {v}; every pipeline chunk needs the same layers")
+
+
+def estimate(cfg, cluster, tp=1, pp=1, dp=1, global_batch=None, micro_batch=None,
+             recompute="full", sequence_parallel=False, zero=0, schedule="1f1b",
+             virtual_stages=1, dtype="bf16", efficiency=MEGATRON_A100):
+    """Predict one training step of ``cfg`` on ``cluster`` with ``tp x pp x dp`` GPUs.
+
+    Ranks are laid out as Megatron-LM does: tensor-parallel ranks adjacent (inside a node
+    when ``tp`` <= GPUs per node), then data-parallel, then pipeline stages.
+    ``micro_batch=None`` tries every micro-batch size that divides the per-replica batch
+    and returns the fastest that fits (the fastest overall if none fits).
+    ``virtual_stages > 1`` is the interleaved 1F1B schedule (``schedule`` "1f1b" or
+    "interleaved"). ``zero`` shards optimizer state (1), gradients (2) and weights (3)
+    over the data-parallel ranks. ``efficiency`` is how close compute comes to the
+    roofline (:data:`MEGATRON_A100`; :data:`ROOFLINE` charges ops as the executing
+    simulator does). Raises ``ValueError`` naming an invalid value.
+    """
+    spec = _cluster_spec(cluster)
+    if not isinstance(cfg, TransformerConfig):
+        raise ValueError(f"cfg must be a planner.TransformerConfig, got {cfg!r}")
+    if not isinstance(efficiency, Efficiency):
+        raise ValueError(f"efficiency must be a planner.Efficiency (MEGATRON_A100, "
+                         f"ROOFLINE), got {efficiency!r}")
+    if global_batch is None:
+        raise ValueError("global_batch is required: sequences per iteration")
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("global_batch", global_batch),
+                        ("virtual_stages", virtual_stages)):
+        _positive_int(value, name)
+    _check_choice(recompute, RECOMPUTE, "recompute")
+    _check_choice(schedule, SCHEDULES, "schedule")
+    _check_choice(dtype, tuple(DTYPES), "dtype")
+    _check_choice(zero, (0, 1, 2, 3), "zero")
+    if cfg.heads % tp:
+        raise ValueError(f"heads={cfg.heads} is not divisible by tp={tp}")
+    if cfg.kv % tp:
+        raise ValueError(f"kv_heads={cfg.kv} is not divisible by tp={tp}")
+    if cfg.ffn % tp or cfg.vocab % tp:
+        raise ValueError(f"ffn_hidden={cfg.ffn} and vocab={cfg.vocab} must be divisible by "
+                         f"tp={tp}")
+    if tp * pp * dp > spec.world_size:
+        raise ValueError(f"tp * pp * dp = {tp} * {pp} * {dp} = {tp * pp * dp} GPUs, more "
+                         f"than the cluster's {spec.world_size}")
+    if schedule == "gpipe" and virtual_stages > 1:
+        raise ValueError(f"virtual_stages={virtual_stages} needs the interleaved 1F1B "
+                         "schedule, not gpipe")
+    if schedule == "interleaved" and virtual_stages < 2:
+        raise ValueError("schedule='interleaved' needs virtual_stages >= 2")
+    if virtual_stages > 1 and pp == 1:
+        raise ValueError(f"virtual_stages={virtual_stages} needs pp > 1")
+    _check_stages(cfg, pp, virtual_stages)
+    if global_batch % dp:
+        raise ValueError(f"global_batch={global_batch} is not divisible by dp={dp}")
+    per_replica = global_batch // dp
+    if micro_batch is None:
+        options = [b for b in range(1, per_replica + 1) if per_replica % b == 0
+                   and (virtual_stages == 1 or (per_replica // b) % pp == 0)]
+        if not options:
+            raise ValueError(f"no micro-batch size gives a multiple of pp={pp} micro-batches "
+                             f"from {per_replica} sequences per replica")
+        estimates = [estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute,
+                              sequence_parallel, zero, schedule, virtual_stages, dtype,
+                              efficiency) for b in options]
+        fitting = [e for e in estimates if e.fits] or estimates
+        return min(fitting, key=lambda e: (e.step_time, -e.micro_batch))
+    _positive_int(micro_batch, "micro_batch")
+    if per_replica % micro_batch:
+        raise ValueError(f"micro_batch={micro_batch} does not divide the {per_replica} "
+                         f"sequences per data-parallel replica (global_batch / dp)")
+    m = per_replica // micro_batch
+    if virtual_stages > 1 and m % pp:
+        raise ValueError(f"the interleaved schedule needs the micro-batches ({m}) to be a "
+                         f"multiple of pp={pp}")
+    return _estimate(cfg, spec, tp, pp, dp, global_batch, micro_batch, recompute,
+                     bool(sequence_parallel), zero, schedule, virtual_stages, dtype,
+                     efficiency)
+
+
+def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, schedule, v,
+              dtype, efficiency):
+    costs = _costs_for(spec)
+    device = spec.device_of(0)
+    dev = _Device(device, dtype, efficiency)
+    value_bytes = DTYPES[dtype][1]
+    s, h, V = cfg.seq_len, cfg.hidden, cfg.vocab
+    m = global_batch // (dp * b)
+    layers = cfg.layers // pp
+
+    # --- one micro-batch on one stage: forward, recomputation, backward
+    gemms, attention, kernels = _layer_times(cfg, dev, b, tp, sp, value_bytes)
+    forward = gemms + attention + kernels
+    # selective: the attention-score products with their softmax and dropout only
+    recompute_time = {"none": 0.0, "selective": attention, "full": forward}[recompute]
+    layer_compute = 3 * forward  # backward: twice the forward
+    # tensor-parallel communication: 2 all-reduces forward, 2 backward (each a
+    # reduce-scatter plus an all-gather with sequence parallelism), 2 more to recompute
+    tp_ranks = tuple(range(tp))
+    act_bytes = b * s * h * value_bytes
+    if sp:
+        one = (costs.collective("reduce_scatter", tp_ranks, act_bytes)
+               + costs.collective("all_gather", tp_ranks, act_bytes))
+    else:
+        one = costs.collective("all_reduce", tp_ranks, act_bytes)
+    tp_per_layer = one * (4 + (2 if recompute == "full" else 0))
+    # output layer and loss on the last stage (vocabulary-parallel)
+    logits = (3 * dev.gemm(b * s, V // tp, h, value_bytes=value_bytes)
+              + dev.memory_bound(CROSS_ENTROPY_BYTES_PER_LOGIT * b * s * V / tp))
+    logits_tp = 2 * one  # the output layer's input gathered forward, reduced backward
+    compute_mb = layers * layer_compute + logits
+    recompute_mb = layers * recompute_time
+    tp_mb = layers * tp_per_layer + logits_tp
+    # pipeline: a send forward and one backward per chunk boundary; each tensor-parallel
+    # rank sends 1/t of the activations across nodes, then all-gathers over its fabric
+    # (Megatron-LM's scatter/gather optimisation)
+    pp_mb = 0.0
+    if pp > 1:
+        stride = tp * dp
+        chunk = act_bytes // tp if tp > 1 else act_bytes
+        hop = costs.p2p(0, stride, chunk)
+        if tp > 1:
+            hop += costs.collective("all_gather", tp_ranks, act_bytes)
+        pp_mb = 2 * v * hop
+    t_mb = compute_mb + recompute_mb + tp_mb + pp_mb
+    bubble = (pp - 1) / v * t_mb
+
+    # --- data parallel
+    stage_params = max(_stage_parameters(cfg, pp, tp))
+    dp_exposed = _dp_exposed(costs, tuple(i * tp for i in range(dp)), stage_params,
+                             layers, m, pp, zero, compute_mb + recompute_mb) if dp > 1 else 0.0
+
+    shard = dp if zero >= 1 else 1
+    optimizer = dev.memory_bound(ADAM_BYTES_PER_PARAMETER * stage_params / shard)
+
+    breakdown = {
+        "compute": m * compute_mb,
+        "recompute": m * recompute_mb,
+        "tp_communication": m * tp_mb,
+        "pp_communication": m * pp_mb,
+        "bubble": bubble,
+        "dp_communication": dp_exposed,
+        "optimizer": optimizer,
+    }
+    step = sum(breakdown.values())
+    memory = _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes)
+    return Estimate(tp=tp, pp=pp, dp=dp, global_batch=global_batch, micro_batch=b,
+                    recompute=recompute, sequence_parallel=sp, zero=zero,
+                    schedule="interleaved" if v > 1 else schedule, virtual_stages=v,
+                    dtype=dtype, step_time=step,
+                    model_flops=flops_per_iteration(cfg, global_batch, "none"),
+                    hardware_flops=flops_per_iteration(cfg, global_batch, recompute),
+                    peak_flops=dev.peak, memory=memory, device_memory=device.memory,
+                    breakdown=breakdown)
+
+
+def _dp_exposed(costs, ranks, params, layers, m, pp, zero, busy_mb):
+    """Seconds of data-parallel communication not hidden behind compute.
+
+    ZeRO 0: one all-reduce of the gradients; 1 and 2: a reduce-scatter of the gradients
+    and, after the optimizer step, an all-gather of the updated weights; 3: per layer (and
+    one more unit for embeddings and head, as FSDP wraps them), an all-gather of the
+    weights before each forward and backward -- every micro-batch's with ``pp == 1``, once
+    per step with ``pp > 1`` (torch's pipelining keeps them gathered across micro-batches)
+    -- and a reduce-scatter of the gradients. With ``pp == 1`` the gradient reduction
+    overlaps the last micro-batch's backward (DDP's buckets, FSDP's per-layer hooks) and
+    ZeRO-3's gathers the rest of the compute (prefetch); overlapped compute runs
+    ``OVERLAP_SLOWDOWN`` times slower. With ``pp > 1`` they are exposed, as Megatron-LM
+    reduces gradients after the pipeline flush.
+    """
+    grads, weights = params * GRADIENT_BYTES, params * WEIGHT_BYTES
+    after = 0.0
+    gathers = 0.0
+    if zero == 0:
+        reduce = costs.collective("all_reduce", ranks, grads)
+    elif zero in (1, 2):
+        reduce = costs.collective("reduce_scatter", ranks, grads)
+        after = costs.collective("all_gather", ranks, weights)
+    else:
+        units = layers + 1
+        reduce = units * costs.collective("reduce_scatter", ranks, grads / units)
+        gathers = ((2 * m if pp == 1 else 2) * units
+                   * costs.collective("all_gather", ranks, weights / units))
+    if pp > 1:
+        return reduce + gathers + after
+    reduce_window = 2 / 3 * busy_mb  # the last micro-batch's backward
+    gather_window = m * busy_mb - reduce_window
+    exposed = after
+    for seconds, window in ((reduce, reduce_window), (gathers, gather_window)):
+        hidden = min(seconds, window)
+        exposed += seconds - hidden + hidden * (OVERLAP_SLOWDOWN - 1)
+    return exposed
+
+
+def _stage_parameters(cfg, pp, tp):
+    """Parameters one GPU of the first and of the last pipeline stage holds: the
+    embeddings on the first, the final norm and output layer on the last (with tied
+    embeddings and ``pp > 1`` the last stage keeps its own copy of the embedding matrix,
+    as Megatron-LM does). With ``pp == 1`` both are the whole model over ``tp``."""
+    layers = cfg.layers // pp * cfg.layer_parameters() / tp
+    h = cfg.hidden
+    positions = 0 if cfg.swiglu else cfg.seq_len * h
+    embedding = cfg.vocab * h / tp + positions
+    final_norm = h if cfg.swiglu else 2 * h
+    output = cfg.vocab * h / tp if (pp > 1 or not cfg.tied_embeddings) else 0
+    if pp == 1:
+        return layers + embedding + output + final_norm, layers + embedding + output + final_norm
+    return layers + embedding, layers + output + final_norm
+
+
+def _in_flight(pp, m, schedule, v):
+    """Micro-batches whose activations the first stage holds at its peak (the last stage
+    holds ``pp - 1`` fewer)."""
+    if pp == 1:
+        return 1
+    if schedule == "gpipe":
+        return m
+    if v > 1:  # interleaved 1F1B: p + (p - 1)/v micro-batches' worth (Korthikanti et al.)
+        return min(m, pp + (pp - 1) / v)
+    return min(m, pp)
+
+
+def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes):
+    """Bytes per GPU by category on the worse of the first and the last stage."""
+    scale = value_bytes / 2  # the formulas count 16-bit activations
+    per_layer = activation_memory_per_layer(cfg, b, tp, sp, recompute) * scale
+    working = 0.0  # the layer being recomputed and back-propagated holds its activations
+    if recompute == "full":
+        working = activation_memory_per_layer(cfg, b, tp, sp, "none") * scale
+    elif recompute == "selective":  # the attention scores it recomputes
+        working = (activation_memory_per_layer(cfg, b, tp, sp, "none")
+                   - activation_memory_per_layer(cfg, b, tp, sp, "selective")) * scale
+    # fp32 logits of one micro-batch on the last stage (vocabulary-parallel)
+    logits = 4 * b * cfg.seq_len * cfg.vocab / tp
+    first_params, last_params = _stage_parameters(cfg, pp, tp)
+    in_flight = _in_flight(pp, m, schedule, v)
+    stages = []
+    for params, held, extra in ((first_params, in_flight, 0.0),
+                                (last_params, max(1, in_flight - (pp - 1)), logits)):
+        activations = per_layer * (cfg.layers // pp) * held + working + extra
+        if pp == 1:
+            activations += logits
+        stages.append({
+            "parameters": int(params * WEIGHT_BYTES / (dp if zero >= 3 else 1)),
+            "gradients": int(params * GRADIENT_BYTES / (dp if zero >= 2 else 1)),
+            "optimizer": int(params * OPTIMIZER_BYTES / (dp if zero >= 1 else 1)),
+            "activations": int(activations)})
+        if pp == 1:
+            break
+    return max(stages, key=lambda d: sum(d.values()))
+
+
+def search(cfg, cluster, global_batch, gpus=None, **constraints):
+    """Every layout of ``gpus`` GPUs (default: the whole cluster) that fits, fastest first.
+
+    ``constraints`` fix or restrict any argument of :func:`estimate`: a value
+    (``tp=8``, ``recompute="full"``) or a list of values to try (``zero=[0, 1]``).
+    Unfixed: ``tp`` and ``pp`` range over the divisors that divide heads and layers
+    (``tp`` at most the GPUs of a node), ``recompute`` over all three, ``zero`` over 0-3,
+    ``micro_batch`` over the best size; no interleaving, no sequence parallelism.
+    """
+    spec = _cluster_spec(cluster)
+    gpus = spec.world_size if gpus is None else _positive_int(gpus, "gpus")
+    allowed = {"tp", "pp", "dp", "micro_batch", "recompute", "sequence_parallel", "zero",
+               "schedule", "virtual_stages", "dtype", "efficiency"}
+    unknown = set(constraints) - allowed
+    if unknown:
+        raise ValueError(f"unknown constraint(s) {', '.join(sorted(unknown))}; allowed: "
+                         f"{', '.join(sorted(allowed))}")
+
+    def values(name, default):
+        value = constraints.get(name, default)
+        return list(value) if isinstance(value, (list, tuple, range)) else [value]
+
+    per_node = max(n.devices for n in spec.nodes)
+    divisors = [d for d in range(1, gpus + 1) if gpus % d == 0]
+    tps = values("tp", [d for d in divisors if d <= per_node and cfg.heads % d == 0
+                        and cfg.kv % d == 0])
+    pps = values("pp", [d for d in divisors if cfg.layers % d == 0])
+    results = []
+    for tp, pp, recompute, zero, sp, schedule, v, dtype in itertools.product(
+            tps, pps, values("recompute", list(RECOMPUTE)), values("zero", [0, 1, 2, 3]),
+            values("sequence_parallel", [False]), values("schedule", ["1f1b"]),
+            values("virtual_stages", [1]), values("dtype", ["bf16"])):
+        if gpus % (tp * pp):
+            continue
+        dp = gpus // (tp * pp)
+        if "dp" in constraints and dp not in values("dp", []):
+            continue
+        if zero and dp == 1:
+            continue
+        for b in values("micro_batch", [None]):
+            try:
+                est = estimate(cfg, spec, tp=tp, pp=pp, dp=dp, global_batch=global_batch,
+                               micro_batch=b, recompute=recompute, sequence_parallel=sp,
+                               zero=zero, schedule=schedule, virtual_stages=v, dtype=dtype,
+                               efficiency=constraints.get("efficiency", MEGATRON_A100))
+            except ValueError:
+                continue
+            if est.fits:
+                results.append(est)
+    return sorted(results, key=lambda e: (e.step_time, e.gpus, e.tp, e.pp, e.zero))
+
+
+def table1_estimates():
+    """``[(row, Estimate)]`` for every row of :data:`MEGATRON_TABLE1` on ``dgx-a100``
+    nodes, with the paper's layout, micro-batch size, interleaving, fp16 and full
+    recomputation."""
+    out = []
+    for row in MEGATRON_TABLE1:
+        cluster = _spec.preset("dgx-a100", nodes=row.gpus // 8)
+        est = estimate(row.config(), cluster, tp=row.tp, pp=row.pp, dp=row.dp,
+                       global_batch=row.batch, micro_batch=row.micro_batch,
+                       recompute="full", virtual_stages=row.virtual_stages,
+                       dtype="fp16")
+        out.append((row, est))
+    return out
+
+
+def table1_comparison():
+    """Text table: Narayanan et al. 2021, Table 1 against the planner -- per row the
+    layout, the paper's TFLOP/s per GPU, the prediction and the error -- and the mean
+    absolute error. The lesson and ``benchmarks/bench_planner.py`` print it."""
+    lines = [f"{'params':>8} {'t':>2} {'p':>3} {'v':>2} {'d':>3} {'GPUs':>5} {'batch':>5} "
+             f"{'mb':>3} {'paper':>6} {'planner':>8} {'error':>7}"]
+    errors = []
+    for row, est in table1_estimates():
+        predicted = est.hardware_tflops_per_gpu
+        error = predicted / row.tflops_per_gpu - 1
+        errors.append(abs(error))
+        lines.append(f"{row.params_billion:>7.1f}B {row.tp:>2} {row.pp:>3} "
+                     f"{row.virtual_stages:>2} {row.dp:>3} {row.gpus:>5} {row.batch:>5} "
+                     f"{row.micro_batch:>3} {row.tflops_per_gpu:>6.0f} {predicted:>8.1f} "
+                     f"{error:>+7.1%}")
+    lines.append(f"TFLOP/s per GPU (recomputation counted, Eq. 3); mean absolute error "
+                 f"{sum(errors) / len(errors):.1%}, largest {max(errors):.1%}")
+    return "\n".join(lines)
