@@ -72,6 +72,9 @@ def test_calling_the_planner_is_refused(capsys):
     fails(capsys, checks.check_choose_layout,
           lambda cfg, cluster, batch, cap: vars(planner.search(cfg, cluster, batch)[0]),
           "calls planner.search")
+    fails(capsys, checks.check_choose_layout,
+          lambda cfg, cluster, batch, cap: vars(_fastest(round(cap / GiB))),
+          "calls planner.search")
 
 
 # ------------------------------------------------------------ exercise 1: groups
