@@ -95,6 +95,7 @@ __all__ = [
     "Cluster", "Run", "Summary", "ClusterSpec", "NodeSpec", "DeviceSpec", "LinkSpec",
     "NetworkSpec", "StorageSpec", "PRESETS",
     "SimulationError", "RankError", "DeadlockError", "CollectiveMismatchError",
-    "SimulationTimeout", "OutOfMemoryError", "RankCrashedError", "faults", "fake_tensors", "collectives_called",
+    "SimulationTimeout", "OutOfMemoryError", "RankCrashedError", "faults", "fake_tensors",
+    "collectives_called",
     "memory_in_use", "host_memory_in_use", "reset_peak_memory", "CollectiveRecord", "ClockEvent",
 ]

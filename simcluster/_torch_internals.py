@@ -1272,13 +1272,16 @@ def _file_bytes(f, target, write):
     return os.fstat(f.fileno()).st_size - position
 
 
-def install_storage_hooks(on_io):
-    """Charge file I/O done inside a rank: ``on_io(write, nbytes, path)`` hears of it.
+def install_storage_hooks(on_io, on_checkpoint):
+    """Charge file I/O done inside a rank: ``on_io(write, nbytes, path)`` hears of it;
+    ``on_checkpoint()`` hears that the rank has saved a checkpoint (a ``torch.save`` to a
+    file, or a ``dcp.save`` whose metadata the coordinator has committed).
 
     Patches, until the returned function is called:
 
     * ``torch.save`` and ``torch.load`` on a path or a file on disk (not on an in-memory
-      buffer): the file's bytes;
+      buffer): the file's bytes, plus those of the fake tensors (which are saved as
+      records of their shapes, :func:`_records_for_fakes`);
     * ``torch.distributed.checkpoint``'s file-system writer and reader
       (``_FileSystemWriter.write_data``, ``FileSystemReader.read_data``): the bytes of
       each file, from the write results and the read plan's ``_StorageInfo`` (offset,
@@ -1286,13 +1289,15 @@ def install_storage_hooks(on_io):
       not; the ``torch.save``/``torch.load`` calls they make on their streams are not
       counted again;
     * ``FileSystem.create_stream`` outside those two: the checkpoint's metadata file,
-      written by the coordinator in ``finish`` and read in ``read_metadata``.
+      written by the coordinator in ``finish`` and read in ``read_metadata``;
+    * ``state_dict_saver._save_state_dict``, the body of ``dcp.save``, which returns on
+      every rank once the checkpoint is committed.
 
     Importing ``torch.distributed.checkpoint`` takes about a second, so it is patched only
     once imported: now, or when a rank first imports it (:class:`_PatchOnImport`).
     """
-    global _on_io
-    _on_io = on_io
+    global _on_io, _on_checkpoint
+    _on_io, _on_checkpoint = on_io, on_checkpoint
     torch.save, torch.load = _save, _load
     _patch_checkpoint()
     if _original_checkpoint is None and _patch_checkpoint_on_import not in sys.meta_path:
@@ -1300,47 +1305,50 @@ def install_storage_hooks(on_io):
     return _uninstall_storage_hooks
 
 
-_on_io = None                 # during a run: the callback of install_storage_hooks
-_original_checkpoint = None   # DCP's (write_data, read_data, create_stream) while patched
-_CHECKPOINT_FILESYSTEM = "torch.distributed.checkpoint.filesystem"
+_on_io = _on_checkpoint = None   # during a run: the callbacks of install_storage_hooks
+_original_checkpoint = None   # DCP's originals (see _checkpoint_functions) while patched
+_CHECKPOINT = "torch.distributed.checkpoint"
 
 
-_patch_checkpoint_on_import = _PatchOnImport(_CHECKPOINT_FILESYSTEM,
-                                             lambda: _patch_checkpoint())
+_patch_checkpoint_on_import = _PatchOnImport(_CHECKPOINT, lambda: _patch_checkpoint())
 
 
 def _uninstall_storage_hooks():
     """Undo :func:`install_storage_hooks`."""
-    global _on_io, _original_checkpoint
-    _on_io = None
+    global _on_io, _on_checkpoint, _original_checkpoint
+    _on_io = _on_checkpoint = None
     torch.save, torch.load = _original_save, _original_load
     if _patch_checkpoint_on_import in sys.meta_path:
         sys.meta_path.remove(_patch_checkpoint_on_import)
     if _original_checkpoint is not None:
-        writer, reader, fs = _checkpoint_classes()
-        writer.write_data, reader.read_data, fs.create_stream = _original_checkpoint
+        for (owner, name), original in zip(_checkpoint_functions(), _original_checkpoint):
+            setattr(owner, name, original)
         _original_checkpoint = None
 
 
-def _checkpoint_classes():
-    module = sys.modules[_CHECKPOINT_FILESYSTEM]
-    return module._FileSystemWriter, module.FileSystemReader, module.FileSystem
+def _checkpoint_functions():
+    """``[(owner, attribute name)]`` of the DCP functions a run wraps."""
+    filesystem = sys.modules[_CHECKPOINT + ".filesystem"]
+    return [(filesystem._FileSystemWriter, "write_data"),
+            (filesystem.FileSystemReader, "read_data"),
+            (filesystem.FileSystem, "create_stream"),
+            (sys.modules[_CHECKPOINT + ".state_dict_saver"], "_save_state_dict")]
 
 
 def _patch_checkpoint():
-    """Patch DCP's file-system writer and reader if they are imported and a run is on."""
+    """Patch DCP's file-system writer and reader, and its save, if DCP is imported (its
+    package has finished loading) and a run is on."""
     global _original_checkpoint
-    module = sys.modules.get(_CHECKPOINT_FILESYSTEM)
-    if module is None or _original_checkpoint is not None or _on_io is None \
-            or not hasattr(module, "FileSystem"):
+    package = sys.modules.get(_CHECKPOINT)
+    if package is None or _original_checkpoint is not None or _on_io is None \
+            or not hasattr(package, "save"):
         return
-    writer, reader, fs = _checkpoint_classes()
-    _original_checkpoint = (writer.write_data, reader.read_data, fs.create_stream)
-    for function, original in zip((_write_data, _read_data, _create_stream),
-                                  _original_checkpoint):
-        functools.update_wrapper(function, original)
-    writer.write_data, reader.read_data, fs.create_stream = (_write_data, _read_data,
-                                                             _create_stream)
+    functions = _checkpoint_functions()
+    _original_checkpoint = tuple(getattr(owner, name) for owner, name in functions)
+    wrappers = (_write_data, _read_data, _create_stream, _save_state_dict)
+    for (owner, name), wrapper, original in zip(functions, wrappers, _original_checkpoint):
+        functools.update_wrapper(wrapper, original)
+        setattr(owner, name, wrapper)
 
 
 def _charge(write, nbytes, path):
@@ -1350,18 +1358,83 @@ def _charge(write, nbytes, path):
 
 def _save(obj, f, *args, **kwargs):
     target = _real_file(f) if _charged() else None
+    fake_bytes = {}
+    obj = _records_for_fakes(obj, fake_bytes)
     result = _original_save(obj, f, *args, **kwargs)
     if target is not None:
-        _charge(True, _file_bytes(f, target, True), target[0])
+        path, position = target
+        # a file object written from its start holds this save alone: name it, so that
+        # a crash during the write can tear it
+        nbytes = _file_bytes(f, target, True) + sum(fake_bytes.values())
+        _charge(True, nbytes, path if not position else None)
+        if _on_checkpoint is not None:
+            _on_checkpoint()
     return result
 
 
 def _load(f, *args, **kwargs):
     target = _real_file(f) if _charged() else None
-    result = _original_load(f, *args, **kwargs)
+    fake_bytes = []
+    result = _fakes_for_records(_original_load(f, *args, **kwargs), fake_bytes)
     if target is not None:
-        _charge(False, _file_bytes(f, target, False), target[0])
+        _charge(False, _file_bytes(f, target, False) + sum(fake_bytes), target[0])
     return result
+
+
+# A fake tensor (``sc.fake_tensors()``) has no data to save: ``torch.save`` writes this
+# record of it instead (plain types, which ``torch.load(weights_only=True)`` accepts) and
+# charges the bytes the tensor would take; ``torch.load`` makes a fake tensor of it again.
+_FAKE_RECORD = "__simcluster_fake_tensor__"
+
+
+def _records_for_fakes(obj, fake_bytes):
+    """``obj`` with every fake tensor in its dicts, lists and tuples replaced by a record;
+    ``fake_bytes`` gets ``{storage: bytes}`` of the fakes (shared storage counted once).
+    Returns ``obj`` itself when it holds no fake tensor."""
+    if isinstance(obj, torch.Tensor):
+        if not is_fake(obj):
+            return obj
+        fake_bytes[storage_key(obj)] = obj.untyped_storage().nbytes()
+        return {_FAKE_RECORD: True, "shape": list(obj.shape), "dtype": str(obj.dtype),
+                "requires_grad": obj.requires_grad}
+    if isinstance(obj, dict):
+        items = [(k, _records_for_fakes(v, fake_bytes)) for k, v in obj.items()]
+        if all(new is obj[k] for k, new in items):
+            return obj
+        return {k: v for k, v in items}
+    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+        new = [_records_for_fakes(v, fake_bytes) for v in obj]
+        if all(a is b for a, b in zip(new, obj)):
+            return obj
+        return type(obj)(new)
+    return obj
+
+
+def _fakes_for_records(obj, fake_bytes):
+    """``obj`` (just loaded) with every fake-tensor record made a fake tensor again;
+    ``fake_bytes`` gets their sizes. Raises if there are records outside
+    ``sc.fake_tensors()``, where no fake tensor can be made."""
+    if isinstance(obj, dict):
+        if obj.get(_FAKE_RECORD) is True:
+            if not fake_mode_active():
+                raise RuntimeError(
+                    "this file holds fake tensors (saved inside sc.fake_tensors(), with "
+                    "shapes but no data): load it inside `with sc.fake_tensors():` too")
+            dtype = getattr(torch, obj["dtype"].removeprefix("torch."))
+            tensor = torch.empty(obj["shape"], dtype=dtype,
+                                 requires_grad=obj["requires_grad"])
+            fake_bytes.append(tensor.untyped_storage().nbytes())
+            return tensor
+        for k, v in obj.items():
+            new = _fakes_for_records(v, fake_bytes)
+            if new is not v:
+                obj[k] = new
+        return obj
+    if isinstance(obj, list):
+        obj[:] = [_fakes_for_records(v, fake_bytes) for v in obj]
+    elif type(obj) is tuple:
+        return tuple(_fakes_for_records(v, fake_bytes) for v in obj)
+    return obj
 
 
 functools.update_wrapper(_save, _original_save)
@@ -1369,12 +1442,22 @@ functools.update_wrapper(_load, _original_load)
 
 
 def _charge_files(storage, lengths, write):
-    """Charge ``[(relative path, bytes)]`` of a DCP reader or writer, one file at a time."""
+    """Charge ``[(relative path, bytes)]`` of a DCP reader or writer, one file at a time.
+
+    If the rank dies (a crash fault raises) during a write, the files it had not started
+    are left empty: DCP wrote them all already, the simulated rank never did.
+    """
     per_file = {}
     for name, nbytes in lengths:
         per_file[name] = per_file.get(name, 0) + nbytes
-    for name, nbytes in per_file.items():
-        _charge(write, nbytes, str(storage.fs.concat_path(storage.path, name)))
+    paths = [(str(storage.fs.concat_path(storage.path, name)), n) for name, n in per_file.items()]
+    for i, (path, nbytes) in enumerate(paths):
+        try:
+            _charge(write, nbytes, path)
+        except BaseException:
+            for later, _ in paths[i + 1:] if write else ():
+                os.truncate(later, 0)
+            raise
 
 
 def _write_data(self, plan, planner):
@@ -1391,6 +1474,13 @@ def _read_data(self, plan, planner):
     infos = (self.storage_data[item.storage_index] for item in plan.items)
     _charge_files(self, ((i.relative_path, i.length) for i in infos), False)
     return future
+
+
+def _save_state_dict(*args, **kwargs):
+    result = _original_checkpoint[3](*args, **kwargs)
+    if _on_checkpoint is not None:
+        _on_checkpoint()
+    return result
 
 
 @contextlib.contextmanager

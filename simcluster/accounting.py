@@ -250,13 +250,19 @@ class RankAccounting(DispatchMode):
 
     def storage_io(self, write, nbytes, path=None):
         """This rank wrote (``write``) or read ``nbytes`` of its node's storage, starting
-        now: its compute stream waits until the node's array has moved them."""
+        now: its compute stream waits until the node's array has moved them. ``path`` is
+        the file written whole (None: part of a file, or no name). A rank that crashes
+        before a write ends leaves the file torn: cut to the bytes written by then."""
         if nbytes <= 0 or self._paused:
             return
         storage = self.recorder.storage[self.recorder.spec.node_of(self.rank)]
-        end = storage.transfer(self.clock.now, nbytes, write, self.rank, path)
+        clock, start = self.clock, self.clock.now
+        end = storage.transfer(start, nbytes, write, self.rank, path)
         self.recorder.storage_bytes[self.rank]["write" if write else "read"] += nbytes
-        self.clock.run_io(end, f"{'write' if write else 'read'} {_size(nbytes)}")
+        if write and end > clock.deadline >= start:
+            # the rank dies while writing: the file keeps what reached the disks by then
+            storage.tear(path, int(nbytes * (clock.deadline - start) / (end - start)))
+        clock.run_io(end, f"{'write' if write else 'read'} {_size(nbytes)}")
 
     def _is_pinned(self, run, args, kwargs):
         """``aten.is_pinned``: whether the tensor lives in the simulated host memory."""
@@ -523,6 +529,16 @@ def on_storage_io(write, nbytes, path):
         acc.storage_io(write, nbytes, path)
 
 
+def on_checkpoint_saved():
+    """The calling rank has saved a checkpoint: a crash after this loses only the work done
+    since (``RestartRecord.lost_work``)."""
+    from .backend import current_world
+
+    world = current_world()
+    if world is not None and current() is not None:
+        world.note_checkpoint(current().rank)
+
+
 def on_storage_resize(storage, nbytes):
     """A storage was resized in place, bypassing the dispatcher (FSDP2 does this)."""
     acc = current()
@@ -643,7 +659,7 @@ def install_hooks():
 
     set_sharding_propagation_context(_NotCharged())
     _hooks.append(_Removable(lambda: set_sharding_propagation_context(None)))
-    _hooks.append(_Removable(install_storage_hooks(on_storage_io)))
+    _hooks.append(_Removable(install_storage_hooks(on_storage_io, on_checkpoint_saved)))
     _hooks.extend([
         nn_module.register_module_forward_pre_hook(on_forward_pre),
         nn_module.register_module_forward_hook(on_forward_post),

@@ -228,20 +228,11 @@ class SimWorld:
         self.deaths = {}   # rank -> Death, for the ranks whose process died
         # Each rank's watchdog timeout in simulated seconds (dist.init_process_group's).
         self.timeouts = [DEFAULT_WATCHDOG_TIMEOUT_S] * world_size
-        # Each rank's latest checkpoint (simulated seconds), for a restart's lost work.
-        self.checkpoints = [None] * world_size
 
     # ------------------------------------------------------------------- faults
     def schedule_crash(self, rank, t, cause):
         """``rank``'s process dies at simulated time ``t`` (a fault named ``cause``)."""
         self.clock(rank).set_deadline(t, lambda: self.die(rank, t, cause, crash=True), "")
-
-    def note_checkpoint(self, rank):
-        """``rank`` has saved a checkpoint now: a crash after this loses only the work
-        done since (``RestartRecord.lost_work``)."""
-        clock = self.clock(rank)
-        if clock is not None:
-            self.checkpoints[rank] = clock.end
 
     def die(self, rank, t, cause, crash):
         """``rank``'s process dies at ``t``: what waits for it fails; unwind the rank."""

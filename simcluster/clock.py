@@ -233,11 +233,17 @@ class RankClock:
             self.now = t
 
     def run_io(self, end, label):
-        """The compute stream waits for storage I/O that started now and ends at ``end``."""
-        if end > self.now:
-            self.events.append(ClockEvent("io", self.now, end, label))
-            self.io += end - self.now
-            self.now = end
+        """The compute stream waits for storage I/O that started now and ends at ``end``;
+        the rank dies at its deadline if that comes first (the I/O is cut short)."""
+        if self.now >= self.deadline:
+            self._on_deadline()
+        stop = min(end, self.deadline)
+        if stop > self.now:
+            self.events.append(ClockEvent("io", self.now, stop, label))
+            self.io += stop - self.now
+            self.now = stop
+        if end > self.deadline:
+            self._on_deadline()
 
     def ready_when_read(self, key, t):
         """Storage ``key`` is written by communication until ``t``: the compute stream

@@ -251,12 +251,11 @@ class Cluster:
         _accounting.install_hooks()
         try:
             scheduler.run(rank_main)
-        except DeadlockError as error:
+        except DeadlockError:
+            # After a crash, survivors may wait for each other where no watchdog sees the
+            # dead rank (a receive from any source): the crash is what went wrong.
             if not world.deaths:
                 raise
-            # The survivors wait for each other where no watchdog can see the dead rank
-            # (a receive from any source): the crash is still what went wrong.
-            error.add_note("(after a crash)")
         finally:
             _accounting.remove_hooks()
             _torch_internals.uninstall()
@@ -287,14 +286,17 @@ def _failure(world, run, scheduled, attempt, start, alive_nodes):
     crashed = {r: d for r, d in world.deaths.items() if d.crash} or world.deaths
     rank = min(crashed, key=lambda r: (crashed[r].time, r))
     death = crashed[rank]
-    saved = [c for c in world.checkpoints if c is not None and c <= death.time]
-    resume = min(saved) if len(saved) == world.world_size else start
+    # The latest checkpoint: the end of the last write to storage (torch.save, dcp.save)
+    # in this attempt that finished before the crash (one the crash cut short ends at it).
+    resume = max((e.end for clock in run.recorder.clocks for e in clock.events
+                  if e.lane == "io" and e.label.startswith("write")
+                  and e.start >= start and e.end < death.time), default=start)
     node = alive_nodes[run.cluster.spec.node_of(rank)]
     dead_nodes = {alive_nodes[run.cluster.spec.node_of(r)] for r, d in world.deaths.items()
                   if d.crash and isinstance(scheduled.get(r), _faults.NodeCrash)}
     record = _faults.RestartRecord(
         time=death.time, rank=rank, node=node, cause=death.cause,
-        lost_work=death.time - max(resume, start), attempt=attempt,
+        lost_work=death.time - resume, attempt=attempt,
         world_size=world.world_size, detected=run.elapsed)
     return record, dead_nodes
 
@@ -305,12 +307,13 @@ def _crashed(record, run, restarts, advice):
     waited = ""
     if stopped:
         timeouts = sorted({run._timeouts[r] for r in stopped})
-        waited = (f" {_faults.rank_list(stopped).capitalize()} waited for it until their watchdog timeout "
-                  f"({' / '.join(f'{t:g}' for t in timeouts)} s, set by "
+        waited = (f" {_faults.rank_list(stopped).capitalize()} waited for it until their "
+                  f"watchdog timeout ({' / '.join(f'{t:g}' for t in timeouts)} s, set by "
                   "dist.init_process_group(timeout=...)) and stopped; the run ended at "
                   f"{_faults.seconds(record.detected)}.")
-    message = (f"rank {record.rank} (node {record.node}) crashed at {_faults.seconds(record.time)} of "
-               f"simulated time ({record.cause}), attempt {record.attempt}.{waited} {advice} "
+    message = (f"rank {record.rank} (node {record.node}) crashed at "
+               f"{_faults.seconds(record.time)} of simulated time ({record.cause}), in attempt "
+               f"{record.attempt}.{waited} {advice} "
                "The partial run is in .run: .run.timeline() shows the crash and the wait.")
     return RankCrashedError(record.rank, record.node, record.time, record.cause, run,
                             restarts + [record], message)

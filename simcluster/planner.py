@@ -74,17 +74,21 @@ class Efficiency:
 
     :data:`MEGATRON_A100` (the default) is what Megatron-LM achieved on A100 in 2021;
     :data:`ROOFLINE` charges every op at the device's peaks, as the executing simulator
-    does (``costmodel.CostModel.roofline``), for comparing the two.
+    does (``costmodel.CostModel.roofline``), for comparing the two. ``fused``: the
+    memory-bound kernels are Megatron-LM's fused ones (scale-mask-softmax, bias-GeLU,
+    bias-dropout-add); else PyTorch's eager ops, one pass over memory each, as a plain
+    ``nn.Module`` GPT runs them (and the simulator charges them).
     """
 
     gemm: float = GEMM_EFFICIENCY
     gemm_half_dim: float = GEMM_HALF_DIM
     hbm: float = HBM_EFFICIENCY
     software: float = SOFTWARE_EFFICIENCY
+    fused: bool = True       # Megatron-LM's fused kernels, or PyTorch's eager ops
 
 
 MEGATRON_A100 = Efficiency()
-ROOFLINE = Efficiency(gemm=1.0, gemm_half_dim=0, hbm=1.0, software=1.0)
+ROOFLINE = Efficiency(gemm=1.0, gemm_half_dim=0, hbm=1.0, software=1.0, fused=False)
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -469,15 +473,21 @@ def _layer_times(cfg, dev, b, t, sp, value_bytes):
     # scores Q K^T and probabilities x V: one s x s product per head and sequence
     attention = (dev.gemm(s, s, cfg.head_dim, batch=b * heads, value_bytes=value_bytes)
                  + dev.gemm(s, cfg.head_dim, s, batch=b * heads, value_bytes=value_bytes))
-    # fused scale-mask-softmax (read 2, write 2) and dropout (read 2, write 2 + mask 1)
-    attention += dev.memory_bound((9 if cfg.dropout else 4) * b * heads * s * s)
+    # softmax (read 2, write 2) and dropout (read 2, write 2, mask 1): fused with the
+    # scaling and mask, or eager, where scaling the scores is one more pass (read 2, write 2)
+    dropout = 5 if cfg.dropout else 0
+    per_score = 4 + dropout + (0 if dev.efficiency.fused else 4)
+    attention += dev.memory_bound(per_score * b * heads * s * s)
     rows = tokens / t if sp else tokens  # LayerNorm, dropout run on 1/t with SP
-    # two LayerNorms (read 2, write 2 each), two (bias-)(dropout-)adds into the residual
-    # (read 4, write 2, mask 1), bias-GeLU on the MLP's inner activations (read 2, write 2)
-    # or SwiGLU (read 4, write 2)
-    residual_add = 7 if cfg.dropout else 6
+    # two LayerNorms (read 2, write 2 each); two adds into the residual (read 4, write 2),
+    # each after a dropout (fused: + mask 1; eager: a pass of its own, read 2 write 2 mask 1);
+    # bias-GeLU on the MLP's inner activations (read 2, write 2) or SwiGLU (read 4, write 2)
+    residual_add = 6 + (dropout if not dev.efficiency.fused else 1 if cfg.dropout else 0)
     elementwise = dev.memory_bound(rows * h * (2 * 4 + 2 * residual_add)
                                    + tokens * (f // t) * (6 if cfg.swiglu else 4))
+    if not dev.efficiency.fused:
+        # eager attention copies Q, K, V into (batch x heads) order and the context back
+        elementwise += dev.memory_bound(4 * 4 * tokens * h / t)
     return gemms, attention, elementwise
 
 
@@ -627,7 +637,8 @@ def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, sched
         "optimizer": optimizer,
     }
     step = sum(breakdown.values())
-    memory = _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes)
+    memory = _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes,
+                     efficiency.fused)
     return Estimate(tp=tp, pp=pp, dp=dp, global_batch=global_batch, micro_batch=b,
                     recompute=recompute, sequence_parallel=sp, zero=zero,
                     schedule="interleaved" if v > 1 else schedule, virtual_stages=v,
@@ -704,7 +715,19 @@ def _in_flight(pp, m, schedule, v):
     return min(m, pp)
 
 
-def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes):
+def _zero3_unsharded(params, weights, grads, layers, pp):
+    """ZeRO-3's shards plus what is unsharded at the peak, as FSDP2 does it (one unit per
+    layer and one for the rest): with ``pp == 1`` two units' weights (the one running and
+    the one prefetched) and one unit's gradients before its reduce-scatter; with ``pp > 1``
+    the whole stage's weights and gradients, which torch's pipelining keeps unsharded
+    across micro-batches (the gradients are reduced after the last one)."""
+    unit = params / (layers + 1)
+    if pp > 1:
+        return weights + params * WEIGHT_BYTES, grads + params * GRADIENT_BYTES
+    return weights + 2 * unit * WEIGHT_BYTES, grads + unit * GRADIENT_BYTES
+
+
+def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes, fused):
     """Bytes per GPU by category on the worse of the first and the last stage."""
     scale = value_bytes / 2  # the formulas count 16-bit activations
     per_layer = activation_memory_per_layer(cfg, b, tp, sp, recompute) * scale
@@ -716,6 +739,10 @@ def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes
                    - activation_memory_per_layer(cfg, b, tp, sp, "selective")) * scale
     # fp32 logits of one micro-batch on the last stage (vocabulary-parallel)
     logits = 4 * b * cfg.seq_len * cfg.vocab / tp
+    # the backward of attention holds the gradient of the probabilities and, eager, also
+    # that of the scores (the fused softmax backward writes it in place)
+    score_grads = ((1 if fused else 2) * 2 * cfg.heads * cfg.seq_len ** 2 * b / tp
+                   * scale)
     first_params, last_params = _stage_parameters(cfg, pp, tp)
     in_flight = _in_flight(pp, m, schedule, v)
     stages = []
@@ -724,9 +751,14 @@ def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes
         activations = per_layer * (cfg.layers // pp) * held + working + extra
         if pp == 1:
             activations += logits
+        weights = params * WEIGHT_BYTES / (dp if zero >= 3 else 1)
+        grads = params * GRADIENT_BYTES / (dp if zero >= 2 else 1)
+        if zero == 3 and dp > 1:
+            weights, grads = _zero3_unsharded(params, weights, grads, cfg.layers // pp, pp)
+        grads += score_grads
         stages.append({
-            "parameters": int(params * WEIGHT_BYTES / (dp if zero >= 3 else 1)),
-            "gradients": int(params * GRADIENT_BYTES / (dp if zero >= 2 else 1)),
+            "parameters": int(weights),
+            "gradients": int(grads),
             "optimizer": int(params * OPTIMIZER_BYTES / (dp if zero >= 1 else 1)),
             "activations": int(activations)})
         if pp == 1:

@@ -188,7 +188,7 @@ def draw_timeline(recorder, spec, ax=None, ranks=None, max_labels=100, title=Non
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     handles = [Patch(color=LANE_COLORS[k], label=LANE_NAMES[k]) for k in shown]
-    deaths = [(ranks.index(r), t, crash) for r, t, crash in getattr(recorder, "deaths", ())
+    deaths = [(ranks.index(r), t, crash) for r, t, crash in recorder.deaths
               if r in ranks]
     for crash in (True, False):
         marker, color, name = DEATH_MARKERS[crash]

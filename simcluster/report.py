@@ -108,6 +108,13 @@ class Run:
         return max(c.end for c in self._need_accounting().clocks)
 
     @property
+    def deaths(self):
+        """``[(rank, simulated time, crashed), ...]``: every rank whose process died, by
+        a fault (``crashed``) or by its watchdog while it waited for a dead rank, over
+        every attempt (since the last elastic shrink), in the order they died."""
+        return list(self._need_accounting().deaths)
+
+    @property
     def collectives(self):
         """Every collective of the run, a :class:`~simcluster.CollectiveRecord` (op,
         algorithm, protocol, ranks, nbytes, start, end, duration), in the order they
@@ -176,9 +183,10 @@ class Run:
 
         Each rank's row shows its compute stream (compute, and idle waits) with its
         communication stream as a thinner bar just below; wide communication bars are
-        labelled with the collective's name (at most ``max_labels`` of them). ``ranks``
-        picks the ranks to show. Returns the matplotlib Axes; end the cell with
-        ``plt.show()``.
+        labelled with the collective's name (at most ``max_labels`` of them). A rank that
+        died is marked where it died: a red X for a crash fault, a bar for a rank its
+        watchdog stopped (:attr:`deaths`). ``ranks`` picks the ranks to show. Returns the
+        matplotlib Axes; end the cell with ``plt.show()``.
         """
         from .plots import draw_timeline
 

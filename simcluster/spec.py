@@ -318,8 +318,8 @@ def _host_for(device):
 # Local storage (docs/reference-numbers.md#storage): DGX A100 has 15 TB of data cache,
 # four 3.84 TB U.2 NVMe drives (PCIe Gen4) in RAID 0; DGX H100 has 30 TB, eight of them.
 # A PCIe Gen4 U.2 drive of that class (Samsung PM1733, assumed for both) is rated
-# 6.4 GB/s sequential read and 3.8 GB/s sequential write; RAID 0 adds them up. The 11-node cluster's HGX A100 nodes have
-# the same 15 TB array as a DGX A100.
+# 6.4 GB/s sequential read and 3.8 GB/s sequential write; RAID 0 adds them up. The
+# 11-node cluster's HGX A100 nodes have the same 15 TB array as a DGX A100.
 NVME_GEN4_U2_READ, NVME_GEN4_U2_WRITE = 6.4 * GB, 3.8 * GB
 DGX_A100_STORAGE = StorageSpec("4x 3.84 TB NVMe (RAID 0)", int(4 * 3.84e12),
                                4 * NVME_GEN4_U2_READ, 4 * NVME_GEN4_U2_WRITE)

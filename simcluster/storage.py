@@ -13,13 +13,17 @@ time when it is idle uses the gap. So the node never moves more than its bandwid
 ``k`` ranks of a node that write ``n`` bytes each at once all have their bytes on disk
 ``k·n / bandwidth`` after they started — the same total as if they shared the bandwidth
 evenly (the last rank finishes then; earlier ranks in the hand-over order sooner). Nodes
-have separate arrays. Not modelled: the copy from the GPU to the host before a write
-(the tensors' PCIe crossing), the page cache (every byte goes to or comes from the
-disks), file-system metadata and latency per file.
+have separate arrays. A rank that crashes while it writes leaves the file torn: the real
+file is cut to the bytes that reached the disks before the crash.
+
+Not modelled: the copy from the GPU to the host before a write (the tensors' PCIe
+crossing), the page cache (every byte goes to or comes from the disks), file-system
+metadata and latency per file.
 """
 
 import bisect
 import errno
+import os
 
 
 class NodeStorage:
@@ -67,6 +71,15 @@ class NodeStorage:
             self.bytes_read += nbytes
             seconds = nbytes / self.spec.read_bandwidth
         return self._occupy(start, seconds)
+
+    def tear(self, path, nbytes):
+        """A write to ``path`` was cut short (its rank crashed): the real file keeps its
+        first ``nbytes``, as a file a process died while writing does."""
+        if path is None:
+            return
+        if os.path.exists(path):
+            os.truncate(path, nbytes)
+        self.files[path] = nbytes
 
     def _occupy(self, t, seconds):
         """Use the first ``seconds`` of idle time from ``t`` on; return when they end."""

