@@ -58,6 +58,21 @@ def host_memory_in_use():
     return dict(acc.host.in_use)
 
 
+def now():
+    """Inside a rank: this rank's simulated time in seconds, when its compute stream is
+    next free (as ``time.perf_counter()`` after ``torch.cuda.synchronize()`` on a GPU).
+
+    The difference of two readings is what the code between them cost the rank, e.g. a
+    ``dcp.save``: computing, waiting for communication, reading and writing storage.
+    """
+    from .accounting import current
+
+    acc = current()
+    if acc is None:
+        raise RuntimeError("now() only works inside cluster.run with accounting on")
+    return acc.clock.now
+
+
 def reset_peak_memory():
     """Inside a rank: start measuring the peak afresh, like
     ``torch.cuda.reset_peak_memory_stats()`` (e.g. after building and sharding a model)."""
@@ -96,6 +111,6 @@ __all__ = [
     "NetworkSpec", "StorageSpec", "PRESETS",
     "SimulationError", "RankError", "DeadlockError", "CollectiveMismatchError",
     "SimulationTimeout", "OutOfMemoryError", "RankCrashedError", "faults", "fake_tensors",
-    "collectives_called",
-    "memory_in_use", "host_memory_in_use", "reset_peak_memory", "CollectiveRecord", "ClockEvent",
+    "collectives_called", "memory_in_use", "host_memory_in_use", "now", "reset_peak_memory",
+    "CollectiveRecord", "ClockEvent",
 ]

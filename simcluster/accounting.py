@@ -256,12 +256,14 @@ class RankAccounting(DispatchMode):
         if nbytes <= 0 or self._paused:
             return
         storage = self.recorder.storage[self.recorder.spec.node_of(self.rank)]
-        clock, start = self.clock, self.clock.now
-        end = storage.transfer(start, nbytes, write, self.rank, path)
+        clock = self.clock
+        start, end = storage.transfer(clock.now, nbytes, write, self.rank, path)
         self.recorder.storage_bytes[self.rank]["write" if write else "read"] += nbytes
-        if write and end > clock.deadline >= start:
-            # the rank dies while writing: the file keeps what reached the disks by then
-            storage.tear(path, int(nbytes * (clock.deadline - start) / (end - start)))
+        if write and end > clock.deadline:
+            # the rank dies before the write ends: the file keeps what reached the disks
+            done = max(0.0, clock.deadline - start) / (end - start)
+            storage.tear(path, int(nbytes * done))
+        clock.wait_until(start, "wait for storage")
         clock.run_io(end, f"{'write' if write else 'read'} {_size(nbytes)}")
 
     def _is_pinned(self, run, args, kwargs):

@@ -226,6 +226,8 @@ class SimWorld:
         self.bytes_sent = [0] * world_size     # point-to-point payload bytes, per sender
         self.messages_sent = [0] * world_size  # point-to-point messages, per sender
         self.deaths = {}   # rank -> Death, for the ranks whose process died
+        # Each rank's latest saved checkpoint (simulated seconds), for a restart's lost work.
+        self.checkpoints = [None] * world_size
         # Each rank's watchdog timeout in simulated seconds (dist.init_process_group's).
         self.timeouts = [DEFAULT_WATCHDOG_TIMEOUT_S] * world_size
 
@@ -233,6 +235,14 @@ class SimWorld:
     def schedule_crash(self, rank, t, cause):
         """``rank``'s process dies at simulated time ``t`` (a fault named ``cause``)."""
         self.clock(rank).set_deadline(t, lambda: self.die(rank, t, cause, crash=True), "")
+
+    def note_checkpoint(self, rank):
+        """``rank`` has saved a checkpoint now (a ``torch.save`` to a file, or a committed
+        ``dcp.save``): a crash after this loses only the work done since
+        (``RestartRecord.lost_work``)."""
+        clock = self.clock(rank)
+        if clock is not None:
+            self.checkpoints[rank] = clock.end
 
     def die(self, rank, t, cause, crash):
         """``rank``'s process dies at ``t``: what waits for it fails; unwind the rank."""
@@ -281,7 +291,9 @@ class SimWorld:
         self._watch(msg.poster(), msg.posted, str(msg), reason)
 
     def _fail_operations_of(self, rank):
-        """Everything that waits for dead ``rank`` fails."""
+        """Everything that waits for dead ``rank`` to join it fails. (What it joined or
+        posted itself before it died stays: it may still complete before the death in
+        simulated time, which ``_dies_before`` decides once it would complete.)"""
         reason = self.dead_reason([rank])
         for group in self.groups.values():
             if rank not in group.ranks:
@@ -293,12 +305,10 @@ class SimWorld:
         for queues in (self.sends, self.recvs):
             for (src, dst, _), posted in queues.items():
                 if rank in (src, dst):
-                    for msg in posted:
+                    waiting = [m for m in posted if m.poster() != rank]
+                    for msg in waiting:
                         self.fail_message(msg, reason)
-                    posted.clear()
-        for (dst, _), posted in self.any_recvs.items():
-            if dst == rank:
-                posted.clear()
+                        posted.remove(msg)
 
     def dead_reason(self, ranks):
         """Why an operation among ``ranks`` can never complete (one of them died), or None."""
@@ -521,7 +531,8 @@ class SimProcessGroup(dist.ProcessGroup):
         call_index = len(calls)
         calls.append((name, seq, group.label))
         if coll.failed is None:
-            reason = world.dead_reason(group.ranks)
+            reason = world.dead_reason([group.ranks[r] for r in range(len(group.ranks))
+                                        if r not in coll.args])
             if reason is not None:   # a member died before joining: it never will
                 world.fail_collective(coll, reason)
         else:
@@ -756,7 +767,7 @@ class SimProcessGroup(dist.ProcessGroup):
         partner = world.recvs[key].popleft() if world.recvs[key] else None
         if partner is None and world.any_recvs[(dst, tag)]:
             partner = world.any_recvs[(dst, tag)].popleft()
-        if dst in world.deaths:
+        if partner is None and dst in world.deaths:
             world.fail_message(msg, world.dead_reason([dst]))
         elif partner is not None:
             self._deliver(msg, partner)
@@ -774,10 +785,10 @@ class SimProcessGroup(dist.ProcessGroup):
         world.check_alive(me)
         msg = _Message("recv", src, me, tag, tensors[0], world.posted(me))
         key = (src, me, tag)
-        if src in world.deaths:
-            world.fail_message(msg, world.dead_reason([src]))
-        elif world.sends[key]:
+        if world.sends[key]:
             self._deliver(world.sends[key].popleft(), msg)
+        elif src in world.deaths:
+            world.fail_message(msg, world.dead_reason([src]))
         else:
             world.recvs[key].append(msg)
         what = _Wait("recv", f"waiting in recv from rank {src} (tag {tag}, shape "

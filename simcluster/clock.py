@@ -131,16 +131,18 @@ class RankClock:
         self.recv_free = max(self.recv_free, t)
         self._ready_at.clear()
 
-    def run_compute(self, seconds, label):
+    def run_compute(self, seconds, label, may_die=True):
         """Run ``seconds`` of full-speed compute in ``label`` on the compute stream; return
         how long it took, slowed where the communication stream is busy. Compute that
-        would pass the deadline stops there, and the rank dies."""
+        would pass the deadline stops there, and the rank dies (unless ``may_die`` is
+        False: the clock is charged from another rank's thread, where the death cannot
+        be raised; the rank then dies at its next op)."""
         if seconds <= 0:
             return 0.0
-        if self.now >= self.deadline:
+        if may_die and self.now >= self.deadline:
             self._on_deadline()
         start, self.now = self.now, self._compute_end(self.now, seconds)
-        dies = self.now > self.deadline
+        dies = may_die and self.now > self.deadline
         if dies:
             self.now = self.deadline
         self.compute += self.now - start
@@ -203,7 +205,8 @@ class RankClock:
                     break   # compute events are in time order: nothing earlier overlaps
                 overlap += sum(max(0.0, min(event.end, b) - max(event.start, a))
                                for a, b in fresh)
-        self.run_compute(overlap * (1 - 1 / self.overlap_slowdown), "(slowed by communication)")
+        self.run_compute(overlap * (1 - 1 / self.overlap_slowdown), "(slowed by communication)",
+                         may_die=False)
 
     def _mark_busy(self, start, end):
         """Add ``[start, end)`` to the busy spans; return its parts that were not busy."""

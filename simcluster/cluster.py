@@ -187,9 +187,10 @@ class Cluster:
                         f"min_world_size={min_world_size}, so the job cannot go on."))
             if last:
                 raise _crashed(record, run, restarts, (
-                    f"It failed {len(restarts) + 1} time(s) and max_restarts={max_restarts}: "
-                    "pass max_restarts=... to cluster.run to restart (from your latest "
-                    "checkpoint)." if max_restarts else "Without restarts the run ends "
+                    f"That is failure {len(restarts) + 1}, one more than "
+                    f"max_restarts={max_restarts} allows: allow more restarts, or make each "
+                    "one lose less work (checkpoint more often)." if max_restarts else
+                    "Without restarts the run ends "
                     "here: pass max_restarts=... to cluster.run to restart every rank, as "
                     "torchrun --max-restarts does, and resume from a checkpoint."))
             start = record.detected + restart_delay
@@ -286,17 +287,17 @@ def _failure(world, run, scheduled, attempt, start, alive_nodes):
     crashed = {r: d for r, d in world.deaths.items() if d.crash} or world.deaths
     rank = min(crashed, key=lambda r: (crashed[r].time, r))
     death = crashed[rank]
-    # The latest checkpoint: the end of the last write to storage (torch.save, dcp.save)
-    # in this attempt that finished before the crash (one the crash cut short ends at it).
-    resume = max((e.end for clock in run.recorder.clocks for e in clock.events
-                  if e.lane == "io" and e.label.startswith("write")
-                  and e.start >= start and e.end < death.time), default=start)
+    # The latest checkpoint saved in this attempt (a torch.save to a file, or a dcp.save
+    # once committed; a write the crash cut short never counts). Another rank may finish
+    # one after the crash, before its watchdog fires: then no work is lost.
+    resume = max((t for t in world.checkpoints if t is not None and t >= start),
+                 default=start)
     node = alive_nodes[run.cluster.spec.node_of(rank)]
     dead_nodes = {alive_nodes[run.cluster.spec.node_of(r)] for r, d in world.deaths.items()
                   if d.crash and isinstance(scheduled.get(r), _faults.NodeCrash)}
     record = _faults.RestartRecord(
         time=death.time, rank=rank, node=node, cause=death.cause,
-        lost_work=death.time - resume, attempt=attempt,
+        lost_work=max(0.0, death.time - resume), attempt=attempt,
         world_size=world.world_size, detected=run.elapsed)
     return record, dead_nodes
 

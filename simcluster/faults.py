@@ -228,10 +228,10 @@ class RestartRecord:
         rank, node: the rank that crashed first (as the failed attempt numbered it) and
             its node's index in the cluster.
         cause: the fault, e.g. ``"Crash(rank=3, at=2.0)"``.
-        lost_work: simulated seconds of work the restart has to do again: from the end of
-            the attempt's last write to storage before the crash (a checkpoint:
-            ``torch.save`` or ``dcp.save`` in a rank), or from the attempt's start, to the
-            crash.
+        lost_work: simulated seconds of work the restart has to do again: from the
+            attempt's latest checkpoint (a ``torch.save`` to a file, or a committed
+            ``dcp.save``, by any rank; one that a crash cut short does not count), or from
+            the attempt's start, to the crash; 0 if a surviving rank saved one after it.
         attempt: the attempt that failed (0 is the first run, as
             ``TORCHELASTIC_RESTART_COUNT`` counts).
         world_size: the failed attempt's number of ranks.

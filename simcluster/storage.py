@@ -5,7 +5,8 @@ A checkpoint written or read inside a rank (``torch.save``/``torch.load`` on a f
 writer and reader) moves its bytes through the node's NVMe array
 (:class:`~simcluster.spec.StorageSpec`). The rank waits for it: the I/O takes the rank's
 compute stream from the moment it starts until its last byte is on (or off) the disks,
-shown as an ``"io"`` event in its timeline.
+shown as an ``"io"`` event in its timeline (after an idle ``"wait for storage"`` while
+the array is busy with other ranks' transfers).
 
 The array serves one transfer at a time at its full sequential bandwidth, in the order
 the ranks issue them; a transfer that finds it busy waits, and one issued at a simulated
@@ -48,8 +49,9 @@ class NodeStorage:
         return sum(self.files.values())
 
     def transfer(self, start, nbytes, write, rank, path=None):
-        """Move ``nbytes`` (written if ``write``, else read) for ``rank``, starting at
-        simulated time ``start``; return when the last byte has moved.
+        """Move ``nbytes`` (written if ``write``, else read) for ``rank``, asked for at
+        simulated time ``start``; return ``(begin, end)``: when the array starts moving
+        them (later than ``start`` if it is busy) and when the last byte has moved.
 
         Raises ``OSError(ENOSPC)`` when a write would fill the storage beyond its
         capacity, as a full disk does.
@@ -82,7 +84,8 @@ class NodeStorage:
         self.files[path] = nbytes
 
     def _occupy(self, t, seconds):
-        """Use the first ``seconds`` of idle time from ``t`` on; return when they end."""
+        """Use the first ``seconds`` of idle time from ``t`` on; return when that time
+        begins and when it ends."""
         starts, ends = self._starts, self._ends
         pieces = []
         i = bisect.bisect_right(ends, t)   # the first busy span ending after t
@@ -98,7 +101,7 @@ class NodeStorage:
             seconds -= used
         for a, b in pieces:
             self._mark_busy(a, b)
-        return t
+        return (pieces[0][0] if pieces else t), t
 
     def _mark_busy(self, start, end):
         """Add ``[start, end)`` to the busy spans, merging neighbours."""

@@ -61,11 +61,11 @@ def test_custom_clusters_take_a_storage_by_name_or_numbers():
 
 def test_the_array_serves_one_transfer_at_a_time_and_fills_idle_gaps():
     storage = NodeStorage(sc_spec.StorageSpec("1 B/s", 100, 1.0, 1.0), "node0")
-    assert storage.transfer(0.0, 1, True, 0) == 1.0
-    assert storage.transfer(5.0, 1, True, 1) == 6.0
-    assert storage.transfer(0.0, 2, False, 2) == 3.0     # waits for [0, 1], then idle
-    assert storage.transfer(0.5, 3, False, 3) == 7.0     # [3, 5] and [6, 7]
-    assert storage.transfer(0.0, 1, True, 0) == 8.0      # all busy until 7
+    assert storage.transfer(0.0, 1, True, 0) == (0.0, 1.0)
+    assert storage.transfer(5.0, 1, True, 1) == (5.0, 6.0)
+    assert storage.transfer(0.0, 2, False, 2) == (1.0, 3.0)   # waits for [0, 1]
+    assert storage.transfer(0.5, 3, False, 3) == (3.0, 7.0)   # [3, 5] and [6, 7]
+    assert storage.transfer(0.0, 1, True, 0) == (7.0, 8.0)    # all busy until 7
     assert (storage.bytes_written, storage.bytes_read) == (3, 5)
 
 
@@ -98,9 +98,16 @@ def test_torch_save_and_load_in_ranks_share_the_nodes_bandwidth(tmp_path):
     reads = [s for s in spans if s[1].startswith("read")]
     assert len(writes) == len(reads) == 4
     storage = run.cluster.spec.nodes[0].storage
-    # all four start together; the node's array takes them one after another
-    assert len({start for _, _, start, _ in writes}) == 1
-    assert max(end for *_, end in writes) - writes[0][2] == pytest.approx(
+    # all four ask at once; the node's array takes them one after another, each at its
+    # full bandwidth, while the others wait for it
+    spans_in_order = sorted((start, end) for _, _, start, end in writes)
+    assert all(a[1] == pytest.approx(b[0]) for a, b in zip(spans_in_order, spans_in_order[1:]))
+    assert all(end - start == pytest.approx(size / storage.write_bandwidth)
+               for (_, _, start, end), size in zip(sorted(writes), sizes))
+    asked = min(start for _, _, start, _ in writes)
+    waits = [e for r in range(4) for e in run.clock(r).events if e.label == "wait for storage"]
+    assert len(waits) == 6 and sum(e.start == asked for e in waits) == 3   # 3 writes, 3 reads
+    assert max(end for *_, end in writes) - asked == pytest.approx(
         sum(sizes) / storage.write_bandwidth, rel=1e-9)
     assert max(end for *_, end in reads) - min(start for _, _, start, _ in reads) == \
         pytest.approx(sum(sizes) / storage.read_bandwidth, rel=1e-9)
@@ -138,6 +145,8 @@ def test_a_full_disk_raises_enospc_naming_rank_and_node(tmp_path):
 
     with pytest.raises(sc.RankError) as info:
         cluster.run(fn, world_size=2)
+    with pytest.raises(RuntimeError, match="inside cluster.run"):
+        sc.now()
     error = info.value.original
     assert isinstance(error, OSError) and error.errno == errno.ENOSPC
     assert "rank 1" in str(error) and "node0" in str(error)
@@ -247,10 +256,10 @@ def test_dcp_save_takes_bytes_over_the_nodes_write_bandwidth(tmp_path):
         state = {f"w{i}": distribute_tensor(torch.zeros(4_000_000), mesh, [Shard(0)])
                  for i in range(8)}
         dist.barrier()
-        start = _now()
+        start = sc.now()
         dcp.save(state, checkpoint_id=directory)
         dist.barrier()
-        return _now() - start if rank == 0 else None
+        return sc.now() - start if rank == 0 else None
 
     for preset in ("dgx-a100", "dgx-h100"):
         directory = str(tmp_path / preset)
@@ -260,13 +269,6 @@ def test_dcp_save_takes_bytes_over_the_nodes_write_bandwidth(tmp_path):
         assert nbytes > 128e6
         expected = nbytes / run.cluster.spec.nodes[0].storage.write_bandwidth
         assert run.results[0] == pytest.approx(expected, rel=0.03), preset
-
-
-def _now():
-    """The calling rank's simulated time (its compute stream)."""
-    from simcluster.accounting import current
-
-    return current().clock.now
 
 
 def test_dcp_save_on_4_load_on_4_is_bit_identical(saved):
@@ -294,6 +296,7 @@ def test_dcp_load_on_2_reshards_bit_identically(saved):
     assert all(0.4 * data < io["read"] < 0.75 * data for io in run.storage_io)
 
 
+@pytest.mark.slow
 def test_a_rank_that_imports_dcp_inside_the_run_is_charged_too(tmp_path):
     """Notebooks may import torch.distributed.checkpoint inside the rank function: the
     run patches it when it is imported (run in a fresh interpreter, where it is not)."""
@@ -505,3 +508,22 @@ def test_fake_tensors_are_saved_as_records_and_charged_their_full_size(tmp_path)
     [save, load] = [e for e in run.clock(0).events if e.lane == "io"]
     assert save.duration == pytest.approx(written / (15.2 * GB))
     assert load.duration == pytest.approx(written / (25.6 * GB))
+
+
+def test_lost_work_counts_from_rank_0s_torch_save(tmp_path):
+    """A replicated model checkpointed by rank 0 alone (the usual DDP loop): a crash
+    loses the work since that save, not since the start."""
+    def fn():
+        if dist.get_rank() == 0:
+            torch.save(torch.zeros(1000), tmp_path / "latest.pt")
+        dist.barrier()
+        torch.ones(512, 512) @ torch.ones(512, 512)
+
+    cluster = sc.Cluster("dgx-a100")
+    clean = cluster.run(fn, world_size=2)
+    [save] = [e for e in clean.clock(0).events if e.lane == "io"]
+    matmul = clean.clock(1).events[-1]
+    at = (matmul.start + matmul.end) / 2
+    run = cluster.run(fn, world_size=2, faults=[sc.faults.Crash(rank=1, at=at)],
+                      max_restarts=1)
+    assert run.restarts[0].lost_work == pytest.approx(at - save.end)

@@ -153,6 +153,32 @@ def test_a_receive_from_any_rank_left_waiting_is_still_the_crash(cluster):
     assert error.rank == 0
 
 
+def test_what_a_rank_posted_before_it_died_still_completes_in_time(cluster):
+    """Rank 1 posts a receive, then computes until it crashes. Rank 0 runs later (in wall
+    time) but sends long before the crash (in simulated time): the message arrives."""
+    def post_then_die():
+        t = torch.zeros(4)
+        if dist.get_rank() == 0:
+            dist.recv(t, src=1, tag=0)          # lets rank 1 run first
+            dist.send(t + 1, dst=1, tag=1)
+            return "sent"
+        dist.isend(t + 1, dst=0, tag=0)
+        work = dist.irecv(t, src=0, tag=1)
+        for _ in range(50):
+            torch.ones(256, 256) @ torch.ones(256, 256)
+        work.wait()
+        return "received"
+
+    clean = cluster.run(post_then_die, world_size=2)
+    late = clean.clock(1).end * 0.9             # during rank 1's compute
+    error = crashed(cluster, post_then_die, 2, faults=[faults.Crash(rank=1, at=late)])
+    assert error.run.results == ["sent", None]
+    assert [(r, crash) for r, _, crash in error.run.deaths] == [(1, True)]
+    early = clean.clock(0).events[-1].end / 10  # before rank 0 sends
+    error = crashed(cluster, post_then_die, 2, faults=[faults.Crash(rank=1, at=early)])
+    assert [(r, crash) for r, _, crash in error.run.deaths] == [(1, True), (0, False)]
+
+
 def test_a_crash_after_the_rank_returned_does_nothing(cluster):
     done = cluster.run(steps, world_size=4)
     run = cluster.run(steps, world_size=4, faults=[faults.Crash(rank=3, at=done.elapsed * 2)])
@@ -281,7 +307,7 @@ def test_more_failures_than_max_restarts_raise(cluster):
     assert [(r.rank, r.attempt) for r in error.restarts] == [(0, 0), (1, 1)]
     assert error.restarts[0].restarted is not None and error.restarts[1].restarted is None
     assert error.rank == 1 and error.time == second
-    assert "max_restarts=1" in str(error)
+    assert "one more than max_restarts=1 allows" in str(error)
 
 
 def test_an_exception_in_the_function_is_not_restarted(cluster):

@@ -3,7 +3,9 @@ Narayanan et al. 2021 Table 1 reproduced (docs/planner.md), the costs taken from
 and costmodel.py, and invalid layouts refused with a ValueError that names the value."""
 
 import dataclasses
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -102,7 +104,7 @@ def test_activation_memory_without_dropout_drops_masks_and_dropout_output():
     s, h, a = 2048, 2304, 24
     for b in (1, 4):
         assert planner.activation_memory_per_layer(cfg, b) == s * b * h * 32 + 2 * a * s * s * b
-    assert not cfg.standard and GPT_1_7B.standard and GPT_1_7B.dropout and not LLAMA_7B.dropout
+    assert GPT_1_7B.dropout and not LLAMA_7B.dropout  # the defaults: GPT yes, SwiGLU no
 
 
 # ------------------------------------------------------------------ Table 1
@@ -131,6 +133,23 @@ def test_table1_percent_of_peak_is_tflops_over_312(table1):
 def test_table1_runs_fit_on_80_gb(table1):
     for row, est in table1:
         assert est.fits, (row.params_billion, est.memory)
+
+
+def test_korthikanti_table5_iteration_times_without_recalibration():
+    # a second paper, a year later, not used to calibrate anything: every iteration time
+    # (full recomputation; sequence parallelism + selective recomputation) within 15 %
+    errors = []
+    for row, full, present in planner.korthikanti_estimates():
+        for est, paper in ((full, row.full_recompute_seconds),
+                           (present, row.present_work_seconds)):
+            error = est.step_time / paper - 1
+            assert abs(error) <= 0.15, (row.name, est.recompute, est.step_time, paper)
+            errors.append(abs(error))
+            assert est.fits, (row.name, est.memory)
+        assert present.step_time < full.step_time
+        assert present.sequence_parallel and present.recompute == "selective"
+    assert sum(errors) / len(errors) <= 0.08
+    assert "mean absolute error" in planner.korthikanti_comparison()
 
 
 # ---------------------------------------------------------------- estimate
@@ -340,3 +359,38 @@ def test_gradient_reduction_hides_behind_backward_without_pipeline():
         "all_reduce", list(range(16)), planner.parameter_count(SMALL) * 2).seconds
     # hidden behind the last backward: only the overlap slowdown remains
     assert est.breakdown["dp_communication"] == pytest.approx(full * 0.189, rel=0.01)
+
+
+def test_other_clusters_use_their_own_hardware():
+    kw = dict(tp=4, pp=2, dp=2, global_batch=32, micro_batch=2)
+    a100 = planner.estimate(SMALL, Cluster.preset("dgx-a100", nodes=2), **kw)
+    h100 = planner.estimate(SMALL, Cluster.preset("dgx-h100", nodes=2), **kw)
+    assert h100.step_time < 0.6 * a100.step_time   # 989 vs 312 TFLOP/s, faster links
+    assert h100.peak_flops == 989e12 and a100.peak_flops == 312e12
+    # HGX A100 4-GPU boards: tensor parallelism of 8 crosses the network
+    hetero = planner.estimate(SMALL, Cluster.preset("hetero-11"), tp=8, pp=1, dp=1,
+                              global_batch=8, micro_batch=1)
+    dgx = planner.estimate(SMALL, Cluster.preset("dgx-a100", nodes=1), tp=8, pp=1, dp=1,
+                           global_batch=8, micro_batch=1)
+    assert hetero.breakdown["tp_communication"] > 1.5 * dgx.breakdown["tp_communication"]
+    # a custom device with only an fp32 peak computes 16-bit at that peak
+    slow = spec.from_dict({"nodes": [{"devices": 8, "device": {
+        "memory_gb": 80, "peak_tflops": {"float32": 19.5}, "hbm_gbps": 2039}}]})
+    assert planner.estimate(SMALL, slow, global_batch=8, micro_batch=8).peak_flops == 19.5e12
+    with pytest.raises(ValueError, match="cfg must be a planner.TransformerConfig"):
+        planner.estimate({"layers": 2}, slow, global_batch=8)
+    with pytest.raises(ValueError, match="unknown cluster preset"):
+        planner.estimate(SMALL, "dgx-z100", global_batch=8)
+
+
+def test_bench_planner_reports_both_papers():
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)  # `benchmarks` is imported from the repository root
+    from benchmarks import bench_planner
+
+    result = bench_planner.main(verbose=False)
+    assert result["goal_met"] and len(result["rows"]) == len(planner.MEGATRON_TABLE1)
+    assert result["mean_error"] <= 0.08 and result["korthikanti_mean_error"] <= 0.08
+    assert all(r["paper"] == row.tflops_per_gpu
+               for r, row in zip(result["rows"], planner.MEGATRON_TABLE1))
