@@ -22,6 +22,8 @@ from workbook.lesson06.checks import (check_conjugate_operators, check_megatron_
                                       check_parallel_linears, check_sequence_parallel)
 from workbook.lesson07.checks import (check_fit_settings, check_zero1, check_zero2,
                                       check_zero3, check_zero_memory)
+from workbook.lesson08.checks import (check_bytes_per_parameter, check_checkpointing,
+                                      check_fit, check_loss_scaler)
 from workbook.lesson09.checks import (check_build_groups, check_choose_layout,
                                       check_model_flops, check_pipeline_bubble)
 
@@ -37,5 +39,7 @@ __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_sequence_parallel",
            "check_fit_settings", "check_zero1", "check_zero2", "check_zero3",
            "check_zero_memory",
+           "check_bytes_per_parameter", "check_checkpointing", "check_fit",
+           "check_loss_scaler",
            "check_build_groups", "check_choose_layout", "check_model_flops",
            "check_pipeline_bubble"]
