@@ -24,6 +24,8 @@ from workbook.lesson07.checks import (check_fit_settings, check_zero1, check_zer
                                       check_zero3, check_zero_memory)
 from workbook.lesson08.checks import (check_bytes_per_parameter, check_checkpointing,
                                       check_fit, check_loss_scaler)
+from workbook.lesson09.checks import (check_build_groups, check_choose_layout,
+                                      check_model_flops, check_pipeline_bubble)
 from workbook.lesson10.checks import (check_checkpoint_interval, check_find_straggler,
                                       check_recovery, check_resume)
 
@@ -41,5 +43,7 @@ __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_zero_memory",
            "check_bytes_per_parameter", "check_checkpointing", "check_fit",
            "check_loss_scaler",
+           "check_build_groups", "check_choose_layout", "check_model_flops",
+           "check_pipeline_bubble",
            "check_checkpoint_interval", "check_find_straggler", "check_recovery",
            "check_resume"]
