@@ -44,10 +44,10 @@ def starts(capsys, check, answer, prefix):
                  "before, between and after checkpoints, two crashes in one run), resuming "
                  "from the latest checkpoint", marks=pytest.mark.slow),
     (checks.check_find_straggler, MINE["find_straggler"],
-     "found 8 stragglers and raised no false alarm on 12 traces of noise, pauses and "
+     "found 8 stragglers and raised no false alarm on 16 traces of noise, pauses and "
      "whole-job slowdowns"),
     (checks.check_checkpoint_interval, MINE["checkpoint_interval"],
-     "Daly's interval on 8 cases, incl. his examples (δ = 5 min: 116.7 min for MTBF 24 h) "
+     "Daly's interval on 9 cases, incl. his examples (δ = 5 min: 116.7 min for MTBF 24 h) "
      "and δ ≥ 2M"),
     (checks.check_recovery, MINE["recover"],
      "no update lost or applied twice, bit-identical to the fault-free runs, in 4 cases of "
@@ -212,6 +212,12 @@ def drops_the_warmup_in_place(step_times):
     return MINE["find_straggler"](step_times)
 
 
+def against_the_fastest(step_times):
+    typical = step_times.median(dim=1).values
+    slowest = int(typical.argmax())
+    return slowest if typical[slowest] > 1.2 * typical.min() else None
+
+
 def returns_a_float(step_times):
     rank = MINE["find_straggler"](step_times)
     return None if rank is None else float(rank)
@@ -224,6 +230,8 @@ def returns_a_float(step_times):
                              "3: false alarm, rank 2 reported as a straggler"),
     (over_the_wrong_axis, "4 ranks × 20 steps, rank 2 1.5× slower from step 0: no "
                           "straggler found"),
+    (against_the_fastest, "4 ranks × 20 steps, noise only, rank 3 at 0.75× the step "
+                          "time (a lighter shard): false alarm, rank 1 reported as a straggler"),
     (drops_the_warmup_in_place, "4 ranks × 20 steps, noise only: find_straggler changed the step "
                      "times it was given"),
     (returns_a_float, "4 ranks × 20 steps, rank 2 1.5× slower from step 0: "
@@ -260,6 +268,10 @@ def daly_without_minus_delta(delta, mtbf):
     return (2 * delta * mtbf) ** 0.5 * (1 + x ** 0.5 / 3 + x / 9)
 
 
+def daly_capped_at_m(delta, mtbf):
+    return mtbf if delta >= mtbf else daly_without_the_cap(delta, mtbf)
+
+
 DALY_HINT = ("Daly: τ = √(2δM)·[1 + ⅓·√(δ/2M) + (δ/2M)/9] − δ when δ < 2M, else τ = M "
              "(the same unit as delta and mtbf).")
 
@@ -272,6 +284,9 @@ DALY_HINT = ("Daly: τ = √(2δM)·[1 + ⅓·√(δ/2M) + (δ/2M)/9] − δ whe
     (daly_without_the_cap, "checkpoint_interval(delta=30, mtbf=10): expected 10, got 8.577 "
                            "— Hint: when δ ≥ 2M Daly's interval is M itself: checkpoint "
                            "once per MTBF."),
+    (daly_capped_at_m, "checkpoint_interval(delta=15, mtbf=10): expected 8.764, got 10 — "
+                       "Hint: τ = M only when δ ≥ 2M; for δ < 2M use Daly's formula, "
+                       "even when δ > M."),
     (lambda delta, mtbf: f"{young(delta, mtbf):.1f} min",
      "checkpoint_interval(delta=5, mtbf=1440) returned '120.0 min', not a number — Hint: "
      "return the interval, a float."),
@@ -338,6 +353,13 @@ def drops_a_task(plan, failure):
     return new
 
 
+def keeps_the_dead_in_the_plan(plan, failure):
+    """Reschedules and rebuilds the shard map, but still lists the failed node as alive."""
+    new = MINE["recover"](plan, failure)
+    new["workers"], new["servers"] = list(plan["workers"]), list(plan["servers"])
+    return new
+
+
 def assumes_a_list(plan, failure):
     return plan["workers"].index(failure[1]) + plan["tasks"][None]
 
@@ -358,6 +380,10 @@ def assumes_a_list(plan, failure):
                                       "and it is not reloaded"),
     (drops_a_task, "2 servers, 4 workers: worker 3 failed at round 5: the plan has tasks "
                    "0, 1, 2, the job has 0, 1, 2, 3"),
+    (keeps_the_dead_in_the_plan, "2 servers, 4 workers: worker 3 failed at round 5: "
+                                 "plan['workers'] is [0, 1, 2, 3], the live workers are 0, "
+                                 "1, 2 — Hint: plan['workers'] says who is alive: drop the "
+                                 "failed worker from it"),
     (assumes_a_list, "2 servers, 4 workers: worker 3 failed at round 5: recover raised "
                      "KeyError: None"),
     (lambda plan, failure: None, "2 servers, 4 workers: worker 3 failed at round 5: recover "

@@ -198,6 +198,10 @@ def _traces():
 
         size = f"{world} ranks × {steps} steps"
         cases.append((f"{size}, noise only", noisy(), None))
+        light = noisy()
+        light[(slow + 1) % world] *= 0.75     # less work (a smaller shard): faster, not a fault
+        cases.append((f"{size}, noise only, rank {(slow + 1) % world} at 0.75× the step time "
+                      "(a lighter shard)", light, None))
         spiky = noisy()
         spiky[slow, steps // 4] *= 6          # a GC pause, a checkpoint write, ...
         spiky[slow, steps // 2] *= 5
@@ -264,7 +268,7 @@ def check_find_straggler(fn):
 # ---------------------------------------------------------- 3. checkpoint interval
 
 INTERVAL_CASES = ((5, 24 * 60), (5, 6 * 60), (5, 15), (2, 480), (0.5, 1e5), (40, 60),
-                  (30, 10), (300, 3600 * 24))
+                  (15, 10), (30, 10), (300, 3600 * 24))
 
 
 @check("checkpoint interval")
@@ -288,6 +292,8 @@ def check_checkpoint_interval(fn):
                 "(the same unit as delta and mtbf).")
         if delta >= 2 * mtbf:
             hint = "when δ ≥ 2M Daly's interval is M itself: checkpoint once per MTBF."
+        elif got == mtbf:
+            hint = "τ = M only when δ ≥ 2M; for δ < 2M use Daly's formula, even when δ > M."
         raise Failure(f"checkpoint_interval({where}): expected {num(expected)}, got "
                       f"{num(got)}", hint)
     return (f"Daly's interval on {len(INTERVAL_CASES)} cases, incl. his examples "
@@ -333,6 +339,12 @@ def _check_plan(before, failure, new, where):
                                                           if w != dead]
     servers = before["servers"] if kind == "worker" else [s for s in before["servers"]
                                                           if s != dead]
+    for role, alive in (("workers", workers), ("servers", servers)):
+        if not isinstance(new[role], list) or sorted(new[role]) != alive:
+            raise Failure(f"{where}: plan['{role}'] is {short(repr(new[role]), 40)}, the live "
+                          f"{role} are {listed(alive)}", f"plan['{role}'] says who is alive: "
+                          f"drop the failed {kind} from it (the job would wait for it "
+                          "forever).")
     if sorted(new["tasks"]) != sorted(before["tasks"]):
         raise Failure(f"{where}: the plan has tasks {listed(sorted(new['tasks']))}, the job "
                       f"has {listed(sorted(before['tasks']))}", "every task of a round must "
