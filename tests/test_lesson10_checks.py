@@ -106,7 +106,7 @@ def learner_train(ckpt_dir, steps, every, forget=None, save_every_step=False,
         if forget != "scheduler":
             scheduler.load_state_dict(ckpt["scheduler"])
         if forget != "RNG":
-            torch.set_rng_state(ckpt["rng"][rank])
+            torch.set_rng_state(ckpt["rng"][0 if forget == "own RNG" else rank])
         if forget != "data position":
             step = ckpt["step"]
         if load_missing_key:
@@ -136,6 +136,15 @@ def test_resume_finds_the_forgotten_piece(capsys, piece):
            f"{RESUME}{HALF}: the final parameters after the restart differ from the "
            f"fault-free run: the same parameters as a restart that does not restore the "
            f"{piece} — Hint: {C.RESUME_HINTS[piece]}")
+
+
+@pytest.mark.slow
+def test_resume_with_rank_0s_rng_on_every_rank(capsys):
+    expect(capsys, checks.check_resume, functools.partial(learner_train, forget="own RNG"),
+           f"{RESUME}{HALF}: the final parameters after the restart differ from the "
+           "fault-free run — Hint: restore everything the steps depend on: model, optimizer, "
+           "scheduler, the step (data position) and every rank's own RNG state "
+           "(torch.set_rng_state(states[rank]) on each rank, not rank 0's everywhere).")
 
 
 @pytest.mark.slow

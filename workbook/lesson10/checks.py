@@ -159,7 +159,9 @@ def check_resume(fn):
                           f"fault-free run{found}",
                           RESUME_HINTS.get(piece, "restore everything the steps depend on: "
                                            "model, optimizer, scheduler, the step (data "
-                                           "position) and every rank's RNG state."))
+                                           "position) and every rank's own RNG state "
+                                           "(torch.set_rng_state(states[rank]) on each "
+                                           "rank, not rank 0's everywhere)."))
         last = run.elapsed - run.restarts[-1].restarted if run.restarts else 0.0
         if short_restart and last > 0.8 * clean.elapsed:
             raise Failure(f"{what}: the restarted run took {num(last * 1e3)} ms, as long as "
