@@ -227,6 +227,12 @@ def against_the_fastest(step_times):
     return slowest if typical[slowest] > 1.2 * typical.min() else None
 
 
+def against_a_threshold_in_seconds(step_times):
+    typical = step_times.median(dim=1).values
+    slowest = int(typical.argmax())
+    return slowest if typical[slowest] - typical.median() > 0.02 else None
+
+
 def returns_a_float(step_times):
     rank = MINE["find_straggler"](step_times)
     return None if rank is None else float(rank)
@@ -241,6 +247,8 @@ def returns_a_float(step_times):
                           "straggler found"),
     (against_the_fastest, "4 ranks × 20 steps, noise only, rank 3 at 0.75× the step "
                           "time (a lighter shard): false alarm, rank 1 reported as a straggler"),
+    (against_a_threshold_in_seconds, "16 ranks × 24 steps, rank 0 1.5× slower from step 0: "
+                                     "no straggler found"),
     (drops_the_warmup_in_place, "4 ranks × 20 steps, noise only: find_straggler changed the step "
                      "times it was given"),
     (returns_a_float, "4 ranks × 20 steps, rank 2 1.5× slower from step 0: "

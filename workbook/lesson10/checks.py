@@ -190,8 +190,10 @@ def _traces():
     (``[rank][step]``, seconds) with a straggler to find or only noise."""
     g = torch.Generator().manual_seed(1010)
     cases = []
-    for world, steps, slow in ((4, 20, 2), (8, 30, 5), (16, 24, 0), (3, 15, 1)):
-        base = 0.05 + 0.1 * torch.rand(1, generator=g, dtype=torch.float64).item()
+    # step times from tens of µs to seconds: a threshold in seconds cannot fit them all
+    for world, steps, slow, scale in ((4, 20, 2, 1), (8, 30, 5, 1), (16, 24, 0, 1e-3),
+                                      (3, 15, 1, 20)):
+        base = scale * (0.05 + 0.1 * torch.rand(1, generator=g, dtype=torch.float64).item())
         speed = 1 + 0.04 * (torch.rand(world, 1, generator=g, dtype=torch.float64) - 0.5)
 
         def noisy():
