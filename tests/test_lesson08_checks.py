@@ -594,3 +594,29 @@ def test_checkpointing_a_mask_of_booleans_is_reported(capsys):
 
     fails(capsys, checks.check_checkpointing, mask, "cap 1584 MiB: returned [False",
           "return a list of block indices")
+
+
+def test_fit_loss_mismatch_shows_digits_that_differ(capsys):
+    """At a 0.01 % tolerance four significant digits can print the same number twice:
+    the message shows six, and how far apart they are. Also: autocast around the whole
+    step (backward and optimizer.step() included) leaves the weights where they were."""
+    mine = learner('''
+def wrapped(model, x, y, steps, lr, memory):
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(steps):
+            total = 0.0
+            for xs, ys in zip(x.chunk(8), y.chunk(8)):
+                loss = F.mse_loss(model(xs), ys) / 8
+                loss.backward()
+                total += loss.item()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(total)
+    return losses
+''')
+    text = fails(capsys, checks.check_fit, mine["wrapped"], "16-MiB GPU: step 1: your loss is",
+                 "% apart", "autocast around the forward only")
+    mine_, theirs = text.split("your loss is ")[1].split(", plain training's ")
+    assert mine_.split()[0] != theirs.split()[0], text
