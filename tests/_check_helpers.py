@@ -1,5 +1,5 @@
 """What the tests of every lesson's checks share: reading a check's one printed line, and
-a learner's own copy of a reference answer."""
+a learner's own copy of a reference answer or a wrong answer written from source."""
 
 import inspect
 
@@ -12,6 +12,23 @@ def line(capsys, check, *args):
     assert len(lines) == 1, out
     assert result is lines[0].startswith("✅")
     return result, lines[0]
+
+
+def fails(capsys, check, answer, *parts):
+    """The check prints one ❌ line containing every one of ``parts``."""
+    result, text = line(capsys, check, answer)
+    assert not result and text.startswith("❌"), text
+    for part in parts:
+        assert part in text, text
+    return text
+
+
+def write_learner(source, namespace):
+    """A learner's classes or functions, written from ``source`` in a copy of
+    ``namespace`` (the names a lab cell would see); returns that namespace."""
+    namespace = dict(namespace)
+    exec(compile(source, "<learner>", "exec"), namespace)
+    return namespace
 
 
 def learner_namespace(reference_module, *references):

@@ -10,22 +10,13 @@ import pytest
 import torch
 
 import simcluster as sc
-from _check_helpers import learner_namespace, line
+from _check_helpers import fails, learner_namespace, line, write_learner
 from workbook import checking, checks
 from workbook.lesson07 import _reference as R
 from workbook.lesson07.checks import FIT_CASES, fit_psi, fit_time, my_shard, shard_size
 
 MINE = learner_namespace(R, R.ZeRO1Adam, R.ZeRO2Adam, R.ZeRO3Linear, R.zero_memory_gb,
                          R.fit_settings)
-
-
-def fails(capsys, check, answer, *parts):
-    """The check prints one ❌ line containing every one of ``parts``."""
-    result, text = line(capsys, check, answer)
-    assert not result and text.startswith("❌"), text
-    for part in parts:
-        assert part in text, text
-    return text
 
 
 @pytest.fixture
@@ -35,9 +26,7 @@ def short_timeout(monkeypatch):
 
 def learner(source, **extra):
     """A learner's class or function, written from ``source`` in MINE's namespace."""
-    namespace = {**MINE, **extra}
-    exec(compile(source, "<learner>", "exec"), namespace)
-    return namespace
+    return write_learner(source, {**MINE, **extra})
 
 
 # ------------------------------------------------------------ the reference passes

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import simcluster as sc
-from _check_helpers import learner_namespace, line
+from _check_helpers import fails, learner_namespace, line, write_learner
 from workbook import checking, checks
 from workbook.lesson08 import _reference as R
 from workbook.lesson08.checks import (CHECKPOINT_CAPS, FIT_MEMORY, MiB, _measured,
@@ -24,15 +24,6 @@ MINE = learner_namespace(R, R.bytes_per_parameter, R.LossScaler, R.peak_activati
                          R.choose_checkpoints, R.fit)
 
 
-def fails(capsys, check, answer, *parts):
-    """The check prints one ❌ line containing every one of ``parts``."""
-    result, text = line(capsys, check, answer)
-    assert not result and text.startswith("❌"), text
-    for part in parts:
-        assert part in text, text
-    return text
-
-
 @pytest.fixture
 def short_timeout(monkeypatch):
     monkeypatch.setattr(checking, "TIMEOUT", 2.0)
@@ -41,9 +32,7 @@ def short_timeout(monkeypatch):
 
 def learner(source, **extra):
     """A learner's class or function, written from ``source`` in MINE's namespace."""
-    namespace = {**MINE, **extra}
-    exec(compile(source, "<learner>", "exec"), namespace)
-    return namespace
+    return write_learner(source, {**MINE, **extra})
 
 
 # ------------------------------------------------------------ the reference passes

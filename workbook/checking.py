@@ -202,8 +202,10 @@ def raised(who, error, hint=None):
                    hint or HINTS["exception"])
 
 
-def simulate(cluster, body, world_size, where, hints=None, accounting=False, args=()):
-    """``cluster.run(body, args=args)``; a learner's failure becomes a :class:`Failure` naming
+def simulate(cluster, body, world_size, where, hints=None, accounting=False, args=(),
+             **options):
+    """``cluster.run(body, args=args, **options)`` (``options``: ``faults``,
+    ``max_restarts``, ...); a learner's failure becomes a :class:`Failure` naming
     ``where(rank)`` (the case a rank was in; rank None: the first failing one).
 
     A deadlock or mismatch carries the simulator's own hint, which knows what the ranks
@@ -214,7 +216,7 @@ def simulate(cluster, body, world_size, where, hints=None, accounting=False, arg
     timeout = ACCOUNTING_TIMEOUT if accounting else TIMEOUT
     try:
         return cluster.run(body, world_size=world_size, args=args, accounting=accounting,
-                           timeout=timeout)
+                           timeout=timeout, **options)
     except sc.RankError as error:
         if isinstance(error.original, Failure):   # a check that runs inside the ranks
             raise error.original from None

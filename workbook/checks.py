@@ -24,6 +24,10 @@ from workbook.lesson07.checks import (check_fit_settings, check_zero1, check_zer
                                       check_zero3, check_zero_memory)
 from workbook.lesson08.checks import (check_bytes_per_parameter, check_checkpointing,
                                       check_fit, check_loss_scaler)
+from workbook.lesson09.checks import (check_build_groups, check_choose_layout,
+                                      check_model_flops, check_pipeline_bubble)
+from workbook.lesson10.checks import (check_checkpoint_interval, check_find_straggler,
+                                      check_recovery, check_resume)
 
 __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_hierarchical_allreduce", "check_int8_quantization", "check_local_sgd",
@@ -38,4 +42,8 @@ __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_fit_settings", "check_zero1", "check_zero2", "check_zero3",
            "check_zero_memory",
            "check_bytes_per_parameter", "check_checkpointing", "check_fit",
-           "check_loss_scaler"]
+           "check_loss_scaler",
+           "check_build_groups", "check_choose_layout", "check_model_flops",
+           "check_pipeline_bubble",
+           "check_checkpoint_interval", "check_find_straggler", "check_recovery",
+           "check_resume"]

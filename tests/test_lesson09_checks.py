@@ -1,0 +1,355 @@
+"""Lab 09's checks (3D process groups, FLOPs per iteration, choosing a layout, the 3D
+pipeline bubble): every check passes the reference answer, refuses the reference itself
+and the planner function it compares with, and reports each mistake the lab is about —
+including ones that raise or deadlock — as one ❌ line naming the case and the hint."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _check_helpers import learner_namespace, line
+from simcluster import planner
+from workbook import checking, checks
+from workbook.lesson09 import _reference as R
+from workbook.lesson09.checks import (LAYOUT_CAPS_GIB, LLAMA_7B, GiB, _fastest,
+                                      describe_layout, eq3, layout_cluster)
+
+MINE = learner_namespace(R, R.build_groups, R.model_flops, R.choose_layout,
+                         R.pipeline_bubble)
+
+
+def fails(capsys, check, answer, *parts):
+    """The check prints one ❌ line containing every one of ``parts``."""
+    result, text = line(capsys, check, answer)
+    assert not result and text.startswith("❌"), text
+    for part in parts:
+        assert part in text, text
+    return text
+
+
+@pytest.fixture
+def short_timeout(monkeypatch):
+    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
+
+
+# ------------------------------------------------------------ the reference passes
+
+
+def test_build_groups_reference_passes(capsys):
+    result, text = line(capsys, checks.check_build_groups, MINE["build_groups"])
+    assert result and "meshes 2×2×2, 1×4×2, 4×1×2, 3×2×1, 2×2×4" in text, text
+
+
+def test_model_flops_reference_passes(capsys):
+    result, text = line(capsys, checks.check_model_flops, MINE["model_flops"])
+    assert result and "Eq. 3 and the planner on 8 runs" in text, text
+
+
+def test_choose_layout_reference_passes_at_the_fastest(capsys):
+    result, text = line(capsys, checks.check_choose_layout, MINE["choose_layout"])
+    assert result and "within 0.0% of planner.search's fastest" in text, text
+
+
+def test_pipeline_bubble_reference_passes(capsys):
+    result, text = line(capsys, checks.check_pipeline_bubble, MINE["pipeline_bubble"])
+    assert result and "right on 10 layouts" in text, text
+
+
+@pytest.mark.parametrize("check, reference", [
+    (checks.check_build_groups, R.build_groups), (checks.check_model_flops, R.model_flops),
+    (checks.check_choose_layout, R.choose_layout),
+    (checks.check_pipeline_bubble, R.pipeline_bubble),
+])
+def test_the_reference_itself_is_refused(capsys, check, reference):
+    fails(capsys, check, reference, "the workbook's own reference answer")
+
+
+def test_calling_the_planner_is_refused(capsys):
+    fails(capsys, checks.check_model_flops,
+          lambda cfg, batch, recompute="none": planner.flops_per_iteration(cfg, batch,
+                                                                           recompute),
+          "calls planner.flops_per_iteration")
+    fails(capsys, checks.check_choose_layout,
+          lambda cfg, cluster, batch, cap: vars(planner.search(cfg, cluster, batch)[0]),
+          "calls planner.search")
+    fails(capsys, checks.check_choose_layout,
+          lambda cfg, cluster, batch, cap: vars(_fastest(round(cap / GiB))),
+          "calls planner.search")
+
+
+# ------------------------------------------------------------ exercise 1: groups
+
+
+def _groups_from(mesh, order):
+    """Every group along each dimension of ``mesh`` (named by ``order``), all created on
+    every rank; the calling rank's."""
+    mine = {}
+    for dim, name in enumerate(order):
+        for ranks in mesh.movedim(dim, -1).reshape(-1, mesh.shape[dim]).tolist():
+            group = dist.new_group(ranks)
+            if dist.get_rank() in ranks:
+                mine[name] = group
+    return mine
+
+
+def test_a_transposed_mesh_is_caught(capsys):
+    """tp varies slowest: tp groups stride across the nodes."""
+    def build_groups(pp, dp, tp):
+        return _groups_from(torch.arange(pp * dp * tp).view(tp, dp, pp), ("tp", "dp", "pp"))
+
+    fails(capsys, checks.check_build_groups, build_groups,
+          "❌ 3D process groups: (pp, dp, tp) = (2, 2, 2): rank 1: your pp group is [0, 1], "
+          "init_device_mesh's is [1, 5], so you put it at (pp, dp, tp) = (1, 0, 0), the "
+          "mesh at (0, 0, 1)", "Hint: init_device_mesh lays the ranks out row-major")
+
+
+def test_groups_missing_a_rank_are_caught(capsys):
+    def build_groups(pp, dp, tp):
+        mine = {}
+        mesh = torch.arange(pp * dp * tp).view(pp, dp, tp)
+        for dim, name in enumerate(("pp", "dp", "tp")):
+            for ranks in mesh.movedim(dim, -1).reshape(-1, mesh.shape[dim]).tolist():
+                # off by one: the last rank of each group left out, and alone
+                for part in (ranks[:-1], ranks[-1:]) if len(ranks) > 1 else (ranks,):
+                    group = dist.new_group(part)
+                    if dist.get_rank() in part:
+                        mine[name] = group
+        return mine
+
+    fails(capsys, checks.check_build_groups, build_groups,
+          "(pp, dp, tp) = (2, 2, 2): rank 1: your tp group is [1], init_device_mesh's is "
+          "[0, 1], so you put it at (pp, dp, tp) = (0, 0, 0), the mesh at (0, 0, 1)",
+          "Hint: a tp group has 2 ranks, one per coordinate along tp")
+
+
+def test_creating_only_ones_own_groups_is_a_mismatch(capsys):
+    """new_group is collective over the world: each rank must create every group."""
+    def build_groups(pp, dp, tp):
+        r = dist.get_rank()
+        i_pp, i_dp, i_tp = r // (dp * tp), r // tp % dp, r % tp
+        return {"tp": dist.new_group([(i_pp * dp + i_dp) * tp + k for k in range(tp)]),
+                "dp": dist.new_group([(i_pp * dp + k) * tp + i_tp for k in range(dp)]),
+                "pp": dist.new_group([(k * dp + i_dp) * tp + i_tp for k in range(pp)])}
+
+    fails(capsys, checks.check_build_groups, build_groups,
+          "(pp, dp, tp) = (2, 2, 2): mismatch in new_group #1", "the rank list differs",
+          "every rank must call dist.new_group for every group")
+
+
+def test_a_rank_waiting_alone_deadlocks(capsys):
+    def build_groups(pp, dp, tp):
+        groups = MINE["build_groups"](pp, dp, tp)
+        if dist.get_rank() == 0:
+            dist.barrier(group=groups["tp"])
+        return groups
+
+    fails(capsys, checks.check_build_groups, build_groups,
+          "(pp, dp, tp) = (2, 2, 2): deadlock (rank 0: barrier", "Hint: the members of a "
+          "group wait for each other in dist.new_group")
+
+
+def test_keeping_the_last_group_created_is_caught(capsys):
+    def build_groups(pp, dp, tp):
+        mesh, mine = torch.arange(pp * dp * tp).view(pp, dp, tp), {}
+        for dim, name in enumerate(("pp", "dp", "tp")):
+            for ranks in mesh.movedim(dim, -1).reshape(-1, mesh.shape[dim]).tolist():
+                mine[name] = dist.new_group(ranks)
+        return mine
+
+    fails(capsys, checks.check_build_groups, build_groups, "its 'dp' group is "
+          "GroupMember.NON_GROUP_MEMBER, not a group it is a member of")
+
+
+def test_groups_that_raise_are_reported(capsys):
+    def build_groups(pp, dp, tp):
+        raise NotImplementedError("build the groups")
+
+    fails(capsys, checks.check_build_groups, build_groups, "(pp, dp, tp) = (2, 2, 2): "
+          "rank 0 raised NotImplementedError: build the groups", "not written yet")
+
+
+def test_groups_in_a_list_are_refused(capsys):
+    fails(capsys, checks.check_build_groups,
+          lambda pp, dp, tp: list(MINE["build_groups"](pp, dp, tp).values()),
+          "returned [", "Hint: return a dict {'pp': ..., 'dp': ..., 'tp': ...}")
+
+
+# ------------------------------------------------------------ exercise 2: FLOPs
+
+
+def test_eq3_is_the_planners_count_on_table_1():
+    for row in planner.MEGATRON_TABLE1:
+        for recompute in ("none", "full"):
+            assert eq3(row.config(), row.batch, recompute) == pytest.approx(
+                planner.flops_per_iteration(row.config(), row.batch, recompute), rel=1e-12)
+
+
+def learner_flops(**changes):
+    """The reference count with one term changed, as a learner might slip."""
+    def model_flops(cfg, batch, recompute="none"):
+        s, h, tokens = cfg.seq_len, cfg.hidden, batch * cfg.seq_len
+        kv = cfg.kv * cfg.head_dim
+        mlp = changes.get("mlp", 3 if cfg.swiglu else 2)
+        weights = 2 * h * h + 2 * h * kv + mlp * h * cfg.ffn
+        attention = changes.get("attention", 4) * batch * s * s * h
+        layer = 2 * tokens * weights + attention
+        output = changes.get("output", 2) * tokens * h * cfg.vocab
+        again = {"none": 0, "selective": attention, "full": layer}[
+            changes.get("recompute", {}).get(recompute, recompute)]
+        return 3 * (cfg.layers * layer + output) + cfg.layers * again
+    return model_flops
+
+
+def test_six_n_d_is_named(capsys):
+    fails(capsys, checks.check_model_flops,
+          lambda cfg, batch, recompute="none": 6 * planner.parameter_count(cfg) * batch
+          * cfg.seq_len,
+          "❌ FLOPs per iteration: 1.7B GPT of Table 1, B = 512, recompute='full': you count",
+          "Eq. 3 and the planner give", "6 × parameters × tokens is the rule of thumb")
+
+
+def test_forgetting_the_output_layer_is_named(capsys):
+    fails(capsys, checks.check_model_flops, learner_flops(output=0),
+          "recompute='full'", "the output layer (h × V")
+
+
+def test_forgetting_attention_is_named(capsys):
+    fails(capsys, checks.check_model_flops, learner_flops(attention=0),
+          "recompute='full'", "attention multiplies Q by Kᵀ")
+
+
+def test_ignoring_recomputation_is_named(capsys):
+    fails(capsys, checks.check_model_flops,
+          learner_flops(recompute={"full": "none", "selective": "none"}),
+          "1.7B GPT of Table 1, B = 512, recompute='full'",
+          "recomputation runs forward again")
+
+
+def test_selective_as_full_is_named(capsys):
+    fails(capsys, checks.check_model_flops, learner_flops(recompute={"selective": "full"}),
+          "recompute='selective'", "selective recomputation repeats only the attention")
+
+
+def test_two_mlp_matrices_for_swiglu_are_caught(capsys):
+    fails(capsys, checks.check_model_flops, learner_flops(mlp=2),
+          "LLaMA-7B, B = 256, recompute='none'", "three with SwiGLU")
+
+
+def test_flops_that_raise_or_loop_are_reported(capsys, short_timeout):
+    def raises(cfg, batch, recompute="none"):
+        return cfg.kv_heads * 2              # None for multi-head attention
+
+    fails(capsys, checks.check_model_flops, raises, "raised TypeError")
+
+    def loops(cfg, batch, recompute="none"):
+        while True:
+            pass
+
+    fails(capsys, checks.check_model_flops, loops, "still running after 2 s")
+
+
+# ------------------------------------------------------------ exercise 3: layout
+
+
+def test_the_caps_have_different_fastest_layouts():
+    """So no single layout passes: each cap's fastest is too slow or too big elsewhere."""
+    layouts = {(e.tp, e.pp, e.dp, e.micro_batch, e.recompute, e.zero)
+               for e in map(_fastest, LAYOUT_CAPS_GIB)}
+    assert len(layouts) == len(LAYOUT_CAPS_GIB)
+
+
+def _layout(est):
+    return {"tp": est.tp, "pp": est.pp, "dp": est.dp, "micro_batch": est.micro_batch,
+            "recompute": est.recompute, "zero": est.zero}
+
+
+def test_ignoring_the_cap_does_not_fit(capsys):
+    fastest = planner.search(LLAMA_7B, layout_cluster(), 256)[0]
+    fails(capsys, checks.check_choose_layout, lambda *args: _layout(fastest),
+          "LLaMA-7B, B = 256, 40 GiB per GPU: tp 1 × pp 1 × dp 32", "GiB per GPU (parameters",
+          "Hint: shard what dominates")
+
+
+def test_the_tightest_layout_everywhere_is_too_slow(capsys):
+    tight = _fastest(LAYOUT_CAPS_GIB[-1])
+    fails(capsys, checks.check_choose_layout, lambda *args: _layout(tight),
+          f"LLaMA-7B, B = 256, {LAYOUT_CAPS_GIB[0]} GiB per GPU: {describe_layout(tight)} "
+          "fits, and its step takes",
+          "of the fastest layout that fits", "Hint: every memory saving costs time")
+
+
+def test_an_invalid_layout_passes_the_planners_error_through(capsys):
+    fails(capsys, checks.check_choose_layout,
+          lambda *args: {"tp": 1, "pp": 32, "dp": 1, "micro_batch": 3, "recompute": "full",
+                         "zero": 0},
+          "planner.estimate refuses", "micro_batch=3 does not divide the 256 sequences")
+
+
+def test_a_layout_not_using_every_gpu_is_refused(capsys):
+    fails(capsys, checks.check_choose_layout,
+          lambda *args: {"tp": 8, "pp": 1, "dp": 2, "micro_batch": 1, "zero": 0},
+          "tp × pp × dp = 16, not the 32 GPUs")
+
+
+def test_a_layout_without_micro_batch_is_refused(capsys):
+    fails(capsys, checks.check_choose_layout,
+          lambda *args: {"tp": 8, "pp": 1, "dp": 4, "micro_batch": None},
+          "micro_batch=None lets the planner pick")
+    fails(capsys, checks.check_choose_layout, lambda *args: (2, 4, 4),
+          "returned (2, 4, 4)", "Hint: return a dict of planner.estimate's arguments")
+
+
+def test_a_layout_that_raises_is_reported(capsys):
+    def choose_layout(cfg, cluster, global_batch, memory_cap):
+        return {"tp": cfg.heads // cluster.gpus_per_node}
+
+    fails(capsys, checks.check_choose_layout, choose_layout, "raised AttributeError")
+
+
+def test_the_check_compares_with_the_cap_applied():
+    """The fastest under a cap fits it, and is slower than without the cap."""
+    free = planner.search(LLAMA_7B, layout_cluster(), 256)[0]
+    for cap in LAYOUT_CAPS_GIB:
+        assert _fastest(cap).memory_per_gpu <= cap * GiB
+        assert _fastest(cap).step_time > free.step_time
+
+
+# ------------------------------------------------------------ exercise 4: bubble
+
+
+def test_the_bubble_without_dp_is_named(capsys):
+    fails(capsys, checks.check_pipeline_bubble,
+          lambda gpus, t, p, batch, b, v=1: (p - 1) / (v * batch / b),
+          "❌ 3D pipeline bubble: 32 GPUs, t = 2, p = 4, B = 512, b = 1, v = 1: returned "
+          "0.005859, expected 0.02344", "m = B/(b·d), not B/b")
+
+
+def test_the_wall_time_fraction_is_named(capsys):
+    def bubble(gpus, t, p, batch, b, v=1):
+        m = batch / (b * gpus // (t * p))
+        return (p - 1) / (v * m + p - 1)
+
+    fails(capsys, checks.check_pipeline_bubble, bubble, "share of the wall time")
+
+
+def test_ignoring_interleaving_is_named(capsys):
+    def bubble(gpus, t, p, batch, b, v=1):
+        return (p - 1) / (batch / (b * gpus // (t * p)))
+
+    fails(capsys, checks.check_pipeline_bubble, bubble, "v = 2: returned 0.02344, expected "
+          "0.01172", "divide by v")
+
+
+def test_a_percentage_is_named(capsys):
+    fails(capsys, checks.check_pipeline_bubble,
+          lambda *case: 100 * MINE["pipeline_bubble"](*case), "not a percentage")
+
+
+def test_a_bubble_that_raises_or_returns_none_is_reported(capsys):
+    def bubble(gpus, t, p, batch, b, v=1):
+        raise NotImplementedError("m = B/(b·d)")
+
+    fails(capsys, checks.check_pipeline_bubble, bubble, "raised NotImplementedError",
+          "this exercise is not written yet")
+    fails(capsys, checks.check_pipeline_bubble, lambda *case: None,
+          "returned None, not a number")

@@ -1,0 +1,424 @@
+"""Lab 10's checks (failure handling): every check passes the reference answer, refuses the
+reference itself (and lesson 10's demos), and reports each mistake the lab is about —
+including ones that deadlock or raise — as one exact ❌ line."""
+
+import copy
+import functools
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _check_helpers import learner_namespace, line
+from workbook import checks
+from workbook.lesson10 import _reference as R
+from workbook.lesson10 import checks as C
+from workbook.lesson10 import job
+
+NAMES = {checks.check_resume: "checkpoint and resume",
+         checks.check_find_straggler: "find the straggler",
+         checks.check_checkpoint_interval: "checkpoint interval",
+         checks.check_recovery: "parameter-server recovery"}   # as each check prints it
+RESUME, STRAGGLER, INTERVAL, RECOVERY = (f"❌ {name}: " for name in NAMES.values())
+
+MINE = learner_namespace(R, R.train, R.find_straggler, R.checkpoint_interval, R.recover)
+
+
+def expect(capsys, check, answer, message):
+    assert line(capsys, check, answer)[1] == message
+
+
+def starts(capsys, check, answer, prefix):
+    _, text = line(capsys, check, answer)
+    assert text.startswith(prefix), text
+    return text
+
+
+# ------------------------------------------------------------ the reference passes
+
+
+@pytest.mark.parametrize("check, answer, text", [
+    pytest.param(checks.check_resume, MINE["train"],
+                 "bit-identical to the fault-free run after 4 crash scenarios (ranks 0-3, "
+                 "before, between and after checkpoints, two crashes in one run), resuming "
+                 "from the latest checkpoint", marks=pytest.mark.slow),
+    (checks.check_find_straggler, MINE["find_straggler"],
+     "found 8 stragglers and raised no false alarm on 12 traces of noise, pauses and "
+     "whole-job slowdowns"),
+    (checks.check_checkpoint_interval, MINE["checkpoint_interval"],
+     "Daly's interval on 8 cases, incl. his examples (δ = 5 min: 116.7 min for MTBF 24 h) "
+     "and δ ≥ 2M"),
+    (checks.check_recovery, MINE["recover"],
+     "no update lost or applied twice, bit-identical to the fault-free runs, in 4 cases of "
+     "worker and server failures"),
+])
+def test_reference_passes(capsys, check, answer, text):
+    expect(capsys, check, answer, f"✅ {NAMES[check]}: {text}")
+
+
+@pytest.mark.parametrize("check, reference", [
+    (checks.check_resume, R.train),
+    (checks.check_find_straggler, R.find_straggler),
+    (checks.check_checkpoint_interval, R.checkpoint_interval),
+    (checks.check_recovery, R.recover),
+])
+def test_the_reference_itself_is_refused(capsys, check, reference):
+    expect(capsys, check, reference,
+           f"❌ {NAMES[check]}: this function is the workbook's own reference answer, not "
+           "yours — Hint: the exercise is to write it yourself, in the cell above.")
+
+
+def test_lesson_demos_are_refused(capsys):
+    from workbook import failures
+
+    for demo in (failures.daly_interval, lambda d, m: failures.daly_interval(d, m)):
+        starts(capsys, checks.check_checkpoint_interval, demo,
+               f"{INTERVAL}this function is the workbook's own reference answer")
+    starts(capsys, checks.check_recovery, failures.sharded_ps_train,
+           f"{RECOVERY}this function is the workbook's own reference answer")
+
+
+def test_an_unwritten_exercise_says_so(capsys):
+    def find_straggler(step_times):
+        raise NotImplementedError("use the median")
+
+    starts(capsys, checks.check_find_straggler, find_straggler,
+           f"{STRAGGLER}4 ranks × 20 steps, noise only: find_straggler raised "
+           "NotImplementedError: use the median — Hint: this exercise is not written yet")
+
+
+# ------------------------------------------------------------ 1. checkpoint and resume
+
+
+def learner_train(ckpt_dir, steps, every, forget=None, save_every_step=False,
+                  gather_on_rank_0=False, load_missing_key=False):
+    """The reference loop as a learner writes it, with one mistake chosen by keyword."""
+    rank = dist.get_rank()
+    model, ddp, optimizer, scheduler = job.build()
+    path = os.path.join(ckpt_dir, "latest.pt")
+    step = 0
+    if os.path.exists(path) and forget != "to load":
+        ckpt = torch.load(path, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        if forget != "optimizer":
+            optimizer.load_state_dict(ckpt["optimizer"])
+        if forget != "scheduler":
+            scheduler.load_state_dict(ckpt["scheduler"])
+        if forget != "RNG":
+            torch.set_rng_state(ckpt["rng"][rank])
+        if forget != "data position":
+            step = ckpt["step"]
+        if load_missing_key:
+            step = ckpt["epoch"]
+    while step < steps:
+        job.train_step(ddp, optimizer, scheduler, *job.batch(step))
+        step += 1
+        if (step % every == 0 or save_every_step) and forget != "to save":
+            rngs = [None] * dist.get_world_size()
+            if rank == 0 or not gather_on_rank_0:
+                dist.all_gather_object(rngs, torch.get_rng_state())
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "scheduler": scheduler.state_dict(), "step": step, "rng": rngs},
+                           path)
+            dist.barrier()
+    return job.params(model)
+
+
+HALF = "rank 0 crashed at 50 % of the run"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("piece", ["optimizer", "scheduler", "RNG", "data position"])
+def test_resume_finds_the_forgotten_piece(capsys, piece):
+    expect(capsys, checks.check_resume, functools.partial(learner_train, forget=piece),
+           f"{RESUME}{HALF}: the final parameters after the restart differ from the "
+           f"fault-free run: the same parameters as a restart that does not restore the "
+           f"{piece} — Hint: {C.RESUME_HINTS[piece]}")
+
+
+@pytest.mark.slow
+def test_resume_that_starts_over(capsys):
+    text = starts(capsys, checks.check_resume, functools.partial(learner_train, forget="to load"),
+                  f"{RESUME}rank 3 crashed at 97 % of the run: the restarted run took ")
+    assert "it started over instead of resuming — Hint: when a checkpoint exists" in text
+
+
+@pytest.mark.slow
+def test_resume_without_checkpoints(capsys):
+    expect(capsys, checks.check_resume, functools.partial(learner_train, forget="to save"),
+           f"{RESUME}without a failure: no rank wrote a checkpoint (torch.save or dcp.save to "
+           "a file in ckpt_dir) — Hint: every 3 steps, save what a restart needs into "
+           "ckpt_dir.")
+
+
+@pytest.mark.slow
+def test_resume_with_a_gather_only_rank_0_calls(capsys):
+    """On a real cluster this hangs until the watchdog; the simulator names the mismatch."""
+    expect(capsys, checks.check_resume, functools.partial(learner_train, gather_on_rank_0=True),
+           f"{RESUME}without a failure: mismatch in all_gather #8 on group WORLD: the op "
+           "differs (rank 0: all_gather, rank 1: barrier) — Hint: every rank must call the "
+           "same collectives, in the same order, with matching arguments.")
+
+
+@pytest.mark.slow
+def test_resume_that_raises_after_the_restart(capsys):
+    text = starts(capsys, checks.check_resume,
+                  functools.partial(learner_train, load_missing_key=True), f"{RESUME}{HALF}: rank ")
+    assert " raised KeyError: 'epoch' — Hint: read the message above" in text
+
+
+@pytest.mark.slow
+def test_resume_that_checkpoints_every_step(capsys):
+    text = starts(capsys, checks.check_resume,
+                  functools.partial(learner_train, save_every_step=True),
+                  f"{RESUME}without a failure: your run wrote ")
+    assert "3.2× what one checkpoint every 3 steps" in text
+
+
+def test_resume_with_a_training_mistake(capsys):
+    def train(ckpt_dir, steps, every):
+        return learner_train(ckpt_dir, steps + 1, every)
+
+    expect(capsys, checks.check_resume, train,
+           f"{RESUME}without a failure: the final parameters differ from 10 steps of the "
+           "job — Hint: call job.build() once, then job.train_step(ddp, optimizer, "
+           "scheduler, *job.batch(step)) for step = 0, 1, ...; saving a checkpoint must not "
+           "change the training.")
+
+
+# ---------------------------------------------------------- 2. find the straggler
+
+
+def argmax_of_means(step_times):
+    return int(step_times.mean(dim=1).argmax())
+
+
+def mean_against_threshold(step_times):
+    means = step_times.mean(dim=1)
+    slowest = int(means.argmax())
+    return slowest if means[slowest] > 1.2 * means.median() else None
+
+
+def over_the_wrong_axis(step_times):
+    typical = step_times.median(dim=0).values
+    slowest = int(typical.argmax())
+    return slowest if typical[slowest] > 1.2 * typical.median() else None
+
+
+def drops_the_warmup_in_place(step_times):
+    step_times[:, 0] = 0          # "ignore the first step", written into the caller's tensor
+    return MINE["find_straggler"](step_times)
+
+
+def returns_a_float(step_times):
+    rank = MINE["find_straggler"](step_times)
+    return None if rank is None else float(rank)
+
+
+@pytest.mark.parametrize("answer, message", [
+    (argmax_of_means, "4 ranks × 20 steps, noise only: false alarm, rank 1 reported as a "
+                      "straggler"),
+    (mean_against_threshold, "4 ranks × 20 steps, a few slow steps (pauses) on ranks 2 and "
+                             "3: false alarm, rank 2 reported as a straggler"),
+    (over_the_wrong_axis, "4 ranks × 20 steps, rank 2 1.5× slower from step 0: no "
+                          "straggler found"),
+    (drops_the_warmup_in_place, "4 ranks × 20 steps, noise only: find_straggler changed the step "
+                     "times it was given"),
+    (returns_a_float, "4 ranks × 20 steps, rank 2 1.5× slower from step 0: "
+                      "find_straggler returned 2.0, not a rank (an int) or None"),
+])
+def test_find_straggler_mistakes(capsys, answer, message):
+    starts(capsys, checks.check_find_straggler, answer, f"{STRAGGLER}{message} — Hint: ")
+
+
+def test_find_straggler_that_raises(capsys):
+    def transposed_index(step_times):
+        return step_times[:, 100].argmax()
+
+    starts(capsys, checks.check_find_straggler, transposed_index,
+           f"{STRAGGLER}4 ranks × 20 steps, noise only: find_straggler raised IndexError: ")
+
+
+# ---------------------------------------------------------- 3. checkpoint interval
+
+
+def young(delta, mtbf):
+    return (2 * delta * mtbf) ** 0.5
+
+
+def daly_without_the_cap(delta, mtbf):
+    x = delta / (2 * mtbf)
+    return (2 * delta * mtbf) ** 0.5 * (1 + x ** 0.5 / 3 + x / 9) - delta
+
+
+def daly_without_minus_delta(delta, mtbf):
+    if delta >= 2 * mtbf:
+        return mtbf
+    x = delta / (2 * mtbf)
+    return (2 * delta * mtbf) ** 0.5 * (1 + x ** 0.5 / 3 + x / 9)
+
+
+DALY_HINT = ("Daly: τ = √(2δM)·[1 + ⅓·√(δ/2M) + (δ/2M)/9] − δ when δ < 2M, else τ = M "
+             "(the same unit as delta and mtbf).")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (young, f"checkpoint_interval(delta=5, mtbf=1440): expected 116.7, got 120 — Hint: "
+            f"{DALY_HINT}"),
+    (daly_without_minus_delta, f"checkpoint_interval(delta=5, mtbf=1440): expected 116.7, "
+                               f"got 121.7 — Hint: {DALY_HINT}"),
+    (daly_without_the_cap, "checkpoint_interval(delta=30, mtbf=10): expected 10, got 8.577 "
+                           "— Hint: when δ ≥ 2M Daly's interval is M itself: checkpoint "
+                           "once per MTBF."),
+    (lambda delta, mtbf: f"{young(delta, mtbf):.1f} min",
+     "checkpoint_interval(delta=5, mtbf=1440) returned '120.0 min', not a number — Hint: "
+     "return the interval, a float."),
+    (lambda delta, mtbf: math_domain_error(delta - mtbf),
+     "checkpoint_interval(delta=5, mtbf=1440) raised ValueError: math domain error — Hint: "),
+])
+def test_checkpoint_interval_mistakes(capsys, answer, message):
+    starts(capsys, checks.check_checkpoint_interval, answer, f"{INTERVAL}{message}")
+
+
+def math_domain_error(x):
+    import math
+    return math.sqrt(x)
+
+
+# ------------------------------------------------------- 4. parameter-server recovery
+
+
+def seed_flow(plan, failure):
+    """The seed's handle_node_failure: only the failed server's slices are reloaded."""
+    kind, dead = failure
+    new = copy.deepcopy(plan)
+    if kind == "worker":
+        return MINE["recover"](plan, failure)
+    new["servers"] = [s for s in plan["servers"] if s != dead]
+    new["reload"] = [j for j, s in plan["owner"].items() if s == dead]
+    for j in new["reload"]:
+        new["owner"][j] = new["servers"][0]
+    return new
+
+
+def rolls_back_without_reloading(plan, failure):
+    """Back to the checkpoint's round on every failure, reloading only for servers."""
+    new = MINE["recover"](plan, failure)
+    new["round"] = plan["checkpoint"]
+    return new
+
+
+def forgets_the_workers_tasks(plan, failure):
+    kind, dead = failure
+    new = MINE["recover"](plan, failure)
+    if kind == "worker":
+        new["tasks"] = dict(plan["tasks"])
+    return new
+
+
+def reloads_only_the_dead_slice_but_rolls_back(plan, failure):
+    new = MINE["recover"](plan, failure)
+    if failure[0] == "server":
+        new["reload"] = [j for j, s in plan["owner"].items() if s == failure[1]]
+    return new
+
+
+def moves_a_slice_without_reloading(plan, failure):
+    new = MINE["recover"](plan, failure)
+    new["reload"] = []
+    return new
+
+
+def drops_a_task(plan, failure):
+    new = MINE["recover"](plan, failure)
+    if failure[0] == "worker":
+        del new["tasks"][failure[1]]
+    return new
+
+
+def assumes_a_list(plan, failure):
+    return plan["workers"].index(failure[1]) + plan["tasks"][None]
+
+
+@pytest.mark.parametrize("answer, message", [
+    (seed_flow, "2 servers, 4 workers, server 1 failing: updates lost: slice 1 never "
+                "applied round(s) 4-5 — Hint: a reloaded slice is back at the checkpoint"),
+    (rolls_back_without_reloading, "2 servers, 4 workers, worker 3 failing: updates applied "
+                                   "twice: slice 0 applied round(s) 4 twice — Hint: going "
+                                   "back to an earlier round redoes its updates"),
+    (reloads_only_the_dead_slice_but_rolls_back,
+     "2 servers, 4 workers, server 1 failing: updates applied twice: slice 0 applied "
+     "round(s) 4-5 twice"),
+    (forgets_the_workers_tasks, "2 servers, 4 workers: worker 3 failed at round 5: task 3 "
+                                "is given to worker 3, which is not alive (alive: 0, 1, 2)"),
+    (moves_a_slice_without_reloading, "2 servers, 4 workers: server 1 failed at round 6: "
+                                      "slice 1 moved to server 0, which does not hold it, "
+                                      "and it is not reloaded"),
+    (drops_a_task, "2 servers, 4 workers: worker 3 failed at round 5: the plan has tasks "
+                   "0, 1, 2, the job has 0, 1, 2, 3"),
+    (assumes_a_list, "2 servers, 4 workers: worker 3 failed at round 5: recover raised "
+                     "KeyError: None"),
+    (lambda plan, failure: None, "2 servers, 4 workers: worker 3 failed at round 5: recover "
+                                 "returned None, without round, checkpoint, workers"),
+])
+def test_recovery_mistakes(capsys, answer, message):
+    starts(capsys, checks.check_recovery, answer, f"{RECOVERY}{message}")
+
+
+def test_a_plan_that_deadlocks_is_reported(capsys, monkeypatch):
+    """Without the structural checks a forgotten task leaves the servers waiting for a dead
+    worker: the simulator's deadlock report comes through."""
+    monkeypatch.setattr(C, "_check_plan", lambda *args: None)
+    text = starts(capsys, checks.check_recovery, forgets_the_workers_tasks,
+                  f"{RECOVERY}2 servers, 4 workers, worker 3 failing: deadlock (rank 0: recv")
+    assert "— Hint: " in text
+
+
+def rng_file_per_rank(ckpt_dir, steps, every):
+    """Another right answer: each rank saves its own RNG state in its own file, written
+    before rank 0's checkpoint, which commits the step (a restart reads the RNG file of
+    the step the checkpoint names)."""
+    rank = dist.get_rank()
+    model, ddp, optimizer, scheduler = job.build()
+    path = os.path.join(ckpt_dir, "latest.pt")
+    step = 0
+    if os.path.exists(path):
+        ckpt = torch.load(path, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        step = ckpt["step"]
+        torch.set_rng_state(torch.load(os.path.join(ckpt_dir, f"rng{rank}-{step}.pt")))
+    while step < steps:
+        job.train_step(ddp, optimizer, scheduler, *job.batch(step))
+        step += 1
+        if step % every == 0:
+            torch.save(torch.get_rng_state(), os.path.join(ckpt_dir, f"rng{rank}-{step}.pt"))
+            dist.barrier()
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "scheduler": scheduler.state_dict(), "step": step}, path + ".tmp")
+                os.replace(path + ".tmp", path)
+            dist.barrier()
+    return job.params(model)
+
+
+@pytest.mark.slow
+def test_resume_accepts_another_right_answer(capsys):
+    assert line(capsys, checks.check_resume, rng_file_per_rank)[0]
+
+
+def test_a_detector_that_never_returns_is_stopped(capsys, monkeypatch):
+    from workbook import checking
+
+    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
+
+    def waits_for_a_spike(step_times):
+        while True:
+            pass
+
+    starts(capsys, checks.check_find_straggler, waits_for_a_spike,
+           f"{STRAGGLER}4 ranks × 20 steps, noise only: find_straggler: rank 0 was still "
+           "running after 2 s of wall-clock time (an infinite loop?) — Hint: ")
