@@ -40,9 +40,10 @@ def starts(capsys, check, answer, prefix):
 
 @pytest.mark.parametrize("check, answer, text", [
     pytest.param(checks.check_resume, MINE["train"],
-                 "bit-identical to the fault-free run after 4 crash scenarios (ranks 0-3, "
-                 "before, between and after checkpoints, two crashes in one run), resuming "
-                 "from the latest checkpoint", marks=pytest.mark.slow),
+                 "bit-identical to the fault-free run after 5 crash scenarios (ranks 0-3, "
+                 "before, between and after checkpoints, two crashes in one run, one during a "
+                 "checkpoint write), resuming from the latest checkpoint",
+                 marks=pytest.mark.slow),
     (checks.check_find_straggler, MINE["find_straggler"],
      "found 8 stragglers and raised no false alarm on 16 traces of noise, pauses and "
      "whole-job slowdowns"),
@@ -92,7 +93,7 @@ def test_an_unwritten_exercise_says_so(capsys):
 
 
 def learner_train(ckpt_dir, steps, every, forget=None, save_every_step=False,
-                  gather_on_rank_0=False, load_missing_key=False):
+                  gather_on_rank_0=False, load_missing_key=False, in_place=False):
     """The reference loop as a learner writes it, with one mistake chosen by keyword."""
     rank = dist.get_rank()
     model, ddp, optimizer, scheduler = job.build()
@@ -121,7 +122,9 @@ def learner_train(ckpt_dir, steps, every, forget=None, save_every_step=False,
             if rank == 0:
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                             "scheduler": scheduler.state_dict(), "step": step, "rng": rngs},
-                           path)
+                           path if in_place else path + ".tmp")
+                if not in_place:
+                    os.replace(path + ".tmp", path)
             dist.barrier()
     return job.params(model)
 
@@ -145,6 +148,15 @@ def test_resume_with_rank_0s_rng_on_every_rank(capsys):
            "fault-free run — Hint: restore everything the steps depend on: model, optimizer, "
            "scheduler, the step (data position) and every rank's own RNG state "
            "(torch.set_rng_state(states[rank]) on each rank, not rank 0's everywhere).")
+
+
+@pytest.mark.slow
+def test_resume_that_writes_the_checkpoint_in_place(capsys):
+    """A crash during the write tears the only checkpoint; the restart cannot load it."""
+    text = starts(capsys, checks.check_resume, functools.partial(learner_train, in_place=True),
+                  f"{RESUME}rank 0 crashed in the middle of writing the 2nd checkpoint: rank ")
+    assert text.endswith("(after the restart, reading a torn checkpoint?) — Hint: "
+                         f"{C.TORN_HINT}"), text
 
 
 @pytest.mark.slow
@@ -183,7 +195,7 @@ def test_resume_that_checkpoints_every_step(capsys):
     text = starts(capsys, checks.check_resume,
                   functools.partial(learner_train, save_every_step=True),
                   f"{RESUME}without a failure: your run wrote ")
-    assert "3.2× what one checkpoint every 3 steps" in text
+    assert "3.3× what one checkpoint every 3 steps" in text
 
 
 def test_resume_with_a_training_mistake(capsys):

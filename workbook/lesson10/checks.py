@@ -126,6 +126,24 @@ def _crash_cases(t):
     return cases
 
 
+def _torn_write_case(run):
+    """``[(description, crashes, False)]``: a crash in the middle of the second checkpoint
+    write of the first rank that writes two (in ``run``, the learner's fault-free run),
+    which leaves a file written in place torn; ``[]`` if no rank writes twice."""
+    for rank in range(job.WORLD_SIZE):
+        writes = [e for e in run.clock(rank).events
+                  if e.lane == "io" and e.label.startswith("write")]
+        if len(writes) >= 2:
+            middle = (writes[1].start + writes[1].end) / 2
+            return [(f"rank {rank} crashed in the middle of writing the 2nd checkpoint",
+                     [faults.Crash(rank=rank, at=middle)], False)]
+    return []
+
+
+TORN_HINT = ("write the checkpoint to a temporary name (path + \".tmp\") and os.replace it "
+             "onto path: a crash during the write then leaves the previous checkpoint whole.")
+
+
 @check("checkpoint and resume")
 def check_resume(fn):
     """``fn(ckpt_dir, steps, every)`` on every rank: train :mod:`job` for ``steps`` steps,
@@ -149,8 +167,18 @@ def check_resume(fn):
         raise Failure(f"{where}: no rank wrote a checkpoint (torch.save or dcp.save to a "
                       "file in ckpt_dir)", f"every {RESUME_EVERY} steps, save what a "
                       "restart needs into ckpt_dir.")
-    for what, crashes, short_restart in _crash_cases(clean.elapsed):
-        run = _train_run(cluster, fn, lambda rank: what, crashes, len(crashes))
+    cases = _crash_cases(clean.elapsed) + _torn_write_case(clean)
+    for what, crashes, short_restart in cases:
+        try:
+            run = _train_run(cluster, fn, lambda rank: what, crashes, len(crashes))
+        except Failure as failure:
+            if "middle of writing" in what:
+                raise Failure(f"{failure.what} (after the restart, reading a torn "
+                              "checkpoint?)", TORN_HINT) from None
+            raise
+        if "middle of writing" in what and not _same_params(run, expected, what):
+            raise Failure(f"{what}: the final parameters after the restart differ from the "
+                          "fault-free run", TORN_HINT)
         if not _same_params(run, expected, what):
             piece = _forgotten_piece(cluster, ref, crashes, run.results[0])
             found = (f": the same parameters as a restart that does not restore the {piece}"
@@ -175,9 +203,9 @@ def check_resume(fn):
                       f"{RESUME_EVERY} steps, written once, needs ({num(ref_written)})",
                       "save every `every` steps, and only one rank (rank 0) writes the "
                       "state every rank holds the same.")
-    return ("bit-identical to the fault-free run after 4 crash scenarios (ranks 0-3, "
-            "before, between and after checkpoints, two crashes in one run), resuming from "
-            "the latest checkpoint")
+    return (f"bit-identical to the fault-free run after {len(cases)} crash scenarios (ranks "
+            "0-3, before, between and after checkpoints, two crashes in one run, one during "
+            "a checkpoint write), resuming from the latest checkpoint")
 
 
 # ---------------------------------------------------------- 2. find the straggler
