@@ -228,12 +228,17 @@ class SimWorld:
         self.deaths = {}   # rank -> Death, for the ranks whose process died
         # Each rank's latest saved checkpoint (simulated seconds), for a restart's lost work.
         self.checkpoints = [None] * world_size
+        # With a restart to come, torchrun's agent stops every surviving worker this many
+        # simulated seconds after a crash (before their watchdogs fire); None: no restart.
+        self.stop_after_crash = None
+        self.crash_times = {}   # rank -> when its crash fault strikes, this attempt
         # Each rank's watchdog timeout in simulated seconds (dist.init_process_group's).
         self.timeouts = [DEFAULT_WATCHDOG_TIMEOUT_S] * world_size
 
     # ------------------------------------------------------------------- faults
     def schedule_crash(self, rank, t, cause):
         """``rank``'s process dies at simulated time ``t`` (a fault named ``cause``)."""
+        self.crash_times[rank] = t
         self.clock(rank).set_deadline(t, lambda: self.die(rank, t, cause, crash=True), "")
 
     def note_checkpoint(self, rank):
@@ -250,8 +255,19 @@ class SimWorld:
             self.deaths[rank] = Death(t, cause, crash)
             if self.recorder is not None:
                 self.recorder.deaths.append((rank, t, crash))
+            if crash and self.stop_after_crash is not None:
+                self._stop_survivors(t + self.stop_after_crash, f"rank {rank} crashed")
             self._fail_operations_of(rank)
         raise ProcessDied()
+
+    def _stop_survivors(self, t, why):
+        """torchrun's agent stops every live worker at ``t`` to restart them all."""
+        label = f"stopped by torchrun to restart ({why})"
+        for r in range(self.world_size):
+            clock = self.clock(r)
+            if r not in self.deaths and clock is not None:
+                clock.set_deadline(t, lambda r=r, clock=clock: self.die(
+                    r, max(t, clock.now), label, crash=False), label)
 
     def check_alive(self, rank):
         """Called as ``rank`` starts an operation: it dies here if its time has come."""
@@ -276,6 +292,11 @@ class SimWorld:
         timeout = self.timeouts[rank]
         t = since + timeout
         label = f"watchdog: {what} did not finish in {timeout:g} s ({reason})"
+        if self.stop_after_crash is not None and self.crash_times:
+            # a restart is to come: torchrun stops the rank first (see _stop_survivors)
+            stop = max(since, min(self.crash_times.values()) + self.stop_after_crash)
+            if stop < t:
+                t, label = stop, f"stopped by torchrun to restart ({reason})"
         clock.set_deadline(t, lambda: self.die(rank, max(t, clock.now), label, crash=False),
                            label)
 

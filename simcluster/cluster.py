@@ -111,8 +111,10 @@ class Cluster:
                 :class:`~simcluster.faults.NodeCrash`, restart on the surviving nodes
                 with fewer ranks, if at least this many are left. Without it a crashed node
                 is replaced (the same world size).
-            restart_delay: simulated seconds from the failed attempt's end (its last rank
-                stopped) to the restart: torchrun's detection, rendezvous and start-up.
+            restart_delay: simulated seconds from a crash to the restart: torchrun's agent
+                notices the dead worker, stops the others (they stop then, before their
+                watchdogs fire), meets the other agents again and starts new processes.
+                The last attempt, with no restart left, ends by the watchdogs instead.
 
         Raises:
             RankCrashedError: a rank crashed and the run could not restart (any more).
@@ -168,7 +170,8 @@ class Cluster:
             elif start > 0:
                 recorder.restart(start)
             world, results, scheduled = cluster._attempt(
-                fn, world_size, args, kwargs, timeout, recorder, faults, start, alive_nodes)
+                fn, world_size, args, kwargs, timeout, recorder, faults, start, alive_nodes,
+                restart_delay if attempt < max_restarts else None)
             run = Run(cluster, world_size, results, world)
             run.restarts = list(restarts)
             if not world.deaths:
@@ -193,7 +196,7 @@ class Cluster:
                     "Without restarts the run ends "
                     "here: pass max_restarts=... to cluster.run to restart every rank, as "
                     "torchrun --max-restarts does, and resume from a checkpoint."))
-            start = record.detected + restart_delay
+            start = max(record.detected, record.time + restart_delay)
             restarts.append(dataclasses.replace(record, restarted=start))
             if shrink:
                 kept = [cluster.spec.nodes[i] for i in left]
@@ -206,12 +209,15 @@ class Cluster:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _attempt(self, fn, world_size, args, kwargs, timeout, recorder, faults, start,
-                 alive_nodes):
+                 alive_nodes, stop_after_crash):
         """One attempt of a run on this cluster, from simulated time ``start``: returns
-        the world, the results, and ``{rank: fault}`` for the crashes scheduled."""
+        the world, the results, and ``{rank: fault}`` for the crashes scheduled.
+        ``stop_after_crash``: with a restart to come, the survivors stop this many seconds
+        after a crash (None: they wait for their watchdogs)."""
         results = [None] * world_size
         scheduler = RankScheduler(world_size, lambda: world.explain_deadlock(), timeout)
         world = backend.SimWorld(scheduler, world_size, recorder)
+        world.stop_after_crash = stop_after_crash
         scheduled = _faults.crashes(faults, start, world_size, self.spec, alive_nodes)
         for rank, fault in scheduled.items():
             world.schedule_crash(rank, fault.at, str(fault))

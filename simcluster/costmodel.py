@@ -60,7 +60,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .faults import PACKET_BYTES, retransmission_rounds
+from .faults import PACKET_BYTES, retransmission_factor, retransmission_rounds
 
 NCCL_VERSION = "2.30.7"  # the tuning.cc every NCCL constant below is read from
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -394,7 +394,7 @@ class CostModel:
         """Bytes/s one NIC's link carries, after faults; lost packets take their share."""
         return (self.spec.inter_node_link.effective_bandwidth
                 * self.link_factor.get("network", 1.0) * self._window("network")
-                * (1.0 - self._lost))
+                / retransmission_factor(self._lost))
 
     def _window(self, key):
         """The factor of link ``key``'s degraded windows at the time being charged."""

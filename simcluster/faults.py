@@ -23,7 +23,8 @@ What a fault does:
 * :class:`LinkDegraded` — a node's NVLink fabric (or the network between nodes) has
   ``factor`` times its bandwidth from ``start`` to ``end``.
 * :class:`PacketLoss` — a share ``rate`` of the packets that cross the node's NICs is lost
-  and sent again: data still arrives, later (see :func:`retransmission_factor`).
+  and sent again: data still arrives, later (see :func:`retransmission_factor` and
+  :func:`retransmission_rounds`).
 
 After a crash ``cluster.run`` raises :class:`~simcluster.RankCrashedError`, or, given
 ``max_restarts``, restarts every rank as torchrun does: see :class:`RestartRecord`.
@@ -37,10 +38,12 @@ from numbers import Real
 # to 10 minutes for NCCL (torch.distributed.constants.default_pg_nccl_timeout).
 DEFAULT_WATCHDOG_TIMEOUT_S = 600.0
 
-# Simulated seconds between the moment a failed attempt has stopped (the last rank died)
-# and the moment the restarted ranks start: torchrun's agent notices the failure, stops the
-# workers, meets the other agents again (rendezvous) and starts new processes. A round
-# figure; pass ``restart_delay=`` to ``cluster.run`` for another.
+# Simulated seconds from a crash to the restarted ranks' start: torchrun's agent notices
+# the dead worker (it polls its workers every few seconds), stops the other workers, meets
+# the other agents again (rendezvous) and starts new processes, which import torch and
+# build their process group. The survivors stop then, well before NCCL's watchdog would
+# stop them. A round figure, not a measurement; pass ``restart_delay=`` to
+# ``cluster.run`` for another.
 DEFAULT_RESTART_DELAY_S = 30.0
 
 # The packet size that packet loss is counted in: InfiniBand's largest MTU.
@@ -235,10 +238,11 @@ class RestartRecord:
         attempt: the attempt that failed (0 is the first run, as
             ``TORCHELASTIC_RESTART_COUNT`` counts).
         world_size: the failed attempt's number of ranks.
-        detected: when the last rank of the failed attempt had stopped (the watchdog
-            timeouts ran out).
-        restarted: when the next attempt started (``detected`` plus the restart delay),
-            or None if there was none.
+        detected: when the last rank of the failed attempt had stopped: torchrun stopped
+            the survivors ``restart_delay`` after the crash, or, with no restart left, their
+            watchdog timeouts ran out.
+        restarted: when the next attempt started (the crash plus ``restart_delay``), or
+            None if there was none.
     """
 
     time: float

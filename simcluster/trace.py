@@ -13,7 +13,9 @@ Layout of the trace:
   time as its sends (links are full duplex) and so cannot share their thread, as events
   of one thread must nest;
 * ``"X"`` (complete) events with ``ts`` and ``dur`` in microseconds of simulated time;
-* a ``"C"`` (counter) track per rank, ``"rank 3 memory"``, with the bytes in use.
+* a ``"C"`` (counter) track per rank, ``"rank 3 memory"``, with the bytes in use;
+* an ``"i"`` (instant) event, category ``"fault"``, on the compute thread of each rank
+  that died: ``"crash"`` (a fault) or ``"watchdog stop"``.
 
 The output is deterministic — keys sorted, events in a fixed order, one event per line —
 so two traces can be compared with ``diff``.
@@ -89,6 +91,11 @@ def trace_events(recorder, spec):
                             event["args"]["protocol"] = record.protocol
                         break
             work.append(event)
+        for dead, t, crash in recorder.deaths:
+            if dead == rank:
+                work.append({"ph": "i", "s": "t", "name": "crash" if crash else "watchdog stop",
+                             "cat": "fault", "pid": node, "tid": 2 * local, "ts": _us(t),
+                             "args": {"rank": rank}})
         memory = recorder.memories[rank]
         for t, nbytes in memory.history:
             counters.append({"ph": "C", "name": f"rank {rank} memory", "pid": node,

@@ -1,4 +1,4 @@
-"""A learner works in labs 02, 03, 04, 05, 06 and 07, as `make progress`, `make labs` and
+"""A learner works in labs 02, 03, 04, 05, 06, 07 and 08, as `make progress`, `make labs` and
 `make test` see it.
 
 1. One exercise filled in, in a freshly generated lab (never the learner's own labs/
@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Each lab, with an exercise a learner can solve on its own.
 ALONE = {"02_gradient_aggregation.ipynb": 2, "03_data_parallel.ipynb": 2,
          "04_model_parallel.ipynb": 2, "05_pipeline_parallel.ipynb": 2,
-         "06_tensor_parallel.ipynb": 1, "07_zero_fsdp.ipynb": 4}
+         "06_tensor_parallel.ipynb": 1, "07_zero_fsdp.ipynb": 4,
+         "08_memory_and_precision.ipynb": 2}
 NAMES = list(ALONE)
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,6 @@
 """The lesson 09 demo: a GPT trained on a (pp, dp, tp) mesh equals the one-process model."""
 
 import pytest
-import torch
 
 import simcluster as sc
 from workbook import parallel3d as p3
@@ -14,25 +13,12 @@ def cluster():
     return sc.Cluster.from_dict(TWO_NODES)
 
 
-def _compare(run, pp, dp, m, **kwargs):
-    """Largest differences (losses, gradients, updated parameters) between the 3D run and
-    :func:`p3.reference_step`; also checks that every parameter of the model was seen."""
-    ref = p3.reference_step(chunks=dp * m, steps=kwargs.get("steps", 1))
-    losses = [loss for r in run.results if r["coords"]["pp"] == pp - 1 and r["coords"]["tp"] == 0
-              for loss in r["losses"]]
-    assert len(losses) == len(ref["losses"]) == dp * m
-    seen = {p3._plain_name(n) for r in run.results for n in r["grads"]}
-    assert seen == set(ref["grads"])
-    diff = {"loss": max(abs(a - b) for a, b in zip(losses, ref["losses"])),
-            "grad": max((g - ref["grads"][p3._plain_name(n)]).abs().max().item()
-                        for r in run.results for n, g in r["grads"].items()),
-            "param": max((p - ref["params"][p3._plain_name(n)]).abs().max().item()
-                         for r in run.results for n, p in r["params"].items())}
-    # the step did change the parameters (a run that skips the update would still match)
-    moved = max((ref["params"][n] - p).abs().max().item()
-                for n, p in dict(p3.GPT().named_parameters()).items())
-    assert moved > 1e-4
-    return diff
+def _check(report, micro_batches, steps=1):
+    diff = p3.compare_with_reference(report, steps=steps)
+    assert not diff["missing"]                       # every parameter was on some stage
+    assert len(diff["losses"]) == len(diff["reference_losses"]) == report.dp * micro_batches
+    assert diff["moved"] > 1e-4                      # the step did change the parameters
+    assert diff["loss"] < 1e-5 and diff["grad"] < 1e-6 and diff["param"] < 1e-6, diff
 
 
 @pytest.mark.parametrize("layout", [(2, 2, 2),
@@ -40,18 +26,17 @@ def _compare(run, pp, dp, m, **kwargs):
                                     pytest.param((4, 2, 1), marks=pytest.mark.slow)])
 def test_3d_step_equals_one_process(cluster, layout):
     pp, dp, tp = layout
-    m = max(2, pp)
-    run = cluster.run(p3.train_step, world_size=8, args=layout, kwargs={"micro_batches": m})
-    diff = _compare(run, pp, dp, m)
-    assert diff["loss"] < 1e-5 and diff["grad"] < 1e-6 and diff["param"] < 1e-6, diff
+    _check(p3.measure(cluster, pp, dp, tp, micro_batches=max(2, pp)), max(2, pp))
 
 
 def test_3d_recompute_two_steps_equal_one_process(cluster):
-    run = cluster.run(p3.train_step, world_size=8, args=(2, 2, 2),
-                      kwargs={"micro_batches": 2, "recompute": True, "steps": 2,
-                              "schedule": "GPipe"})
-    diff = _compare(run, 2, 2, 2, steps=2)
-    assert diff["loss"] < 1e-5 and diff["grad"] < 1e-6 and diff["param"] < 1e-6, diff
+    kwargs = {"micro_batches": 2, "steps": 2, "schedule": "GPipe"}
+    recomputed = p3.measure(cluster, 2, 2, 2, recompute=True, **kwargs)
+    _check(recomputed, 2, steps=2)
+    # the blocks kept only their inputs, and ran their forward again in the backward
+    plain = p3.measure(cluster, 2, 2, 2, **kwargs)
+    assert recomputed.peak["activations"] < 0.7 * plain.peak["activations"]
+    assert recomputed.run.recorder.clocks[0].flops > 1.2 * plain.run.recorder.clocks[0].flops
 
 
 def _mesh_only(pp, dp, tp, across):
@@ -77,11 +62,38 @@ def test_mesh_places_tp_inside_or_across_nodes(cluster, across):
         assert coords[5] == {"pp": 1, "dp": 0, "tp": 1}
 
 
-def test_tp_across_nodes_is_slower(cluster):
-    inside = cluster.run(p3.train_step, world_size=8, args=(2, 2, 2))
-    across = cluster.run(p3.train_step, world_size=8, args=(2, 2, 2),
-                         kwargs={"tp_across_nodes": True})
-    assert across.elapsed > 1.2 * inside.elapsed
+def test_tp_across_nodes_is_slower_and_traffic_by_dimension(cluster):
+    # the second step: the first one also runs the pipeline's shape-inference forward
+    inside = p3.measure(cluster, 2, 2, 2, steps=2)
+    across = p3.measure(cluster, 2, 2, 2, tp_across_nodes=True, steps=2)
+    assert across.step_time > 1.2 * inside.step_time
+    traffic = p3.step_traffic(inside)
+    # rank 0: 2 layers x 2 micro-batches x 4 all-reduces (2 forward, 2 backward)
+    assert traffic["tp", "all_reduce"][0] == 16
+    assert traffic["pp", "send"][0] == 2              # stage 0 sends one activation per micro-batch
+    assert traffic["dp", "reduce_scatter"][0] >= 1
+    assert traffic["dp", "all_gather"][0] >= 1
+    # InfiniBand latency instead of NVLink's (this model's messages are tiny)
+    assert p3.step_traffic(across)["tp", "all_reduce"][1] > 1.5 * traffic["tp", "all_reduce"][1]
+    phases = p3.stage_phases(inside, 0)
+    assert phases["forward"] > 0 and phases["backward"] > 0 and phases["idle"] > 0
+    assert sum(phases.values()) == pytest.approx(inside.step_time, rel=1e-6)
+
+
+def test_explorer_text_picture_and_bad_layout():
+    from simcluster import planner
+
+    cfg = planner.TransformerConfig(layers=24, hidden=2304, heads=24, seq_len=2048, vocab=51200)
+    dgx = sc.Cluster.preset("dgx-a100", nodes=4)
+    explorer = p3.Explorer(cfg, dgx, global_batch=512, dp=32, micro_batch=4)
+    est = planner.estimate(cfg, dgx, dp=32, global_batch=512, micro_batch=4)
+    text = explorer.text()
+    assert text.startswith("tp=1 pp=1 dp=32 micro-batch=4 recompute=full ZeRO-0")
+    assert f"step {est.step_time:.2f} s" in text and "fits" in text
+    bundle = explorer._repr_mimebundle_()
+    assert bundle["text/plain"] == text and bundle["image/png"]
+    assert p3.Explorer(cfg, dgx, global_batch=512, tp=5).text() == (
+        "not a layout: heads=24 is not divisible by tp=5")
 
 
 def test_bad_batch_names_the_values(cluster):

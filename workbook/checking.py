@@ -19,7 +19,8 @@ works on a tensor in place on every rank; the correctness tests of such runs
 (:func:`check_outputs`, :func:`check_p2p_only`, :func:`check_messages_sent`); and budgets
 (:func:`budget` for bytes, messages and memory per rank; :func:`cross_node_budget`;
 :func:`time_budget`), judged only once the results are correct. :func:`refuse_reference`
-answers ❌ when a check is handed the workbook's own answer.
+answers ❌ when a check is handed the workbook's own answer; :func:`on_a_rank` calls a
+learner's plain function on one simulated rank, so that one that never returns is stopped.
 """
 
 import functools
@@ -231,6 +232,24 @@ def simulate(cluster, body, world_size, where, hints=None, accounting=False, arg
                       "wall-clock time (an infinite loop?)", hints["timeout"]) from None
     except sc.SimulationError as error:
         raise Failure(f"{where(None)}: {short(error)}", hints["exception"]) from None
+
+
+def on_a_rank(fn, args, where):
+    """``fn(*args)`` on one simulated rank (no accounting), so that a learner's function
+    that never returns is stopped; an exception becomes a :class:`Failure` naming
+    ``where``."""
+
+    def body():
+        try:
+            return True, fn(*args)
+        except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
+            return False, error
+
+    returned, value = simulate(sc.Cluster.preset("dgx-a100"), body, 1,
+                               lambda rank: where).results[0]
+    if not returned:
+        raise raised(where, value)
+    return value
 
 
 def call(who, fn, *args):

@@ -22,6 +22,8 @@ from workbook.lesson06.checks import (check_conjugate_operators, check_megatron_
                                       check_parallel_linears, check_sequence_parallel)
 from workbook.lesson07.checks import (check_fit_settings, check_zero1, check_zero2,
                                       check_zero3, check_zero_memory)
+from workbook.lesson08.checks import (check_bytes_per_parameter, check_checkpointing,
+                                      check_fit, check_loss_scaler)
 
 __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_hierarchical_allreduce", "check_int8_quantization", "check_local_sgd",
@@ -34,4 +36,6 @@ __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_conjugate_operators", "check_megatron_mlp", "check_parallel_linears",
            "check_sequence_parallel",
            "check_fit_settings", "check_zero1", "check_zero2", "check_zero3",
-           "check_zero_memory"]
+           "check_zero_memory",
+           "check_bytes_per_parameter", "check_checkpointing", "check_fit",
+           "check_loss_scaler"]

@@ -60,9 +60,15 @@ class Attention(nn.Module):
         b, s = x.shape[0], x.shape[1]
         q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2)
                    for w in (self.wq, self.wk, self.wv))
+        return self.wo(self.core(q, k, v).transpose(1, 2).reshape(b, s, -1))
+
+    def core(self, q, k, v):
+        """The "core attention" between the projections: ``dropout(softmax(q·kᵀ/√d))·v``,
+        per head. Its ``a·s²`` tensors are what selective recomputation (Korthikanti et
+        al. 2022) recomputes instead of keeping."""
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
         probs = F.dropout(torch.softmax(scores, dim=-1), self.dropout, self.training)
-        return self.wo((probs @ v).transpose(1, 2).reshape(b, s, -1))
+        return probs @ v
 
 
 class MLP(nn.Module):

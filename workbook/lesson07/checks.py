@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 import simcluster as sc
 from workbook.checking import (mse, Failure, budget, check, first_difference, listed,
-                               num, raised, refuse_reference, seconds, simulate)
+                               num, on_a_rank, refuse_reference, seconds, simulate)
 
 WORLD_SIZES = (1, 2, 3, 4)
 MEMORY_WORLD_SIZES = (2, 4)
@@ -423,22 +423,6 @@ PAPER = {0: 120.0, 1: 31.4, 2: 16.6, 3: 1.9}
 FORMULA_CASES = ((7.5e9, 1), (1.5e9, 8), (7.5e9, 64), (175e9, 1024), (1e9, 3))
 
 
-def _on_a_rank(fn, args, where):
-    """``fn(*args)`` on one simulated rank, so that a loop that never ends is stopped."""
-
-    def body():
-        try:
-            return True, fn(*args)
-        except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
-            return False, error
-
-    returned, value = simulate(sc.Cluster.preset("dgx-a100"), body, 1,
-                               lambda rank: where).results[0]
-    if not returned:
-        raise raised(where, value)
-    return value
-
-
 def _said(value):
     return num(value) if isinstance(value, (int, float)) else repr(value)
 
@@ -452,7 +436,7 @@ def check_zero_memory(fn):
     refuse_reference(fn, ref.zero_memory_gb)
     for stage, paper in PAPER.items():
         where = f"Ψ = 7.5B, N_d = 64, stage {stage}"
-        got = _on_a_rank(fn, (7.5e9, 64, stage), where)
+        got = on_a_rank(fn, (7.5e9, 64, stage), where)
         if not isinstance(got, (int, float)) or not abs(got - paper) <= 0.05:
             raise Failure(f"{where}: you said {_said(got)}, the paper's table says {paper} GB",
                           "per parameter: 2 bytes of fp16 parameters, 2 of fp16 "
@@ -464,7 +448,7 @@ def check_zero_memory(fn):
         for k in (12, 16):
             for stage in range(4):
                 where = f"Ψ = {num(psi)}, N_d = {n}, K = {k}, stage {stage}"
-                got = _on_a_rank(fn, (psi, n, stage, k), where)
+                got = on_a_rank(fn, (psi, n, stage, k), where)
                 expected = ref.zero_memory_gb(psi, n, stage, k)
                 if not isinstance(got, (int, float)) or not math.isclose(got, expected,
                                                                          rel_tol=1e-6):
@@ -581,7 +565,7 @@ def check_fit_settings(fn):
         psi = fit_psi(width)
         where = f"Ψ = {psi / 1e9:.2f}B in {FIT_BLOCKS} blocks on {FIT_WORLD} GPUs"
         settings = _valid_settings(
-            _on_a_rank(fn, (psi, FIT_BLOCKS, FIT_WORLD, gpu, host), where), where)
+            on_a_rank(fn, (psi, FIT_BLOCKS, FIT_WORLD, gpu, host), where), where)
         best, best_time = _best(width)
         try:
             mine = best_time if settings == best else fit_time(width, settings)

@@ -1,0 +1,498 @@
+"""Lab 08's checks (bytes per parameter, a loss scaler against GradScaler, which blocks to
+checkpoint, fitting a model on a small GPU): every check passes the reference answer,
+refuses the reference itself and the lesson's own helpers, and reports each mistake the
+lab is about — including ones that raise or never return — as one ❌ line naming the case
+and the hint. The numbers the checks stand on (measured bytes per parameter, the caps'
+distance from every subset's estimated peak, plain training running out of memory) are
+pinned here too."""
+
+import itertools
+import random
+
+import pytest
+import torch
+
+import simcluster as sc
+from _check_helpers import learner_namespace, line
+from workbook import checking, checks
+from workbook.lesson08 import _reference as R
+from workbook.lesson08.checks import (CHECKPOINT_CAPS, FIT_MEMORY, MiB, _measured,
+                                      measure_checkpoints,
+                                      profile_blocks, run_fit, train_plain)
+
+MINE = learner_namespace(R, R.bytes_per_parameter, R.LossScaler, R.peak_activations,
+                         R.choose_checkpoints, R.fit)
+
+
+def fails(capsys, check, answer, *parts):
+    """The check prints one ❌ line containing every one of ``parts``."""
+    result, text = line(capsys, check, answer)
+    assert not result and text.startswith("❌"), text
+    for part in parts:
+        assert part in text, text
+    return text
+
+
+@pytest.fixture
+def short_timeout(monkeypatch):
+    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
+    monkeypatch.setattr(checking, "ACCOUNTING_TIMEOUT", 5.0)
+
+
+def learner(source, **extra):
+    """A learner's class or function, written from ``source`` in MINE's namespace."""
+    namespace = {**MINE, **extra}
+    exec(compile(source, "<learner>", "exec"), namespace)
+    return namespace
+
+
+# ------------------------------------------------------------ the reference passes
+
+
+def test_bytes_per_parameter_reference_passes(capsys):
+    result, text = line(capsys, checks.check_bytes_per_parameter, MINE["bytes_per_parameter"])
+    assert result and "all 18 recipes" in text, text
+
+
+def test_loss_scaler_reference_passes(capsys):
+    result, text = line(capsys, checks.check_loss_scaler, MINE["LossScaler"])
+    assert result and "skipped steps (11 of 42)" in text, text
+
+
+def test_checkpointing_reference_passes(capsys):
+    result, text = line(capsys, checks.check_checkpointing, MINE["choose_checkpoints"])
+    assert result and "within 0.0% of the best" in text, text
+
+
+@pytest.mark.slow
+def test_fit_reference_passes(capsys):
+    result, text = line(capsys, checks.check_fit, MINE["fit"])
+    assert result and "the same losses as plain training" in text, text
+
+
+@pytest.mark.parametrize("check, reference", [
+    (checks.check_bytes_per_parameter, R.bytes_per_parameter),
+    (checks.check_bytes_per_parameter, R.measured_bytes_per_parameter),
+    (checks.check_loss_scaler, R.LossScaler),
+    (checks.check_checkpointing, R.choose_checkpoints),
+    (checks.check_fit, R.fit),
+])
+def test_the_reference_itself_is_refused(capsys, check, reference):
+    fails(capsys, check, reference, "the workbook's own reference answer")
+
+
+def _precision_helper(*args):
+    return 16
+
+
+_precision_helper.__module__ = "workbook.precision"
+
+
+@pytest.mark.parametrize("check", [checks.check_bytes_per_parameter,
+                                   checks.check_checkpointing, checks.check_fit])
+def test_the_lessons_own_helpers_are_refused(capsys, check):
+    fails(capsys, check, _precision_helper, "uses the lesson's own helpers")
+
+
+def test_a_function_calling_the_lessons_helpers_is_refused(capsys):
+    def bytes_per_parameter(weights, optimizer, master_weights=False):
+        return helper(weights, optimizer, master_weights)
+
+    helper = _precision_helper
+    fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
+          "uses the lesson's own helpers (workbook.precision)")
+
+
+# ------------------------------------------------------------ bytes per parameter
+
+
+def test_the_simulator_measures_what_the_formula_says():
+    """Each recipe's measured bytes per parameter (Adam's step counters aside) is the
+    formula's, category by category."""
+    for recipe, measured in _measured().items():
+        weights, optimizer, master = recipe
+        w = R.ELEMENT_BYTES[weights]
+        assert measured["parameters"] == w and measured["gradients"] == w, recipe
+        assert measured["optimizer state"] == pytest.approx(
+            R.bytes_per_parameter(*recipe) - 2 * w, abs=0.01), recipe
+
+
+def test_bytes_forgetting_the_master_copy(capsys):
+    def bytes_per_parameter(weights, optimizer, master_weights=False):
+        w = 4 if weights == "float32" else 2
+        return 2 * w + {"sgd": 0, "momentum": 1, "adam": 2}[optimizer] * (
+            4 if master_weights else w)
+
+    fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
+          "❌ bytes per parameter: float32 weights, SGD, fp32 master weights: you said 8 "
+          "bytes per parameter, the simulator measured 12 (parameters 4, gradients 4, "
+          "optimizer state 4)", "Hint: the weights and their gradients")
+
+
+def test_bytes_with_adam_state_always_in_fp32(capsys):
+    def bytes_per_parameter(weights, optimizer, master_weights=False):
+        w = 4 if weights == "float32" else 2
+        return 2 * w + (4 if master_weights else 0) + 4 * {"sgd": 0, "momentum": 1,
+                                                           "adam": 2}[optimizer]
+
+    fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
+          "bfloat16 weights, SGD with momentum: you said 8 bytes per parameter, the "
+          "simulator measured 6")
+
+
+def test_bytes_as_a_string_is_reported(capsys):
+    fails(capsys, checks.check_bytes_per_parameter, lambda *args: "16",
+          "float32 weights, SGD: you said '16' bytes per parameter")
+
+
+def test_bytes_that_raises_is_reported(capsys):
+    def bytes_per_parameter(weights, optimizer, master_weights=False):
+        if master_weights:
+            raise ValueError("which dtype?")
+        return 8
+
+    fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
+          "❌ bytes per parameter: float32 weights, SGD, fp32 master weights raised "
+          "ValueError: which dtype?", "Hint: read the message above")
+
+
+def test_bytes_that_never_returns_is_stopped(capsys, short_timeout):
+    def bytes_per_parameter(weights, optimizer, master_weights=False):
+        while True:
+            pass
+
+    fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
+          "still running after 2 s", "Hint: look for a loop")
+
+
+# ------------------------------------------------------------ the loss scaler
+
+
+def test_grad_scaler_itself_is_refused(capsys):
+    class Mine(torch.amp.GradScaler):
+        pass
+
+    fails(capsys, checks.check_loss_scaler, Mine, "this class is torch.amp.GradScaler")
+
+
+def test_scaler_that_never_backs_off(capsys):
+    mine = learner('''
+class NoBackoff(LossScaler):
+    def update(self):
+        self._found_inf = False
+        super().update()
+''')
+    fails(capsys, checks.check_loss_scaler, mine["NoBackoff"],
+          "❌ loss scaler: init_scale 16777216, ×2 after 3 good steps, ×0.5 on overflow: "
+          "before step 1, your scale is 16777216, GradScaler's 8388608",
+          "Hint: after a step with inf or NaN gradients (a skipped step), multiply the "
+          "scale by backoff_factor")
+
+
+def test_scaler_that_keeps_counting_across_an_overflow(capsys):
+    mine = learner('''
+class KeepsCounting(LossScaler):
+    def update(self):
+        good = self._good_steps
+        super().update()
+        if self._found_inf:
+            self._good_steps = good
+''')
+    fails(capsys, checks.check_loss_scaler, mine["KeepsCounting"],
+          "your scale is", "Hint: count the good steps in a row")
+
+
+def test_scaler_that_misses_nans_steps_on_them(capsys):
+    mine = learner('''
+class InfOnly(LossScaler):      # an overflow in float16 turns into NaN in backward
+    def step(self, optimizer):
+        grads = [q.grad for group in optimizer.param_groups for q in group["params"]]
+        self._found_inf = any(bool(torch.isinf(g).any()) for g in grads)
+        if self._found_inf:
+            return None
+        for g in grads:
+            g.div_(self._scale)
+        return optimizer.step()
+''')
+    fails(capsys, checks.check_loss_scaler, mine["InfOnly"],
+          "step 0: GradScaler skipped it (a gradient was inf or NaN) and left the weights "
+          "as they were, yours changed them", "Hint: look at every gradient")
+
+
+def test_scaler_that_zeroes_instead_of_skipping_moves_the_weights(capsys):
+    """Momentum still moves the weights with zeroed gradients."""
+    mine = learner('''
+class Zeroes(LossScaler):
+    def step(self, optimizer):
+        grads = [q.grad for group in optimizer.param_groups for q in group["params"]]
+        self._found_inf = not all(bool(torch.isfinite(g).all()) for g in grads)
+        for g in grads:
+            if self._found_inf:
+                g.zero_()
+            else:
+                g.div_(self._scale)
+        return optimizer.step()
+''')
+    fails(capsys, checks.check_loss_scaler, mine["Zeroes"], "step 7: GradScaler skipped it",
+          "yours changed them")
+
+
+def test_scaler_that_does_not_unscale(capsys):
+    mine = learner('''
+class Scaled(LossScaler):
+    def step(self, optimizer):
+        grads = [q.grad for group in optimizer.param_groups for q in group["params"]]
+        self._found_inf = not all(bool(torch.isfinite(g).all()) for g in grads)
+        if not self._found_inf:
+            return optimizer.step()
+''')
+    fails(capsys, checks.check_loss_scaler, mine["Scaled"],
+          "after step 6, parameter 0, element 0: GradScaler gives",
+          "Hint: divide every gradient by the scale")
+
+
+def test_scaler_not_written_says_so(capsys):
+    mine = learner('''
+class Unwritten(LossScaler):
+    def scale(self, loss):
+        raise NotImplementedError("multiply")
+''')
+    fails(capsys, checks.check_loss_scaler, mine["Unwritten"],
+          "rank 0 raised NotImplementedError: multiply", "this exercise is not written yet")
+
+
+def test_scaler_that_never_returns_is_stopped(capsys, short_timeout):
+    mine = learner('''
+class Stuck(LossScaler):
+    def update(self):
+        while self._found_inf:
+            pass
+        super().update()
+''')
+    fails(capsys, checks.check_loss_scaler, mine["Stuck"], "still running after 2 s")
+
+
+# ------------------------------------------------------------ checkpointing
+
+
+def test_checkpointing_nothing_does_not_fit(capsys):
+    fails(capsys, checks.check_checkpointing, lambda profile, cap: [],
+          "❌ activation checkpointing: cap 1584 MiB: checkpointing blocks [] peaks at 1696 "
+          "MiB of activations", "Hint: block i runs")
+
+
+def test_checkpointing_everything_recomputes_too_much(capsys):
+    fails(capsys, checks.check_checkpointing, lambda profile, cap: list(range(8)),
+          "cap 1584 MiB: blocks [0, 1, 2, 3, 4, 5, 6, 7] fit, and recomputing them adds",
+          "the best choice's", "Hint: some blocks free many bytes")
+
+
+def test_checkpointing_greedy_by_bytes_per_second_is_not_the_best(capsys):
+    """Attention frees the most bytes per second of recompute, but two MLPs are enough."""
+    def choose(profile, cap):
+        order = sorted(range(len(profile)), key=lambda i: -(profile[i]["kept"]
+                       - profile[i]["output"]) / profile[i]["recompute"])
+        chosen = []
+        for i in order:
+            if MINE["peak_activations"](profile, set(chosen)) <= cap:
+                break
+            chosen.append(i)
+        return chosen
+
+    fails(capsys, checks.check_checkpointing, choose,
+          "cap 1584 MiB: blocks [2] fit, and recomputing them adds", "1.28× the best")
+
+
+def test_checkpointing_ignoring_the_recompute_peak_does_not_fit(capsys):
+    """Counting only what the blocks keep misses the recompute of the last attention."""
+    def choose(profile, cap):
+        def kept(chosen):
+            return sum(r["output"] if i in chosen else r["kept"] for i, r in enumerate(profile))
+
+        subsets = [set(c) for k in range(9) for c in itertools.combinations(range(8), k)]
+        fitting = [s for s in subsets if kept(s) <= cap]
+        return sorted(min(fitting, key=lambda s: sum(profile[i]["recompute"] for i in s)))
+
+    fails(capsys, checks.check_checkpointing, choose, "MiB of activations",
+          "Hint: block i runs (in forward, and again in backward")
+
+
+def test_checkpointing_returning_none_is_reported(capsys):
+    fails(capsys, checks.check_checkpointing, lambda profile, cap: None,
+          "cap 1584 MiB: returned None", "Hint: return a list of block indices")
+
+
+def test_checkpointing_a_block_that_does_not_exist(capsys):
+    fails(capsys, checks.check_checkpointing, lambda profile, cap: [1, 8],
+          "cap 1584 MiB: block 8 does not exist")
+
+
+def test_checkpointing_that_raises_is_reported(capsys):
+    fails(capsys, checks.check_checkpointing, lambda profile, cap: profile[8],
+          "cap 1584 MiB raised IndexError")
+
+
+def test_checkpointing_that_never_returns_is_stopped(capsys, short_timeout):
+    def choose(profile, cap):
+        while True:
+            pass
+
+    fails(capsys, checks.check_checkpointing, choose, "still running after 2 s")
+
+
+def test_every_cap_is_far_from_every_subsets_estimated_peak():
+    """So the estimate's small errors cannot flip what fits (see the next test)."""
+    profile = profile_blocks()
+    peaks = {R.peak_activations(profile, set(c)) for k in range(9)
+             for c in itertools.combinations(range(8), k)}
+    for cap in CHECKPOINT_CAPS:
+        assert min(abs(cap - p) for p in peaks) >= 16 * MiB, cap
+
+
+@pytest.mark.slow
+def test_the_estimated_peak_is_the_measured_one_within_8_mib():
+    """On the reference's choices, every single block and a sample of other subsets."""
+    profile = profile_blocks()
+    subsets = [R.choose_checkpoints(profile, cap) for cap in CHECKPOINT_CAPS]
+    subsets += [[i] for i in range(8)] + [[]]
+    rng = random.Random(0)
+    subsets += [sorted(rng.sample(range(8), rng.randint(2, 7))) for _ in range(8)]
+    for chosen in subsets:
+        measured, _ = measure_checkpoints(chosen)
+        estimate = R.peak_activations(profile, set(chosen))
+        assert 0 <= measured - estimate <= 8 * MiB, (chosen, measured / MiB, estimate / MiB)
+
+
+def test_recompute_adds_up():
+    """The step time with several blocks checkpointed is the plain step plus their
+    profiled recompute times (within 6 %: the profile measures each block alone)."""
+    profile = profile_blocks()
+    _, plain = measure_checkpoints([])
+    for cap in CHECKPOINT_CAPS:
+        chosen = R.choose_checkpoints(profile, cap)
+        _, took = measure_checkpoints(chosen)
+        assert took - plain == pytest.approx(sum(profile[i]["recompute"] for i in chosen),
+                                             rel=0.06), chosen
+
+
+# ------------------------------------------------------------ make it fit
+
+
+@pytest.mark.parametrize("memory", FIT_MEMORY)
+def test_plain_training_runs_out_of_memory(memory):
+    with pytest.raises(sc.OutOfMemoryError):
+        run_fit(train_plain, memory)
+
+
+@pytest.mark.slow
+def test_fit_with_bf16_autocast_and_micro_batches_passes(capsys):
+    """Any combination that fits is accepted: bf16 autocast stays within the tolerance."""
+    mine = learner('''
+def autocast(model, x, y, steps, lr, memory):
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        total = 0.0
+        for xs, ys in zip(x.chunk(8), y.chunk(8)):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(xs)
+            loss = F.mse_loss(out.float(), ys) / 8
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(total)
+    return losses
+''')
+    result, text = line(capsys, checks.check_fit, mine["autocast"])
+    assert result, text
+
+
+def test_fit_train_plain_is_refused(capsys):
+    fails(capsys, checks.check_fit, train_plain, "this is train_plain")
+
+
+def test_fit_plain_training_runs_out_of_memory(capsys):
+    mine = learner('''
+def plain(model, x, y, steps, lr, memory):
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+''')
+    fails(capsys, checks.check_fit, mine["plain"],
+          "❌ make it fit: 16-MiB GPU: ran out of memory: tried to allocate",
+          "of 16 MiB in use", "Hint: the model's parameters, gradients and Adam's state")
+
+
+def test_fit_stepping_after_every_micro_batch_changes_the_losses(capsys):
+    mine = learner('''
+def every(model, x, y, steps, lr, memory):
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        total = 0.0
+        for xs, ys in zip(x.chunk(8), y.chunk(8)):
+            loss = F.mse_loss(model(xs), ys) / 8
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            total += loss.item()
+        losses.append(total)
+    return losses
+''')
+    fails(capsys, checks.check_fit, mine["every"], "16-MiB GPU: step 0: your loss is",
+          "call optimizer.step() once per step")
+
+
+def test_fit_summing_micro_batch_losses_reports_k_times_the_loss(capsys):
+    mine = learner('''
+def summed(model, x, y, steps, lr, memory):
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        total = 0.0
+        for xs, ys in zip(x.chunk(8), y.chunk(8)):
+            loss = F.mse_loss(model(xs), ys)
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(total)
+    return losses
+''')
+    fails(capsys, checks.check_fit, mine["summed"], "16-MiB GPU: step 0: your loss is",
+          "add up each one's mean loss / k")
+
+
+def test_fit_training_on_part_of_the_batch_is_caught(capsys):
+    mine = learner('''
+def part(model, x, y, steps, lr, memory):
+    return R_plain(model, x[:256], y[:256], steps, lr, memory)
+''', R_plain=train_plain)
+    fails(capsys, checks.check_fit, mine["part"], "16-MiB GPU: step 2: your loss is")
+
+
+def test_fit_returning_nothing_is_reported(capsys):
+    fails(capsys, checks.check_fit, lambda model, x, y, steps, lr, memory: None,
+          "16-MiB GPU: returned None", "Hint: return a list of 4 floats")
+
+
+def test_fit_that_raises_is_reported(capsys):
+    def fit(model, x, y, steps, lr, memory):
+        return model[4](x)
+
+    fails(capsys, checks.check_fit, fit, "16-MiB GPU: rank 0 raised IndexError")
+
+
+def test_fit_that_never_returns_is_stopped(capsys, short_timeout):
+    def fit(model, x, y, steps, lr, memory):
+        while True:
+            pass
+
+    fails(capsys, checks.check_fit, fit, "still running after 5 s")

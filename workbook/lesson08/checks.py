@@ -1,0 +1,599 @@
+"""The checks of lab 08 (memory and precision), on the protocol of
+:mod:`workbook.checking`, and the helpers the lab gives the learner.
+
+* :func:`check_bytes_per_parameter` compares the learner's bytes per parameter with what
+  the simulator measures right after an optimizer step (parameters, gradients, optimizer
+  state) for every recipe: fp32 / bf16 / fp16 weights, SGD / SGD with momentum / Adam,
+  with or without fp32 master weights (:class:`MasterWeights`).
+* :func:`check_loss_scaler` trains a small model under ``torch.autocast`` (float16) with the
+  learner's ``LossScaler`` and with ``torch.amp.GradScaler``, on sequences of steps whose
+  gradients overflow (a scale too large, a huge input, a NaN), and compares them step by
+  step: the scale, which steps are skipped, the parameters.
+* :func:`check_checkpointing` applies ``torch.utils.checkpoint`` to the blocks the learner
+  chooses in a stack of attention and MLP blocks (fake tensors, one simulated A100), for
+  three caps on activation memory: the peak must fit, and the recompute time must be
+  within 5 % of the best choice's.
+* :func:`check_fit` runs the learner's training function on a small simulated device on
+  which plain training runs out of memory: it must complete, with every step's loss and
+  the trained model's loss within 1 % of plain fp32 training on a device large enough.
+
+The reference answers (:mod:`._reference`) are imported inside the checks only.
+"""
+
+import functools
+import inspect
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import simcluster as sc
+from simcluster.accounting import current
+from workbook.checking import (Failure, HINTS, check, first_difference, num, on_a_rank,
+                               raised, refuse_reference, seconds, short, simulate)
+
+MiB = 2**20
+
+
+def _reference():
+    """The answers, imported only while a check runs."""
+    from workbook.lesson08 import _reference
+    return _reference
+
+
+def refuse_lesson_helpers(fn, what="function"):
+    """Fail if ``fn`` is, or names, a function of the lesson's own module
+    (``workbook.precision``): its demos measure what the lab asks the learner to work out."""
+    candidate = inspect.unwrap(fn) if callable(fn) else fn
+    named = [candidate]
+    if getattr(candidate, "__code__", None) is not None:
+        found = inspect.getclosurevars(candidate)
+        named += [*found.nonlocals.values(), *found.globals.values()]
+    for value in named:
+        module = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__",
+                                                                        None)
+        if module == "workbook.precision":
+            raise Failure(f"this {what} uses the lesson's own helpers (workbook.precision), "
+                          "not yours", HINTS["reference"])
+
+
+# ------------------------------------------------------------- exercise 1: bytes per parameter
+
+WEIGHTS = ("float32", "bfloat16", "float16")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+class MasterWeights(torch.optim.Optimizer):
+    """Mixed-precision training's optimizer: keeps an fp32 copy (the master weight) of
+    every low-precision parameter and runs ``optimizer_class`` on the copies, in fp32. A
+    step reads each gradient in fp32, steps the master weights and copies them back,
+    rounded, into the parameters. Its state (masters, and the inner optimizer's moments)
+    is created inside the first ``step()``, so the simulator counts it as optimizer state.
+    """
+
+    def __init__(self, params, optimizer_class, **options):
+        super().__init__(params, {})
+        self.optimizer_class, self.options = optimizer_class, options
+        self.inner = None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step of the inner optimizer on the fp32 masters; the parameters follow."""
+        params = [q for group in self.param_groups for q in group["params"]]
+        if self.inner is None:
+            self.masters = []
+            for q in params:            # allocated, then filled: not a cast of a parameter
+                self.masters.append(torch.empty_like(q, dtype=torch.float32))
+                self.masters[-1].copy_(q)
+            self.inner = self.optimizer_class(self.masters, **self.options)
+        for q, master in zip(params, self.masters):
+            master.grad = q.grad.float()
+        self.inner.step()
+        for q, master in zip(params, self.masters):
+            q.copy_(master)
+            master.grad = None
+
+
+def recipe_model(weights, optimizer, master_weights):
+    """``(model, optimizer)`` of one recipe: a 64 → 128 → 64 MLP in ``weights``' dtype and
+    ``torch.optim.SGD`` (``"sgd"``, ``"momentum"``) or ``torch.optim.Adam``, wrapped in
+    :class:`MasterWeights` if ``master_weights``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 64))
+    model.to(getattr(torch, weights))
+    cls, options = {"sgd": (torch.optim.SGD, {"lr": 0.1}),
+                    "momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+                    "adam": (torch.optim.Adam, {"lr": 1e-3})}[optimizer]
+    if master_weights:
+        return model, MasterWeights(model.parameters(), cls, **options)
+    return model, cls(model.parameters(), **options)
+
+
+def recipe_text(weights, optimizer, master_weights):
+    """``"bfloat16 weights, Adam, fp32 master weights"``."""
+    name = {"sgd": "SGD", "momentum": "SGD with momentum", "adam": "Adam"}[optimizer]
+    return f"{weights} weights, {name}" + (", fp32 master weights" if master_weights else "")
+
+
+@functools.cache
+def _measured():
+    run = sc.Cluster.preset("dgx-a100").run(_reference().measured_bytes_per_parameter,
+                                            world_size=1)
+    return run.results[0]
+
+
+@check("bytes per parameter")
+def check_bytes_per_parameter(fn):
+    """``fn(weights, optimizer, master_weights)``: bytes per parameter (parameters,
+    gradients, optimizer state) right after a step, for all 18 recipes, equal to the
+    simulator's measurement (within 1 %)."""
+    ref = _reference()
+    refuse_reference(fn, ref.bytes_per_parameter)
+    refuse_reference(fn, ref.measured_bytes_per_parameter)
+    refuse_lesson_helpers(fn)
+    recipes = list(_measured())
+
+    def ask_all():
+        answers = []
+        for recipe in recipes:
+            try:
+                answers.append((True, fn(*recipe)))
+            except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
+                answers.append((False, error))
+                break
+        return answers
+
+    answers = on_a_rank(ask_all, (), "bytes_per_parameter")
+    for recipe, (returned, got) in zip(recipes, answers):
+        where = recipe_text(*recipe)
+        if not returned:
+            raise raised(where, got)
+        measured = _measured()[recipe]
+        total = sum(measured.values())
+        if (not isinstance(got, (int, float)) or isinstance(got, bool)
+                or not math.isclose(got, total, rel_tol=0.01)):
+            said = num(got) if isinstance(got, (int, float)) else repr(got)
+            parts = ", ".join(f"{k} {num(round(v, 2))}" for k, v in measured.items())
+            raise Failure(f"{where}: you said {said} bytes per parameter, the simulator "
+                          f"measured {num(round(total, 2))} ({parts})",
+                          "the weights and their gradients are in the weights' dtype (4 "
+                          "bytes for float32, 2 for bfloat16 and float16); a master copy "
+                          "is fp32; SGD keeps no state, momentum one tensor, Adam two, in "
+                          "fp32 when there are master weights.")
+    return f"all {len(recipes)} recipes equal the simulator's measurement"
+
+
+# ------------------------------------------------------------- exercise 2: loss scaling
+
+SCALER_CASES = (
+    {"init_scale": 2.0**24, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3},
+    {"init_scale": 2.0**8, "growth_factor": 4.0, "backoff_factor": 0.25, "growth_interval": 2},
+    {"init_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 1},
+)
+SCALER_STEPS = 14
+HUGE_STEP, NAN_STEP = 7, 10     # an input ×10⁴ (fp16 overflows), a NaN in the input
+
+
+def _case_text(case):
+    return (f"init_scale {num(case['init_scale'])}, ×{num(case['growth_factor'])} after "
+            f"{case['growth_interval']} good steps, ×{num(case['backoff_factor'])} on "
+            "overflow")
+
+
+def scaled_training(make_scaler, case, steps=SCALER_STEPS):
+    """Train a small MLP for ``steps`` steps under ``torch.autocast`` (float16) with SGD
+    (momentum 0.9) and ``make_scaler(**case)``; per step: the scale before it, whether the
+    parameters changed, the parameters after it. Call it inside a rank."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    scaler = make_scaler(**case)
+    g = torch.Generator().manual_seed(1)
+    log = []
+    for step in range(steps):
+        x, y = torch.randn(16, 8, generator=g), torch.randn(16, 4, generator=g)
+        if step == HUGE_STEP:
+            x = x * 1e4
+        if step == NAN_STEP:
+            x[0, 0] = math.nan
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x), y)
+        before = [q.detach().clone() for q in model.parameters()]
+        scale = float(scaler.get_scale())
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        after = [q.detach().clone() for q in model.parameters()]
+        log.append({"scale": scale, "stepped": any(not torch.equal(b, a)
+                                                    for b, a in zip(before, after)),
+                    "params": after})
+    log.append({"scale": float(scaler.get_scale())})
+    return log
+
+
+def _scaler_log(cls, case):
+    where = _case_text(case)
+    run = simulate(sc.Cluster.preset("dgx-a100"),
+                   lambda: scaled_training(cls, case), 1, lambda rank: where)
+    return run.results[0]
+
+
+@functools.cache
+def _grad_scaler_log(index):
+    return _scaler_log(functools.partial(torch.amp.GradScaler, "cpu"), SCALER_CASES[index])
+
+
+def _compare_scaler(mine, torch_log, where):
+    for step, (m, t) in enumerate(zip(mine, torch_log)):
+        at = f"{where}: before step {step}" if step < SCALER_STEPS else f"{where}: at the end"
+        if m["scale"] != t["scale"]:
+            previous = torch_log[step - 1] if step else None
+            hint = ("start from init_scale." if previous is None else
+                    "after a step with inf or NaN gradients (a skipped step), multiply the "
+                    "scale by backoff_factor and start counting good steps again."
+                    if not previous["stepped"] else
+                    "count the good steps in a row; after growth_interval of them, multiply "
+                    "the scale by growth_factor and start counting again.")
+            raise Failure(f"{at}, your scale is {num(m['scale'])}, GradScaler's "
+                          f"{num(t['scale'])}", hint)
+        if step == SCALER_STEPS:
+            break
+        if m["stepped"] != t["stepped"]:
+            raise Failure(f"{where}: step {step}: GradScaler "
+                          + ("skipped it (a gradient was inf or NaN) and left the weights as "
+                             "they were, yours changed them" if not t["stepped"] else
+                             "stepped (every gradient was finite), yours left the weights "
+                             "as they were"),
+                          "look at every gradient of the optimizer's parameters: if one "
+                          "has an inf or a NaN (torch.isfinite(g).all() is False), do not "
+                          "call optimizer.step() at all (stepping with zeroed gradients "
+                          "still moves the weights with momentum); otherwise step.")
+        for i, (e, g) in enumerate(zip(t["params"], m["params"])):
+            diff = first_difference(e, g, lambda a, b: torch.isclose(a, b, rtol=1e-5,
+                                                                     atol=1e-7))
+            if diff is not None:
+                raise Failure(f"{where}: after step {step}, parameter {i}, element "
+                              f"{diff[0]}: GradScaler gives {num(diff[1])}, yours "
+                              f"{num(diff[2])}", "divide every gradient by the scale "
+                              "(unscale) before optimizer.step(): the loss was multiplied "
+                              "by it, so its gradients were too.")
+
+
+@check("loss scaler")
+def check_loss_scaler(cls):
+    """``cls(init_scale, growth_factor, backoff_factor, growth_interval)`` with
+    ``scale(loss)``, ``step(optimizer)``, ``update()`` and ``get_scale()``: on three
+    sequences of 14 float16 steps with overflows, the same scale, the same skipped steps
+    and the same parameters as ``torch.amp.GradScaler``."""
+    refuse_reference(cls, _reference().LossScaler, "class")
+    refuse_lesson_helpers(cls, "class")
+    if isinstance(cls, type) and issubclass(cls, torch.amp.GradScaler):
+        raise Failure("this class is torch.amp.GradScaler", "write LossScaler yourself; "
+                      "the check compares it with GradScaler.")
+    skipped = 0
+    for index, case in enumerate(SCALER_CASES):
+        where = _case_text(case)
+        torch_log = _grad_scaler_log(index)
+        _compare_scaler(_scaler_log(cls, case), torch_log, where)
+        skipped += sum(not t["stepped"] for t in torch_log[:-1])
+    return (f"the same scales, skipped steps ({skipped} of {len(SCALER_CASES) * SCALER_STEPS})"
+            " and parameters as torch.amp.GradScaler")
+
+
+# ------------------------------------------------------------- exercise 3: checkpointing
+
+HIDDEN, SEQUENCE, HEADS, LAYERS = 1024, 2048, 16, 4
+RECOMPUTE_TOLERANCE = 1.05    # the learner's recompute time may be 5 % above the best
+
+
+class Attention(nn.Module):
+    """Pre-norm self-attention with a residual, written out: its softmax keeps
+    heads × sequence² values per sequence, much memory for little compute."""
+
+    def __init__(self, hidden, heads):
+        super().__init__()
+        self.heads = heads
+        self.norm, self.qkv = nn.LayerNorm(hidden), nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.heads, h // self.heads).permute(
+            2, 0, 3, 1, 4)
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(h // self.heads), dim=-1)
+        return x + self.proj((weights @ v).transpose(1, 2).reshape(b, s, h))
+
+
+class MLP(nn.Module):
+    """Pre-norm MLP (h → 4h → h, GELU) with a residual: much compute per byte kept."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.norm, self.up = nn.LayerNorm(hidden), nn.Linear(hidden, 4 * hidden)
+        self.down = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+def checkpoint_blocks():
+    """The stack the exercise checkpoints: ``LAYERS`` GPT layers as 2·``LAYERS`` blocks,
+    attention, MLP, attention, ... (hidden 1024, 16 heads). Make it inside
+    ``sc.fake_tensors()``."""
+    return nn.ModuleList([m for _ in range(LAYERS) for m in (Attention(HIDDEN, HEADS),
+                                                             MLP(HIDDEN))])
+
+
+def _activations():
+    return current().memory.in_use["activations"]
+
+
+def _forward_backward(chosen):
+    """One forward and backward of the stack on a batch of one 2048-token sequence (fake
+    tensors), the blocks in ``chosen`` under ``checkpoint(..., use_reentrant=False)``;
+    returns the simulated seconds it took."""
+    with sc.fake_tensors():
+        blocks = checkpoint_blocks()
+        x = torch.randn(1, SEQUENCE, HIDDEN, requires_grad=True)
+        sc.reset_peak_memory()
+        clock = current().clock
+        start = clock.now
+        for i, block in enumerate(blocks):
+            x = checkpoint(block, x, use_reentrant=False) if i in chosen else block(x)
+        x.square().mean().backward()
+        return clock.now - start
+
+
+@functools.cache
+def _measure(chosen):
+    run = sc.Cluster.preset("dgx-a100").run(_forward_backward, world_size=1,
+                                            args=(set(chosen),))
+    return run.category_peaks(0)["activations"], run.results[0]
+
+
+def measure_checkpoints(chosen):
+    """``(peak activation bytes, simulated seconds)`` of one forward and backward of the
+    stack with the blocks in ``chosen`` (indices) checkpointed, on one simulated A100."""
+    return _measure(frozenset(chosen))
+
+
+def _profile_run():
+    """On one rank: each block's forward measured in the stack, then each block alone,
+    forward and backward, with and without checkpointing (the difference: its recompute)."""
+    memory, clock = current().memory, current().clock
+    rows = []
+    with sc.fake_tensors():
+        blocks = checkpoint_blocks()
+        x = torch.randn(1, SEQUENCE, HIDDEN, requires_grad=True)
+        for block in blocks:
+            start, t0 = _activations(), clock.now
+            sc.reset_peak_memory()
+            y = block(x)
+            rows.append({"name": type(block).__name__.lower(),
+                         "kept": _activations() - start,
+                         "peak": memory.category_peaks["activations"] - start,
+                         "output": y.numel() * y.element_size(),
+                         "forward": clock.now - t0})
+            x = y
+        for row, block in zip(rows, blocks):
+            took = []
+            for checkpointed in (False, True):
+                x = torch.randn(1, SEQUENCE, HIDDEN, requires_grad=True)
+                t0 = clock.now
+                y = checkpoint(block, x, use_reentrant=False) if checkpointed else block(x)
+                y.sum().backward()
+                took.append(clock.now - t0)
+            row["recompute"] = took[1] - took[0]
+    return rows
+
+
+@functools.cache
+def _profile():
+    return tuple(sc.Cluster.preset("dgx-a100").run(_profile_run, world_size=1).results[0])
+
+
+def profile_blocks():
+    """Per block of the stack, measured on one simulated A100: ``name`` ("attention" or
+    "mlp"), ``kept`` (activation bytes it keeps for backward), ``peak`` (the most
+    activation bytes it holds while it runs, above what was there before), ``output``
+    (bytes of its output: all a checkpointed block keeps) and ``recompute`` (simulated
+    seconds checkpointing it adds to a step); ``forward`` is its forward's seconds."""
+    return [dict(row) for row in _profile()]
+
+
+# Caps on activation memory (bytes) the check asks for: none fits without checkpointing.
+CHECKPOINT_CAPS = (1584 * MiB, 1000 * MiB, 696 * MiB)
+
+
+def _chosen_blocks(got, where, n):
+    try:
+        chosen = sorted(set(int(i) for i in got))
+    except (TypeError, ValueError):
+        raise Failure(f"{where}: returned {short(repr(got), 60)}",
+                      "return a list of block indices (ints), e.g. [0, 2].") from None
+    bad = [i for i in chosen if not 0 <= i < n]
+    if bad:
+        raise Failure(f"{where}: block {bad[0]} does not exist",
+                      f"the blocks are numbered 0 to {n - 1}.")
+    return chosen
+
+
+@check("activation checkpointing")
+def check_checkpointing(fn):
+    """``fn(profile, cap)`` returns the blocks to checkpoint; for each of three caps the
+    measured peak of activation memory fits, and the recompute time is at most 5 % above
+    the best choice's."""
+    ref = _reference()
+    refuse_reference(fn, ref.choose_checkpoints)
+    refuse_lesson_helpers(fn)
+    profile = list(_profile())
+    _, plain = measure_checkpoints(())
+    worst = 0.0
+    for cap in CHECKPOINT_CAPS:
+        where = f"cap {num(cap / MiB)} MiB"
+        got = on_a_rank(fn, ([dict(row) for row in profile], cap), where)
+        chosen = _chosen_blocks(got, where, len(profile))
+        peak, elapsed = measure_checkpoints(chosen)
+        if peak > cap:
+            raise Failure(f"{where}: checkpointing blocks {chosen} peaks at "
+                          f"{num(round(peak / MiB, 1))} MiB of activations",
+                          "block i runs (in forward, and again in backward when it is "
+                          "checkpointed) on top of what the blocks before it keep: its peak "
+                          "plus their kept bytes (only the output of a checkpointed one). "
+                          "Check that estimate for every block, and the sum of all kept "
+                          "bytes.")
+        best_peak, best = measure_checkpoints(ref.choose_checkpoints(profile, cap))
+        assert best_peak <= cap, "the reference's choice must fit"
+        mine, theirs = elapsed - plain, best - plain
+        worst = max(worst, mine / theirs)
+        if mine > theirs * RECOMPUTE_TOLERANCE:
+            raise Failure(f"{where}: blocks {chosen} fit, and recomputing them adds "
+                          f"{seconds(mine)} to the step, {mine / theirs:.2f}× the best "
+                          f"choice's {seconds(theirs)}",
+                          "some blocks free many bytes for little recompute time (compare "
+                          "kept − output with recompute), and checkpointing a block near "
+                          "the end frees nothing if its own recompute is the peak.")
+    return (f"fits the {len(CHECKPOINT_CAPS)} caps, recompute within {worst - 1:.1%} of the "
+            f"best choice's (step {seconds(plain)} without checkpointing)")
+
+
+# ------------------------------------------------------------- exercise 4: make it fit
+
+FIT_HIDDEN, FIT_BLOCKS, FIT_BATCH = 128, 4, 1024
+FIT_STEPS, FIT_LR = 4, 3e-3
+FIT_MEMORY = (16 * MiB, 12 * MiB)   # device memories the check fits the model on
+FIT_TOLERANCE = 0.01                # relative, on each loss
+
+
+def fit_model():
+    """The model to fit: ``FIT_BLOCKS`` blocks Linear(128, 512) · GELU · Linear(512, 128),
+    fp32, 0.53 M parameters (seeded: the same every time)."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(FIT_HIDDEN, 4 * FIT_HIDDEN), nn.GELU(),
+                                         nn.Linear(4 * FIT_HIDDEN, FIT_HIDDEN))
+                           for _ in range(FIT_BLOCKS)])
+
+
+def fit_data():
+    """``(x, y)``: ``FIT_BATCH`` inputs and the outputs of a fixed random linear map plus
+    a tanh, which the model can learn."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(FIT_BATCH, FIT_HIDDEN, generator=g)
+    w = torch.randn(FIT_HIDDEN, FIT_HIDDEN, generator=g) / math.sqrt(FIT_HIDDEN)
+    return x, torch.tanh(x @ w)
+
+
+def fit_cluster(memory):
+    """One simulated GPU like an A100 (compute, bandwidth) with ``memory`` bytes."""
+    return sc.Cluster.from_dict({"name": "small", "nodes": [{"devices": 1, "device": {
+        "name": f"{num(memory / MiB)}-MiB GPU", "memory_gb": memory / 2**30,
+        "peak_tflops": {"float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312},
+        "hbm_gbps": 2039}}]})
+
+
+def train_plain(model, x, y, steps, lr, memory):
+    """Plain training: ``steps`` Adam steps on the whole batch, each step's loss (the
+    mean squared error of the whole batch) returned. Ignores ``memory``."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _fit_body(fn, memory):
+    model = fit_model()
+    x, y = fit_data()
+    losses = fn(model, x, y, FIT_STEPS, FIT_LR, memory)
+    return losses, {name: q.detach().clone() for name, q in model.named_parameters()}
+
+
+def _checked_fit_body(fn, memory):
+    """:func:`_fit_body`, or the ``OutOfMemoryError`` it raised (for the check's words)."""
+    try:
+        return _fit_body(fn, memory)
+    except sc.OutOfMemoryError as error:
+        return error
+
+
+def run_fit(fn, memory):
+    """Run ``fn(model, x, y, steps, lr, memory)`` on :func:`fit_cluster` (``memory``
+    bytes) with :func:`fit_model` and :func:`fit_data`; returns the ``Run`` (its results:
+    ``[(losses, parameters)]``). Raises ``sc.OutOfMemoryError`` if it does not fit."""
+    return fit_cluster(memory).run(_fit_body, world_size=1, args=(fn, memory), timeout=120)
+
+
+@functools.cache
+def _plain_fit():
+    """Losses and final loss of plain training, in this process (no device limit)."""
+    model = fit_model()
+    x, y = fit_data()
+    losses = train_plain(model, x, y, FIT_STEPS, FIT_LR, None)
+    with torch.no_grad():
+        return losses, F.mse_loss(model(x), y).item()
+
+
+def oom_text(error):
+    """An ``sc.OutOfMemoryError`` in MiB, which a device of a few MiB needs."""
+    used = ", ".join(f"{k} {v / MiB:.1f}" for k, v in error.in_use.items() if v)
+    return (f"ran out of memory: tried to allocate {error.requested / MiB:.1f} MiB with "
+            f"{sum(error.in_use.values()) / MiB:.1f} of {error.capacity / MiB:.0f} MiB in "
+            f"use ({used} MiB)")
+
+
+FIT_HINT = ("the model's parameters, gradients and Adam's state take 16 bytes per "
+            "parameter whatever you do here; the rest is activations, proportional to "
+            "the batch: run the batch in micro-batches (accumulate gradients, divide each "
+            "micro-batch's loss by their number), checkpoint blocks, or both.")
+
+
+@check("make it fit")
+def check_fit(fn):
+    """``fn(model, x, y, steps, lr, memory)`` trains on a simulated GPU of 16 and of 12
+    MiB, on which plain training runs out of memory; it must finish, and every returned
+    loss and the trained model's loss must be within 1 % of plain fp32 training's."""
+    refuse_reference(fn, _reference().fit)
+    refuse_lesson_helpers(fn)
+    if inspect.unwrap(fn) is train_plain:
+        raise Failure("this is train_plain, which runs out of memory", FIT_HINT)
+    expected, final = _plain_fit()
+    model = fit_model()
+    x, y = fit_data()
+    for memory in FIT_MEMORY:
+        where = f"{num(memory / MiB)}-MiB GPU"
+        run = simulate(fit_cluster(memory), _checked_fit_body, 1, lambda rank: where,
+                       accounting=True, args=(fn, memory))
+        if isinstance(run.results[0], sc.OutOfMemoryError):
+            raise Failure(f"{where}: {oom_text(run.results[0])}", FIT_HINT)
+        losses, params = run.results[0]
+        if (not isinstance(losses, (list, tuple)) or len(losses) != FIT_STEPS
+                or not all(isinstance(v, (int, float)) for v in losses)):
+            raise Failure(f"{where}: returned {short(repr(losses), 60)}",
+                          f"return a list of {FIT_STEPS} floats: each step's loss on the "
+                          "whole batch (loss.item(), summed over micro-batches of the "
+                          "mean loss divided by their number).")
+        for step, (e, g) in enumerate(zip(expected, losses)):
+            if not math.isclose(g, e, rel_tol=FIT_TOLERANCE):
+                raise Failure(f"{where}: step {step}: your loss is {num(g)}, plain "
+                              f"training's {num(e)}", "the loss of a step is the mean over "
+                              "the whole batch: with k equal micro-batches, add up each "
+                              "one's mean loss / k; call optimizer.step() once per step, "
+                              "after every micro-batch's backward.")
+        model.load_state_dict(params)
+        with torch.no_grad():
+            trained = F.mse_loss(model(x), y).item()
+        if not math.isclose(trained, final, rel_tol=FIT_TOLERANCE):
+            raise Failure(f"{where}: after training, the model's loss is {num(trained)}, "
+                          f"plain training's {num(final)}", "train on the whole batch "
+                          "each step (every micro-batch), with the given lr, Adam, and "
+                          "one optimizer.step() per step.")
+        peak = run.peak_memory(0)["total"]
+    return (f"trains on GPUs of {' and '.join(num(m / MiB) for m in FIT_MEMORY)} MiB (peak "
+            f"{peak / MiB:.1f} MiB on the last), the same losses as plain training")
