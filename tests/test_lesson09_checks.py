@@ -239,7 +239,9 @@ def test_flops_that_raise_or_loop_are_reported(capsys, short_timeout):
     def raises(cfg, batch, recompute="none"):
         return cfg.kv_heads * 2              # None for multi-head attention
 
-    fails(capsys, checks.check_model_flops, raises, "raised TypeError")
+    text = fails(capsys, checks.check_model_flops, raises, "raised TypeError",
+                 "call your function yourself")
+    assert "cluster.run" not in text, text     # it is not run on a cluster by the learner
 
     def loops(cfg, batch, recompute="none"):
         while True:
