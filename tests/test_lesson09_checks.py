@@ -196,7 +196,9 @@ def learner_flops(**changes):
         output = changes.get("output", 2) * tokens * h * cfg.vocab
         again = {"none": 0, "selective": attention, "full": layer}[
             changes.get("recompute", {}).get(recompute, recompute)]
-        return 3 * (cfg.layers * layer + output) + cfg.layers * again
+        rerun_output = output if changes.get("rerun_output") and recompute == "full" else 0
+        return (changes.get("passes", 3) * (cfg.layers * layer + output)
+                + cfg.layers * again + rerun_output)
     return model_flops
 
 
@@ -211,6 +213,16 @@ def test_six_n_d_is_named(capsys):
 def test_forgetting_the_output_layer_is_named(capsys):
     fails(capsys, checks.check_model_flops, learner_flops(output=0),
           "recompute='full'", "the output layer (h × V")
+
+
+def test_recomputing_the_output_layer_is_named(capsys):
+    fails(capsys, checks.check_model_flops, learner_flops(rerun_output=True),
+          "recompute='full'", "not the output layer")
+
+
+def test_forgetting_the_backward_is_named(capsys):
+    fails(capsys, checks.check_model_flops, learner_flops(passes=1),
+          "recompute='full'", "backward costs twice the forward")
 
 
 def test_forgetting_attention_is_named(capsys):

@@ -247,7 +247,15 @@ def _flops_hint(cfg, batch, recompute, got):
          "layer), not the whole forward."),
         (exact(cfg, batch, recompute) / 2,
          "a multiply-add is 2 FLOPs."),
+        (exact(cfg, batch, "none") / 3 + exact(cfg, batch, recompute)
+         - exact(cfg, batch, "none"),
+         "that is the forward (and its recomputation) only: backward costs twice the "
+         "forward, gradients of inputs and of weights."),
     ]
+    if recompute == "full":
+        slips.append((exact(cfg, batch, "full") + logits,
+                      "full recomputation runs every layer's forward again, not the output "
+                      "layer (the lesson and Eq. 3 count it once per pass)."))
     for value, hint in slips:
         if math.isclose(got, value, rel_tol=1e-6):
             return hint
