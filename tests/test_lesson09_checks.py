@@ -301,13 +301,15 @@ def test_an_invalid_layout_passes_the_planners_error_through(capsys):
 
 def test_a_layout_not_using_every_gpu_is_refused(capsys):
     fails(capsys, checks.check_choose_layout,
-          lambda *args: {"tp": 8, "pp": 1, "dp": 2, "micro_batch": 1, "zero": 0},
+          lambda *args: {"tp": 8, "pp": 1, "dp": 2, "micro_batch": 1, "zero": 0,
+                         "recompute": "none"},
           "tp × pp × dp = 16, not the 32 GPUs")
 
 
 def test_a_layout_without_micro_batch_is_refused(capsys):
     fails(capsys, checks.check_choose_layout,
-          lambda *args: {"tp": 8, "pp": 1, "dp": 4, "micro_batch": None},
+          lambda *args: {"tp": 8, "pp": 1, "dp": 4, "micro_batch": None,
+                         "recompute": "none", "zero": 0},
           "micro_batch=None lets the planner pick")
     fails(capsys, checks.check_choose_layout, lambda *args: (2, 4, 4),
           "returned (2, 4, 4)", "Hint: return a dict of planner.estimate's arguments")
@@ -367,3 +369,13 @@ def test_a_bubble_that_raises_or_returns_none_is_reported(capsys):
           "this exercise is not written yet")
     fails(capsys, checks.check_pipeline_bubble, lambda *case: None,
           "returned None, not a number")
+
+
+def test_a_layout_without_zero_is_named(capsys):
+    def choose_layout(cfg, cluster, batch, cap):
+        layout = MINE["choose_layout"](cfg, cluster, batch, cap)
+        del layout["zero"]          # estimate would take ZeRO-0 and report it too large
+        return layout
+
+    fails(capsys, checks.check_choose_layout, choose_layout, "40 GiB per GPU",
+          "your layout has no 'zero'", "'recompute' and 'zero'")

@@ -301,6 +301,7 @@ LAYOUT_CAPS_GIB = (40, 16, 10, 6)
 LAYOUT_TOLERANCE = 1.10     # within 10 % of the fastest layout planner.search finds
 LAYOUT_KEYS = {"tp", "pp", "dp", "micro_batch", "recompute", "zero", "sequence_parallel",
                "virtual_stages", "schedule"}
+LAYOUT_REQUIRED = ("tp", "pp", "dp", "micro_batch", "recompute", "zero")
 LAYOUT_HINT = ("return a dict of planner.estimate's arguments: 'tp', 'pp', 'dp' and "
                "'micro_batch' (numbers), 'recompute' and 'zero', optionally "
                "'sequence_parallel', 'virtual_stages', 'schedule'.")
@@ -351,9 +352,12 @@ def check_choose_layout(fn):
     for cap_gib in LAYOUT_CAPS_GIB:
         where = f"LLaMA-7B, B = {LAYOUT_BATCH}, {cap_gib} GiB per GPU"
         layout = on_a_rank(fn, (LLAMA_7B, cluster, LAYOUT_BATCH, cap_gib * GiB), where)
-        if not isinstance(layout, dict) or not {"tp", "pp", "dp", "micro_batch"} <= set(
-                layout) or not set(layout) <= LAYOUT_KEYS:
+        if not isinstance(layout, dict) or not set(layout) <= LAYOUT_KEYS:
             raise Failure(f"{where}: returned {short(repr(layout), 80)}", LAYOUT_HINT)
+        missing = [key for key in LAYOUT_REQUIRED if key not in layout]
+        if missing:     # planner.estimate's defaults would choose them silently
+            raise Failure(f"{where}: your layout has no {listed(repr(k) for k in missing)}",
+                          LAYOUT_HINT)
         if layout["micro_batch"] is None:
             raise Failure(f"{where}: micro_batch=None lets the planner pick the fastest "
                           "that fits 80 GiB, not your cap", "choose the micro-batch too.")
