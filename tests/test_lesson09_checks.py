@@ -379,3 +379,22 @@ def test_a_layout_without_zero_is_named(capsys):
 
     fails(capsys, checks.check_choose_layout, choose_layout, "40 GiB per GPU",
           "your layout has no 'zero'", "'recompute' and 'zero'")
+
+
+def test_build_groups_with_init_device_mesh_is_refused(capsys):
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    def build_groups(pp, dp, tp):        # what the check compares with, not by hand
+        mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        return {dim: mesh.get_group(dim) for dim in ("pp", "dp", "tp")}
+
+    fails(capsys, checks.check_build_groups, build_groups, "calls init_device_mesh",
+          "dist.new_group")
+
+    def build_groups_from_a_device_mesh(pp, dp, tp):
+        ranks = torch.arange(pp * dp * tp).view(pp, dp, tp)
+        mesh = DeviceMesh("cpu", ranks, mesh_dim_names=("pp", "dp", "tp"))
+        return {dim: mesh.get_group(dim) for dim in ("pp", "dp", "tp")}
+
+    fails(capsys, checks.check_build_groups, build_groups_from_a_device_mesh,
+          "calls DeviceMesh", "dist.new_group")

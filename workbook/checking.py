@@ -121,7 +121,7 @@ def _uses(candidate, reference):
     code = getattr(candidate, "__code__", None)
     if code is None:
         return False
-    if code is reference.__code__:
+    if code is getattr(reference, "__code__", None):     # a class has none
         return True
     found = inspect.getclosurevars(candidate)
     named = [*found.nonlocals.values(), *found.globals.values(),

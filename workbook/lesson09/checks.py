@@ -23,7 +23,7 @@ import dataclasses
 import math
 
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import simcluster as sc
 from simcluster import planner
@@ -116,6 +116,13 @@ def check_build_groups(fn):
     """``fn(pp, dp, tp)`` on every rank returns its three groups; each rank's groups and
     coordinate equal ``init_device_mesh``'s on (pp, dp, tp) meshes of 6 to 16 GPUs."""
     refuse_reference(fn, _reference().build_groups)
+    for name, mesh_api in (("init_device_mesh", init_device_mesh), ("DeviceMesh", DeviceMesh)):
+        try:
+            refuse_reference(fn, mesh_api)
+        except Failure:
+            raise Failure(f"this function calls {name}, which the check compares with",
+                          "build the groups by hand: dist.new_group for every pp, dp and "
+                          "tp group, on every rank.") from None
     cluster = sc.Cluster.preset("dgx-a100", nodes=2)
     for case in MESH_CASES:
         run = simulate(cluster, _mesh_body, math.prod(case),
