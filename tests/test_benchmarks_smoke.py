@@ -66,3 +66,12 @@ def test_bench_notebooks_quick():
     assert row["wall"] > 0 and row["cpu"] > 0
     assert row["goal_met"] == (row["wall"] <= bench_notebooks.GOAL_S)
     assert [p.name[:2] for p in bench_notebooks.notebooks(("04",))] == ["04", "04"]
+
+
+def test_bench_fake_dispatch_quick():
+    from benchmarks import bench_fake_dispatch
+
+    r = bench_fake_dispatch.main(quick=True, verbose=False)
+    assert "mul.out (DDP's bucket copy)" in r
+    for row in r.values():
+        assert row["torch"] > 0 and row["sim"] > 0

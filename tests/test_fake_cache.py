@@ -160,3 +160,37 @@ def test_unsafe_view_is_remembered_and_still_shares_its_input_storage():
         other = torch.empty(6, 4)   # same metadata, another storage: the result follows it
         got = _torch_internals.fake_dispatch(op, (other, [2, 12]), {})
         assert _torch_internals.storage_key(got) == _torch_internals.storage_key(other)
+
+
+def test_an_op_with_out_is_remembered_returns_out_and_still_checks_shapes():
+    op = aten.mul.out   # DDP's reducer copies each gradient into its bucket with it
+    with _torch_internals.fake_tensor_mode():
+        grad, out = torch.empty(4, 6), torch.empty(4, 6)
+        expected = op(grad, 0.25, out=out)
+        for _ in range(2):   # the second call is answered from the cache
+            assert _torch_internals.fake_dispatch(op, (grad, 0.25), {"out": out}) is out
+        assert metadata(out) == metadata(expected)
+        assert _torch_internals._RETURNS_OUT in _torch_internals._fake_cache.entries.values()
+        with pytest.raises(RuntimeError):   # shapes torch refuses are never cached as fine
+            _torch_internals.fake_dispatch(aten.mul.out, (grad, torch.empty(5, 7)), {"out": out})
+        resized = torch.empty(4, 6)   # torch resizes an out of another shape: not cached
+        with pytest.warns(UserWarning, match="resized"):
+            got = _torch_internals.fake_dispatch(op, (torch.empty(5, 7), 0.25), {"out": resized})
+        assert got is resized and resized.shape == (5, 7)
+        other = torch.empty(4, 6)   # same metadata, another tensor: that one is returned
+        assert _torch_internals.fake_dispatch(op, (grad, 0.25), {"out": other}) is other
+
+
+def test_a_cached_result_is_built_as_fake_tensor_builds_it():
+    # the cache builds its results without FakeTensor.__new__: same attributes, same
+    # dispatch keys (they route autograd and autocast by the fake device)
+    with _torch_internals.fake_tensor_mode():
+        a, b = torch.empty(4, 6), torch.empty(4, 6)
+        expected = aten.add.Tensor(a, b)
+        for _ in range(2):
+            got = _torch_internals.fake_dispatch(aten.add.Tensor, (a, b), {})
+            assert type(got) is type(expected)
+            assert vars(got) == vars(expected)
+            assert torch._C._dispatch_keys(got) == torch._C._dispatch_keys(expected)
+            assert (got.device, got.requires_grad) == (expected.device, expected.requires_grad)
+            assert got.fake_mode is expected.fake_mode
