@@ -196,7 +196,9 @@ def learner_flops(**changes):
         output = changes.get("output", 2) * tokens * h * cfg.vocab
         again = {"none": 0, "selective": attention, "full": layer}[
             changes.get("recompute", {}).get(recompute, recompute)]
-        return 3 * (cfg.layers * layer + output) + cfg.layers * again
+        rerun_output = output if changes.get("rerun_output") and recompute == "full" else 0
+        return (changes.get("passes", 3) * (cfg.layers * layer + output)
+                + cfg.layers * again + rerun_output)
     return model_flops
 
 
@@ -211,6 +213,16 @@ def test_six_n_d_is_named(capsys):
 def test_forgetting_the_output_layer_is_named(capsys):
     fails(capsys, checks.check_model_flops, learner_flops(output=0),
           "recompute='full'", "the output layer (h × V")
+
+
+def test_recomputing_the_output_layer_is_named(capsys):
+    fails(capsys, checks.check_model_flops, learner_flops(rerun_output=True),
+          "recompute='full'", "not the output layer")
+
+
+def test_forgetting_the_backward_is_named(capsys):
+    fails(capsys, checks.check_model_flops, learner_flops(passes=1),
+          "recompute='full'", "backward costs twice the forward")
 
 
 def test_forgetting_attention_is_named(capsys):
@@ -239,7 +251,9 @@ def test_flops_that_raise_or_loop_are_reported(capsys, short_timeout):
     def raises(cfg, batch, recompute="none"):
         return cfg.kv_heads * 2              # None for multi-head attention
 
-    fails(capsys, checks.check_model_flops, raises, "raised TypeError")
+    text = fails(capsys, checks.check_model_flops, raises, "raised TypeError",
+                 "call your function yourself")
+    assert "cluster.run" not in text, text     # it is not run on a cluster by the learner
 
     def loops(cfg, batch, recompute="none"):
         while True:
@@ -287,13 +301,15 @@ def test_an_invalid_layout_passes_the_planners_error_through(capsys):
 
 def test_a_layout_not_using_every_gpu_is_refused(capsys):
     fails(capsys, checks.check_choose_layout,
-          lambda *args: {"tp": 8, "pp": 1, "dp": 2, "micro_batch": 1, "zero": 0},
+          lambda *args: {"tp": 8, "pp": 1, "dp": 2, "micro_batch": 1, "zero": 0,
+                         "recompute": "none"},
           "tp × pp × dp = 16, not the 32 GPUs")
 
 
 def test_a_layout_without_micro_batch_is_refused(capsys):
     fails(capsys, checks.check_choose_layout,
-          lambda *args: {"tp": 8, "pp": 1, "dp": 4, "micro_batch": None},
+          lambda *args: {"tp": 8, "pp": 1, "dp": 4, "micro_batch": None,
+                         "recompute": "none", "zero": 0},
           "micro_batch=None lets the planner pick")
     fails(capsys, checks.check_choose_layout, lambda *args: (2, 4, 4),
           "returned (2, 4, 4)", "Hint: return a dict of planner.estimate's arguments")
@@ -353,3 +369,32 @@ def test_a_bubble_that_raises_or_returns_none_is_reported(capsys):
           "this exercise is not written yet")
     fails(capsys, checks.check_pipeline_bubble, lambda *case: None,
           "returned None, not a number")
+
+
+def test_a_layout_without_zero_is_named(capsys):
+    def choose_layout(cfg, cluster, batch, cap):
+        layout = MINE["choose_layout"](cfg, cluster, batch, cap)
+        del layout["zero"]          # estimate would take ZeRO-0 and report it too large
+        return layout
+
+    fails(capsys, checks.check_choose_layout, choose_layout, "40 GiB per GPU",
+          "your layout has no 'zero'", "'recompute' and 'zero'")
+
+
+def test_build_groups_with_init_device_mesh_is_refused(capsys):
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    def build_groups(pp, dp, tp):        # what the check compares with, not by hand
+        mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        return {dim: mesh.get_group(dim) for dim in ("pp", "dp", "tp")}
+
+    fails(capsys, checks.check_build_groups, build_groups, "calls init_device_mesh",
+          "dist.new_group")
+
+    def build_groups_from_a_device_mesh(pp, dp, tp):
+        ranks = torch.arange(pp * dp * tp).view(pp, dp, tp)
+        mesh = DeviceMesh("cpu", ranks, mesh_dim_names=("pp", "dp", "tp"))
+        return {dim: mesh.get_group(dim) for dim in ("pp", "dp", "tp")}
+
+    fails(capsys, checks.check_build_groups, build_groups_from_a_device_mesh,
+          "calls DeviceMesh", "dist.new_group")

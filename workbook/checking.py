@@ -75,6 +75,8 @@ HINTS = {
                    "NotImplementedError(...)` line with your code (its message is a hint).",
     "exception": "read the message above; run your function with cluster.run(...) yourself "
                  "to see the whole traceback.",
+    "called": "read the message above; call your function yourself, in a cell, with the "
+              "arguments named there to see the whole traceback.",
     "timeout": "look for a loop whose condition never changes (a step counter that is "
                "never incremented?).",
     "collective": "build it from point-to-point operations only: dist.send, dist.recv, "
@@ -119,7 +121,7 @@ def _uses(candidate, reference):
     code = getattr(candidate, "__code__", None)
     if code is None:
         return False
-    if code is reference.__code__:
+    if code is getattr(reference, "__code__", None):     # a class has none
         return True
     found = inspect.getclosurevars(candidate)
     named = [*found.nonlocals.values(), *found.globals.values(),
@@ -249,8 +251,8 @@ def on_a_rank(fn, args, where):
 
     returned, value = simulate(sc.Cluster.preset("dgx-a100"), body, 1,
                                lambda rank: where).results[0]
-    if not returned:
-        raise raised(where, value)
+    if not returned:    # the learner calls such a function directly, not in cluster.run
+        raise raised(where, value, HINTS["called"])
     return value
 
 

@@ -23,7 +23,7 @@ import dataclasses
 import math
 
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import simcluster as sc
 from simcluster import planner
@@ -116,6 +116,13 @@ def check_build_groups(fn):
     """``fn(pp, dp, tp)`` on every rank returns its three groups; each rank's groups and
     coordinate equal ``init_device_mesh``'s on (pp, dp, tp) meshes of 6 to 16 GPUs."""
     refuse_reference(fn, _reference().build_groups)
+    for name, mesh_api in (("init_device_mesh", init_device_mesh), ("DeviceMesh", DeviceMesh)):
+        try:
+            refuse_reference(fn, mesh_api)
+        except Failure:
+            raise Failure(f"this function calls {name}, which the check compares with",
+                          "build the groups by hand: dist.new_group for every pp, dp and "
+                          "tp group, on every rank.") from None
     cluster = sc.Cluster.preset("dgx-a100", nodes=2)
     for case in MESH_CASES:
         run = simulate(cluster, _mesh_body, math.prod(case),
@@ -247,7 +254,15 @@ def _flops_hint(cfg, batch, recompute, got):
          "layer), not the whole forward."),
         (exact(cfg, batch, recompute) / 2,
          "a multiply-add is 2 FLOPs."),
+        (exact(cfg, batch, "none") / 3 + exact(cfg, batch, recompute)
+         - exact(cfg, batch, "none"),
+         "that is the forward (and its recomputation) only: backward costs twice the "
+         "forward, gradients of inputs and of weights."),
     ]
+    if recompute == "full":
+        slips.append((exact(cfg, batch, "full") + logits,
+                      "full recomputation runs every layer's forward again, not the output "
+                      "layer (the lesson and Eq. 3 count it once per pass)."))
     for value, hint in slips:
         if math.isclose(got, value, rel_tol=1e-6):
             return hint
@@ -293,6 +308,7 @@ LAYOUT_CAPS_GIB = (40, 16, 10, 6)
 LAYOUT_TOLERANCE = 1.10     # within 10 % of the fastest layout planner.search finds
 LAYOUT_KEYS = {"tp", "pp", "dp", "micro_batch", "recompute", "zero", "sequence_parallel",
                "virtual_stages", "schedule"}
+LAYOUT_REQUIRED = ("tp", "pp", "dp", "micro_batch", "recompute", "zero")
 LAYOUT_HINT = ("return a dict of planner.estimate's arguments: 'tp', 'pp', 'dp' and "
                "'micro_batch' (numbers), 'recompute' and 'zero', optionally "
                "'sequence_parallel', 'virtual_stages', 'schedule'.")
@@ -343,9 +359,12 @@ def check_choose_layout(fn):
     for cap_gib in LAYOUT_CAPS_GIB:
         where = f"LLaMA-7B, B = {LAYOUT_BATCH}, {cap_gib} GiB per GPU"
         layout = on_a_rank(fn, (LLAMA_7B, cluster, LAYOUT_BATCH, cap_gib * GiB), where)
-        if not isinstance(layout, dict) or not {"tp", "pp", "dp", "micro_batch"} <= set(
-                layout) or not set(layout) <= LAYOUT_KEYS:
+        if not isinstance(layout, dict) or not set(layout) <= LAYOUT_KEYS:
             raise Failure(f"{where}: returned {short(repr(layout), 80)}", LAYOUT_HINT)
+        missing = [key for key in LAYOUT_REQUIRED if key not in layout]
+        if missing:     # planner.estimate's defaults would choose them silently
+            raise Failure(f"{where}: your layout has no {listed(repr(k) for k in missing)}",
+                          LAYOUT_HINT)
         if layout["micro_batch"] is None:
             raise Failure(f"{where}: micro_batch=None lets the planner pick the fastest "
                           "that fits 80 GiB, not your cap", "choose the micro-batch too.")
