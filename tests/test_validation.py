@@ -280,6 +280,9 @@ def _every_error():
                                        "all_reduce", "make the shapes agree"),
         errors.OutOfMemoryError(1, device, 2**30, 80 * 2**30, {"parameters": 2**30},
                                 "parameters"),
+        # (its partial run is never pickled: tests/test_faults.py checks that with a real one)
+        errors.RankCrashedError(3, 0, 2.0, "Crash(rank=3, at=2.0)", None, [],
+                                "rank 3 (node 0) crashed at 2 s"),
     ]
 
 
