@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _check_helpers import learner_namespace, line
+from _check_helpers import fails, learner_namespace, line
 from simcluster import planner
 from workbook import checking, checks
 from workbook.lesson09 import _reference as R
@@ -16,15 +16,6 @@ from workbook.lesson09.checks import (LAYOUT_CAPS_GIB, LLAMA_7B, GiB, _fastest,
 
 MINE = learner_namespace(R, R.build_groups, R.model_flops, R.choose_layout,
                          R.pipeline_bubble)
-
-
-def fails(capsys, check, answer, *parts):
-    """The check prints one ❌ line containing every one of ``parts``."""
-    result, text = line(capsys, check, answer)
-    assert not result and text.startswith("❌"), text
-    for part in parts:
-        assert part in text, text
-    return text
 
 
 @pytest.fixture
