@@ -16,8 +16,8 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import simcluster as sc
-from workbook.checking import (mse, Failure, check, first_difference, listed, num, raised,
-                               refuse_reference, seconds, simulate)
+from workbook.checking import (mse, Failure, check, first_difference, listed, num,
+                               on_a_rank, refuse_reference, seconds, simulate)
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 BUCKET_CAPS = (4_000, 1_100, 300)   # bytes: 1, 2 and 3 buckets of the MLP's 1,936 bytes
@@ -458,10 +458,7 @@ def check_distributed_trainer(cls):
     names = _names(make_mlp())
     for nodes, gpus, b, k in TRAINER_CASES:
         where = _trainer_case(nodes, gpus, b, k)
-        try:
-            trainer = cls(nodes, gpus, b, k)
-        except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
-            raise raised(where, error) from None
+        trainer = on_a_rank(cls, (nodes, gpus, b, k), where)
         _check_placement(where, trainer, nodes, gpus, b, k)
         global_batch = b * nodes * gpus * k
         x = torch.cat([batch(global_batch, s, seed=2)[0] for s in range(TRAINER_STEPS)])

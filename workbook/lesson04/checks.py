@@ -25,8 +25,8 @@ import torch.nn as nn
 
 import simcluster as sc
 from workbook import pipeline
-from workbook.checking import (mse, Failure, call, check, first_difference, listed, num,
-                               raised, refuse_reference, seconds, simulate)
+from workbook.checking import (mse, Failure, check, first_difference, listed, num,
+                               on_a_rank, refuse_reference, seconds, short, simulate)
 
 # (world size, boundaries) of check_forward_backward; stages start at a Linear, a ReLU
 # and a Tanh, and the widths change at every Linear
@@ -253,23 +253,8 @@ def _valid_cut(where, cut, n, p):
     return cut
 
 
-def _call_with_time_limit(fn, times, p, where):
-    """``fn(times, p)`` on one simulated rank, so that a search that never ends is stopped
-    (after ``checking.TIMEOUT`` seconds) and reported; an exception becomes the ❌ line."""
-
-    def body():
-        try:
-            return True, fn(times, p)
-        except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
-            return False, error
-
-    returned, value = simulate(sc.Cluster.preset("dgx-a100"), body, 1,
-                               lambda rank: where).results[0]
-    if not returned:
-        raise raised(f"{where}: balance", value, "read the message above; call "
-                     "balance(layer_times, p) yourself on a short list to see the whole "
-                     "traceback.")
-    return value
+BALANCE_CALLED = ("read the message above; call balance(layer_times, p) yourself on a short "
+                  "list to see the whole traceback.")
 
 
 @check("balance stages")
@@ -281,7 +266,8 @@ def check_balance(fn):
     for name, units, p in PROFILES:
         times = measured_layer_times(units)
         where = f"{name}, {len(units)} layers, p = {p}"
-        cut = _valid_cut(where, _call_with_time_limit(fn, list(times), p, where), len(units), p)
+        cut = _valid_cut(where, on_a_rank(fn, (list(times), p), f"{where}: balance",
+                                         BALANCE_CALLED), len(units), p)
         best_cut, best = _best(units, p)
         mine = _stream(units, p, cut, where)
         worst = max(worst, mine / best)

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 import simcluster as sc
 from workbook.checking import (mse, Failure, check, collectives_so_far, first_difference,
-                               listed, num, raised, refuse_reference, simulate)
+                               listed, num, number, on_a_rank, refuse_reference, short,
+                               simulate)
 from workbook.dataparallel import mlp
 from workbook.pipeline import bubble, bubble_formula, split
 
@@ -352,16 +353,6 @@ def check_1f1b(fn):
 # ---------------------------------------------------- exercise 3: interleaved bubble
 
 
-def _call(where, fn, *args):
-    """``fn(*args)`` for a function that runs outside the cluster; an exception becomes
-    the ❌ line."""
-    try:
-        return fn(*args)
-    except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
-        raise raised(where, error, "read the message above; call your function on these "
-                                   "arguments yourself to see the whole traceback.") from None
-
-
 BUBBLE_GRID = [(p, m, v) for p in (1, 2, 4, 8) for m in (1, 4, 8, 16, 32) for v in (1, 2, 4)]
 
 
@@ -373,7 +364,7 @@ def check_interleaved_bubble(fn):
     refuse_reference(fn, bubble_formula)
     for p, m, v in BUBBLE_GRID:
         where = f"p = {p}, m = {m}, v = {v}"
-        got = _call(f"interleaved_bubble({p}, {m}, {v})", fn, p, m, v)
+        got = on_a_rank(fn, (p, m, v), f"interleaved_bubble({p}, {m}, {v})")
         want = bubble_formula(p, m, v)
         try:
             ok = abs(float(got) - want) <= 1e-9
@@ -431,7 +422,7 @@ def check_pick_m_v(fn):
     for case in PICK_CASES:
         where = _pick_where(case)
         p, batch, layers, target, cap, sample = case
-        got = _call(where, fn, *case)
+        got = on_a_rank(fn, case, where)
         want = ref.pick_m_v(*case)
         if isinstance(got, list):
             got = tuple(got)
