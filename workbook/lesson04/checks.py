@@ -18,6 +18,8 @@ The reference answers (:mod:`._reference`) and the lesson's module
 """
 
 import functools
+import itertools
+import math
 
 import torch
 import torch.distributed as dist
@@ -26,7 +28,8 @@ import torch.nn as nn
 import simcluster as sc
 from workbook import pipeline
 from workbook.checking import (mse, Failure, check, first_difference, listed, num,
-                               on_a_rank, refuse_reference, seconds, short, simulate)
+                               number, on_a_rank, refuse_reference, seconds, short,
+                               simulate)
 
 # (world size, boundaries) of check_forward_backward; stages start at a Linear, a ReLU
 # and a Tanh, and the widths change at every Linear
@@ -305,6 +308,26 @@ def _measured_bytes(p, boundaries, rows, dtype):
     return [traffic.get((i, i + 1), 0) + traffic.get((i + 1, i), 0) for i in range(p - 1)]
 
 
+def _byte_counts(fn, p):
+    """``fn`` whose answer, if it is an iterable (a generator too), is read into a list on
+    the rank, where a generator that never ends is stopped; ``p`` + 1 items are enough to
+    say there are too many."""
+
+    def counts(*args):
+        got = fn(*args)
+        if isinstance(got, (str, bytes, dict)) or not hasattr(got, "__iter__"):
+            return got
+        return list(itertools.islice(got, p + 1))
+
+    return counts
+
+
+def _is_count(value):
+    """A whole, finite number of bytes (an int, a numpy int, a float like 40.0)."""
+    value = number(value)
+    return value is not None and math.isfinite(value) and value == int(value) and value >= 0
+
+
 @check("bytes across boundaries")
 def check_boundary_bytes(fn):
     """``fn(stages, in_shape)`` returns the bytes crossing each boundary in one forward and
@@ -315,13 +338,13 @@ def check_boundary_bytes(fn):
         where = f"{_where(p, boundaries)}, {rows} rows of {dtype_text}"
         expected = _measured_bytes(p, boundaries, rows, dtype)
         stages = pipeline.split(make_model(0, dtype), p, boundaries)
-        got = call("boundary_bytes", fn, stages, (rows, FEATURES))
-        try:
-            got = [int(b) for b in got]
-        except (TypeError, ValueError):
-            raise Failure(f"{where}: returned {got!r}, not a list of byte counts",
-                          "return one number per boundary: a list of len(stages) - 1 "
-                          "ints.") from None
+        got = on_a_rank(_byte_counts(fn, p), (stages, (rows, FEATURES)),
+                        f"{where}: boundary_bytes")
+        if not isinstance(got, list) or not all(_is_count(b) for b in got):
+            raise Failure(f"{where}: returned {short(repr(got), 80)}, not a list of byte "
+                          "counts", "return one number per boundary: a list of "
+                          "len(stages) - 1 ints.")
+        got = [int(b) for b in got]
         if len(got) != p - 1:
             raise Failure(f"{where}: returned {len(got)} numbers for {p - 1} boundaries",
                           "one number per boundary between consecutive stages: "

@@ -18,6 +18,8 @@ every rank (the lab documents it) and judged twice:
 The reference answers (:mod:`._reference`) are imported inside the checks only.
 """
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -366,14 +368,12 @@ def check_interleaved_bubble(fn):
         where = f"p = {p}, m = {m}, v = {v}"
         got = on_a_rank(fn, (p, m, v), f"interleaved_bubble({p}, {m}, {v})")
         want = bubble_formula(p, m, v)
-        try:
-            ok = abs(float(got) - want) <= 1e-9
-        except (TypeError, ValueError):
-            raise Failure(f"{where}: returned {got!r}, not a number",
-                          "return the fraction as a float (0.25 for 25 %).") from None
-        if ok:
+        if number(got) is None:
+            raise Failure(f"{where}: returned {short(repr(got), 60)}, not a number",
+                          "return the fraction as a float (0.25 for 25 %).")
+        got = number(got)
+        if abs(got - want) <= 1e-9:
             continue
-        got = float(got)
         if v > 1 and abs(got - (p - 1) / (m + p - 1)) <= 1e-9:
             hint = "that is 1F1B's bubble: with v chunks each slot is v times shorter."
         elif p > 1 and abs(got - (p - 1) / (v * m)) <= 1e-9:
@@ -412,6 +412,13 @@ def _pick_where(case):
             f"sample_bytes={num(sample / MB)} MB)")
 
 
+def _is_whole(value):
+    """A positive whole number (an int, a numpy int, 8.0): a count of micro-batches or
+    chunks; 0 would divide by zero in the check."""
+    value = number(value)
+    return value is not None and math.isfinite(value) and value == int(value) and value >= 1
+
+
 @check("pick (m, v)")
 def check_pick_m_v(fn):
     """``fn(p, batch, layers_per_stage, bubble_target, memory_cap, sample_bytes)``: the
@@ -426,15 +433,20 @@ def check_pick_m_v(fn):
         want = ref.pick_m_v(*case)
         if isinstance(got, list):
             got = tuple(got)
-        if got == want:
+        if got is None and want is None:
             continue
-        if want is not None and got is None:
+        if got is None:
             raise Failure(f"{where}: returned None, but (m, v) = {want} fits",
                           "try every m that is a multiple of p and divides the batch, and "
                           "every v that divides layers_per_stage.")
-        if not (isinstance(got, tuple) and len(got) == 2):
-            raise Failure(f"{where}: returned {got!r}, expected a pair (m, v) or None",
+        if not (isinstance(got, tuple) and len(got) == 2
+                and all(_is_whole(x) for x in got)):
+            raise Failure(f"{where}: returned {short(repr(got), 60)}, expected a pair (m, v) "
+                          "of positive integers, or None",
                           "return (m, v), or None when nothing fits.")
+        got = tuple(int(x) for x in got)
+        if got == want:
+            continue
         m, v = got
         if m % p or batch % m or layers % v:
             raise Failure(f"{where}: returned (m, v) = {got}: m must be a multiple of p "
