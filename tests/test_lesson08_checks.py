@@ -609,3 +609,19 @@ def wrapped(model, x, y, steps, lr, memory):
                  "% apart", "autocast around the forward only")
     mine_, theirs = text.split("your loss is ")[1].split(", plain training's ")
     assert mine_.split()[0] != theirs.split()[0], text
+
+
+def test_bytes_per_parameter_accepts_numpy_numbers_and_fractions(capsys):
+    """A right number is a right answer whatever its type (issue 24, item 9); a plain
+    function that raises is not told to use cluster.run."""
+    import numpy as np
+    from fractions import Fraction
+
+    mine = MINE["bytes_per_parameter"]
+    assert line(capsys, checks.check_bytes_per_parameter,
+                lambda *args: np.float32(mine(*args)))[0]
+    assert line(capsys, checks.check_bytes_per_parameter,
+                lambda *args: Fraction(mine(*args)))[0]
+    text = fails(capsys, checks.check_bytes_per_parameter, lambda *args: 1 / 0,
+                 "raised ZeroDivisionError")
+    assert "cluster.run" not in text

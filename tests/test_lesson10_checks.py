@@ -475,5 +475,41 @@ def test_a_detector_that_never_returns_is_stopped(capsys, monkeypatch):
             pass
 
     starts(capsys, checks.check_find_straggler, waits_for_a_spike,
-           f"{STRAGGLER}4 ranks × 20 steps, noise only: find_straggler: rank 0 was still "
-           "running after 2 s of wall-clock time (an infinite loop?) — Hint: ")
+           f"{STRAGGLER}4 ranks × 20 steps, noise only: find_straggler: your function was "
+           "still running after 2 s of wall-clock time (an infinite loop?) — Hint: ")
+
+
+# ------------------------------------------- malformed plans are a ❌ (issue 24, item 9)
+
+
+def replaced(key, value):
+    """The reference's plan with ``key`` set to ``value``."""
+
+    def recover(plan, failure):
+        return dict(MINE["recover"](plan, failure), **{key: value})
+
+    return recover
+
+
+WORKER_3 = f"{RECOVERY}2 servers, 4 workers: worker 3 failed at round 5: "
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("reload", None, "plan['reload'] is None, not a list of slices"),
+    ("owner", [0, 1], "plan['owner'] is [0, 1], not a dict {slice: server}"),
+    ("owner", None, "plan['owner'] is None, not a dict {slice: server}"),
+    ("tasks", None, "plan['tasks'] is None, not a dict {task: worker}"),
+    ("tasks", {0: 0, "1": 1, 2: 2, 3: 0}, "the plan has tasks "),
+])
+def test_malformed_plans_are_a_failure(capsys, key, value, said):
+    starts(capsys, checks.check_recovery, replaced(key, value), WORKER_3 + said)
+
+
+def test_a_round_given_as_a_numpy_integer_is_accepted(capsys):
+    import numpy as np
+
+    def recover(plan, failure):
+        new = MINE["recover"](plan, failure)
+        return dict(new, round=np.int64(new["round"]))
+
+    assert line(capsys, checks.check_recovery, recover)[0]

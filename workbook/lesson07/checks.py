@@ -38,7 +38,8 @@ import torch.nn.functional as F
 
 import simcluster as sc
 from workbook.checking import (mse, Failure, budget, check, first_difference, listed,
-                               num, on_a_rank, refuse_reference, seconds, simulate)
+                               num, number, on_a_rank, refuse_reference, seconds, short,
+                               simulate)
 
 WORLD_SIZES = (1, 2, 3, 4)
 MEMORY_WORLD_SIZES = (2, 4)
@@ -424,7 +425,7 @@ FORMULA_CASES = ((7.5e9, 1), (1.5e9, 8), (7.5e9, 64), (175e9, 1024), (1e9, 3))
 
 
 def _said(value):
-    return num(value) if isinstance(value, (int, float)) else repr(value)
+    return num(value) if number(value) is not None else short(repr(value), 60)
 
 
 @check("ZeRO memory table")
@@ -437,7 +438,7 @@ def check_zero_memory(fn):
     for stage, paper in PAPER.items():
         where = f"Ψ = 7.5B, N_d = 64, stage {stage}"
         got = on_a_rank(fn, (7.5e9, 64, stage), where)
-        if not isinstance(got, (int, float)) or not abs(got - paper) <= 0.05:
+        if number(got) is None or not abs(number(got) - paper) <= 0.05:
             raise Failure(f"{where}: you said {_said(got)}, the paper's table says {paper} GB",
                           "per parameter: 2 bytes of fp16 parameters, 2 of fp16 "
                           "gradients, K = 12 of optimizer state (fp32 parameters, momentum, "
@@ -450,7 +451,7 @@ def check_zero_memory(fn):
                 where = f"Ψ = {num(psi)}, N_d = {n}, K = {k}, stage {stage}"
                 got = on_a_rank(fn, (psi, n, stage, k), where)
                 expected = ref.zero_memory_gb(psi, n, stage, k)
-                if not isinstance(got, (int, float)) or not math.isclose(got, expected,
+                if number(got) is None or not math.isclose(number(got), expected,
                                                                          rel_tol=1e-6):
                     raise Failure(f"{where}: you said {_said(got)} GB, expected "
                                   f"{num(expected)}", "use k (not 12) for the optimizer "

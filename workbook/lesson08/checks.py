@@ -31,8 +31,9 @@ from torch.utils.checkpoint import checkpoint
 
 import simcluster as sc
 from simcluster.accounting import current
-from workbook.checking import (Failure, HINTS, check, first_difference, num, on_a_rank,
-                               raised, refuse_reference, seconds, short, simulate)
+from workbook.checking import (Failure, HINTS, check, first_difference, num, number,
+                               on_a_rank, raised, refuse_reference, seconds, short,
+                               simulate)
 
 MiB = 2**20
 
@@ -149,12 +150,11 @@ def check_bytes_per_parameter(fn):
     for recipe, (returned, got) in zip(recipes, answers):
         where = recipe_text(*recipe)
         if not returned:
-            raise raised(where, got)
+            raise raised(where, got, HINTS["called"])
         measured = _measured()[recipe]
         total = sum(measured.values())
-        if (not isinstance(got, (int, float)) or isinstance(got, bool)
-                or not math.isclose(got, total, rel_tol=0.01)):
-            said = num(got) if isinstance(got, (int, float)) else repr(got)
+        if number(got) is None or not math.isclose(number(got), total, rel_tol=0.01):
+            said = num(got) if number(got) is not None else short(repr(got), 60)
             parts = ", ".join(f"{k} {num(round(v, 2))}" for k, v in measured.items())
             raise Failure(f"{where}: you said {said} bytes per parameter, the simulator "
                           f"measured {num(round(total, 2))} ({parts})",
@@ -587,12 +587,12 @@ def check_fit(fn):
             raise Failure(f"{where}: {oom_text(run.results[0])}", FIT_HINT)
         losses, params = run.results[0]
         if (not isinstance(losses, (list, tuple)) or len(losses) != FIT_STEPS
-                or not all(isinstance(v, (int, float)) for v in losses)):
+                or any(number(v) is None for v in losses)):
             raise Failure(f"{where}: returned {short(repr(losses), 60)}",
                           f"return a list of {FIT_STEPS} floats: each step's loss on the "
                           "whole batch (loss.item(), summed over micro-batches of the "
                           "mean loss divided by their number).")
-        for step, (e, g) in enumerate(zip(expected, losses)):
+        for step, (e, g) in enumerate(zip(expected, map(number, losses))):
             if not math.isclose(g, e, rel_tol=FIT_TOLERANCE):
                 raise Failure(f"{where}: step {step}: your loss is {_apart(g, e)}",
                               "the loss of a step is the mean over the whole batch: with k "

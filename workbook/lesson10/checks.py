@@ -377,8 +377,16 @@ def _check_plan(before, failure, new, where):
                           f"{role} are {listed(alive)}", f"plan['{role}'] says who is alive: "
                           f"drop the failed {kind} from it (the job would wait for it "
                           "forever).")
-    if sorted(new["tasks"]) != sorted(before["tasks"]):
-        raise Failure(f"{where}: the plan has tasks {listed(sorted(new['tasks']))}, the job "
+    for key, kinds, what in (("tasks", dict, "a dict {task: worker}"),
+                             ("owner", dict, "a dict {slice: server}"),
+                             ("reload", (list, tuple, set), "a list of slices")):
+        if not isinstance(new[key], kinds):
+            raise Failure(f"{where}: plan['{key}'] is {short(repr(new[key]), 40)}, not "
+                          f"{what}", f"plan['{key}'] is {what}, like the plan you were "
+                          "given: copy it and change what the failure changes.")
+    if set(new["tasks"]) != set(before["tasks"]):
+        raise Failure(f"{where}: the plan has tasks "
+                      f"{listed(sorted(new['tasks'], key=repr))}, the job "
                       f"has {listed(sorted(before['tasks']))}", "every task of a round must "
                       "still be done, by exactly one worker: keep every key of plan['tasks'].")
     for task, worker in sorted(new["tasks"].items()):
@@ -387,8 +395,9 @@ def _check_plan(before, failure, new, where):
                           f"alive (alive: {listed(workers)})", "give the failed worker's "
                           "tasks to the live workers (round robin over plan['workers'] "
                           "without it).")
-    if sorted(new["owner"]) != sorted(before["owner"]):
-        raise Failure(f"{where}: the shard map has slices {listed(sorted(new['owner']))}, "
+    if set(new["owner"]) != set(before["owner"]):
+        raise Failure(f"{where}: the shard map has slices "
+                      f"{listed(sorted(new['owner'], key=repr))}, "
                       f"the job has {listed(sorted(before['owner']))}", "every slice needs "
                       "an owner: keep every key of plan['owner'].")
     for piece, server in sorted(new["owner"].items()):
@@ -400,7 +409,8 @@ def _check_plan(before, failure, new, where):
             raise Failure(f"{where}: slice {piece} moved to server {server}, which does not "
                           "hold it, and it is not reloaded", "a slice whose server died "
                           "exists only in the checkpoint: put it in plan['reload'].")
-    if not isinstance(new["round"], int) or not 0 <= new["round"] <= before["round"]:
+    if (not isinstance(new["round"], numbers.Integral) or isinstance(new["round"], bool)
+            or not 0 <= new["round"] <= before["round"]):
         raise Failure(f"{where}: the job is at round {before['round']} and the plan goes on "
                       f"at round {new['round']!r}", "resume at the current round, or go "
                       "back to the checkpoint's round (plan['checkpoint']).")
@@ -419,7 +429,7 @@ def _plans(fn, servers, workers, failures):
                      f"failed at round {plan['round']}")
             new = on_a_rank(fn, (copy.deepcopy(before), failure), f"{where}: recover")
             _check_plan(before, failure, new, where)
-            plan = copy.deepcopy(new)
+            plan = dict(copy.deepcopy(new), round=int(new["round"]))   # a numpy int too
             schedule[iteration] = (failure, copy.deepcopy(plan))
         plan["round"] += 1
         iteration += 1
