@@ -625,3 +625,33 @@ def test_bytes_per_parameter_accepts_numpy_numbers_and_fractions(capsys):
     text = fails(capsys, checks.check_bytes_per_parameter, lambda *args: 1 / 0,
                  "raised ZeroDivisionError")
     assert "cluster.run" not in text
+
+
+class DelegatesToGradScaler:
+    """A LossScaler that only hands every call to torch.amp.GradScaler (issue 24, item 10):
+    the check would compare GradScaler with itself."""
+
+    def __init__(self, init_scale, growth_factor, backoff_factor, growth_interval):
+        self.inner = torch.amp.GradScaler("cpu", init_scale=init_scale,
+                                          growth_factor=growth_factor,
+                                          backoff_factor=backoff_factor,
+                                          growth_interval=growth_interval)
+
+    def scale(self, loss):
+        return self.inner.scale(loss)
+
+    def step(self, optimizer):
+        return self.inner.step(optimizer)
+
+    def update(self):
+        self.inner.update()
+
+    def get_scale(self):
+        return self.inner.get_scale()
+
+
+def test_a_scaler_that_delegates_to_grad_scaler_is_refused(capsys):
+    fails(capsys, checks.check_loss_scaler, DelegatesToGradScaler,
+          "your class made a torch.amp.GradScaler and let it do the work")
+    assert torch.amp.GradScaler.__init__.__name__ == "__init__"      # put back as it was
+    assert "counted" not in repr(torch.amp.GradScaler.__init__)

@@ -20,6 +20,7 @@
 The reference answers (:mod:`._reference`) are imported inside the checks only.
 """
 
+import contextlib
 import functools
 import inspect
 import math
@@ -262,6 +263,25 @@ def _compare_scaler(mine, torch_log, where):
                               "by it, so its gradients were too.")
 
 
+@contextlib.contextmanager
+def _grad_scalers_made():
+    """A list that gets one entry per ``torch.amp.GradScaler`` (or subclass, such as
+    ``torch.cuda.amp.GradScaler``) made inside the block: a class that only wraps one has
+    the check compare GradScaler with itself."""
+    made, original = [], torch.amp.GradScaler.__init__
+
+    @functools.wraps(original)
+    def counted(self, *args, **kwargs):
+        made.append(type(self))
+        original(self, *args, **kwargs)
+
+    torch.amp.GradScaler.__init__ = counted
+    try:
+        yield made
+    finally:
+        torch.amp.GradScaler.__init__ = original
+
+
 @check("loss scaler")
 def check_loss_scaler(cls):
     """``cls(init_scale, growth_factor, backoff_factor, growth_interval)`` with
@@ -277,7 +297,14 @@ def check_loss_scaler(cls):
     for index, case in enumerate(SCALER_CASES):
         where = _case_text(case)
         torch_log = _grad_scaler_log(index)
-        _compare_scaler(_scaler_log(cls, case), torch_log, where)
+        with _grad_scalers_made() as made:
+            mine = _scaler_log(cls, case)
+        if made:
+            raise Failure(f"{where}: your class made a torch.amp.GradScaler and let it do "
+                          "the work", "write LossScaler yourself: keep the scale and the "
+                          "count of good steps, check the gradients, unscale them and "
+                          "decide whether to step. The check compares it with GradScaler.")
+        _compare_scaler(mine, torch_log, where)
         skipped += sum(not t["stepped"] for t in torch_log[:-1])
     return (f"the same scales, skipped steps ({skipped} of {len(SCALER_CASES) * SCALER_STEPS})"
             " and parameters as torch.amp.GradScaler")
