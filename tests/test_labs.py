@@ -433,3 +433,39 @@ def test_every_solution_in_the_repo_has_an_up_to_date_lab():
         f"{path.relative_to(REPO)}: {reason}" for path, reason in problems)
     if notes:
         pytest.skip("\n".join(notes))
+
+
+# --- a learner's committed work (issue 24, item 11) -------------------------------------
+
+
+def test_a_lab_the_learner_committed_is_never_overwritten(repo):
+    """A learner who solves a lab, clears its outputs and commits it: the file equals HEAD,
+    but HEAD holds the learner's work, not the builder's output."""
+    solutions, lab_dir = repo
+    path = lab_dir / "99_shapes.ipynb"
+    solve_in_place(path)
+    root = solutions.parent
+    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "my solution")
+    mine = path.read_bytes()
+    messages = []
+    assert labs.build(solutions, lab_dir, log=messages.append) == []
+    assert path.read_bytes() == mine
+    # ... also once the solution changed upstream (`make labs` after a pull)
+    solution = nbformat.read(solutions / "99_shapes.ipynb", as_version=4)
+    solution.cells[2].source += "\nA new sentence."
+    nbformat.write(solution, solutions / "99_shapes.ipynb")
+    assert labs.build(solutions, lab_dir, log=messages.append) == []
+    assert path.read_bytes() == mine
+    assert all("holds your work (edited: exercise 1)" in m for m in messages), messages
+
+
+def test_the_builders_own_output_is_recognised_by_its_fingerprint(tree):
+    solutions, lab_dir = tree
+    labs.build(solutions, lab_dir, log=lambda _: None)
+    path = lab_dir / "99_shapes.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    recorded = nb.metadata["workbook"]["cells"]
+    assert recorded == labs.fingerprint(nb) and len(recorded) == len(nb.cells)
+    solve_in_place(path)
+    changed = labs.fingerprint(nbformat.read(path, as_version=4))
+    assert [i for i in recorded if recorded[i] != changed[i]] == [nb.cells[3].id]

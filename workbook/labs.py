@@ -189,6 +189,7 @@ def make_lab(solution, name="solution"):
         "exercises": exercises,
     }
     lab = nbformat.from_dict(lab)
+    lab.metadata[METADATA_KEY]["cells"] = fingerprint(lab)
     nbformat.validate(lab)
     return lab
 
@@ -228,23 +229,58 @@ def _sources(nb):
     return [(cell.cell_type, cell.source) for cell in nb.cells]
 
 
+def fingerprint(nb):
+    """``{cell id: digest of its type and source}`` for ``nb``'s cells. The builder records
+    it in the lab's metadata: a cell that still gives its digest is the builder's, one that
+    does not is a learner's edit (committed to git or not), whatever the solution became."""
+    return {cell.get("id"): hashlib.sha1(
+        json.dumps([cell.cell_type, cell.source]).encode("utf-8")).hexdigest()[:16]
+        for cell in nb.cells}
+
+
+def _edits_since_built(nb, recorded):
+    """``(exercise numbers, other cells, added, deleted)``: how ``nb``'s cells differ from
+    what the builder wrote, by the digests it ``recorded``."""
+    exercises, others, added = set(), 0, 0
+    left = dict(recorded)
+    for cell_id, digest in fingerprint(nb).items():
+        if cell_id not in left:
+            added += 1
+        elif left.pop(cell_id) != digest:
+            cell = next(c for c in nb.cells if c.get("id") == cell_id)
+            number = cell.metadata.get(METADATA_KEY, {}).get("exercise")
+            if number is None:
+                others += 1
+            else:
+                exercises.add(number)
+    return exercises, others, added, len(left)
+
+
 def learner_changes(path, text):
     """What the lab file ``path`` holds beyond what the builder wrote, as short phrases
     (``[]``: nothing); ``text`` is the lab generated now.
 
-    Edited cells count when the sources differ both from ``text`` and from the committed
+    A lab that records the builder's :func:`fingerprint` is the builder's output exactly
+    when its cells still match it; otherwise every cell that differs from ``text`` is the
+    learner's, also when the learner committed the file. A lab from before fingerprints:
+    edited cells count when the sources differ both from ``text`` and from the committed
     lab; without a committed lab (no git), only edited exercise cells and added cells
     count, since other cells also differ in a lab that is merely out of date. Outputs
     always count.
     """
     nb = nbformat.read(path, as_version=4)
     generated = nbformat.reads(text, as_version=4)
-    exercises, others, added, deleted = _edits(nb, generated)
-    committed = committed_text(path)
-    if committed is None:
+    recorded = nb.metadata.get(METADATA_KEY, {}).get("cells")
+    committed = committed_text(path) if not isinstance(recorded, dict) else None
+    if isinstance(recorded, dict):
+        exercises, others, added, deleted = _edits_since_built(nb, recorded)
+    elif committed is None:
+        exercises, others, added, deleted = _edits(nb, generated)
         others = deleted = 0
     elif _sources(nb) == _sources(nbformat.reads(committed, as_version=4)):
         exercises, others, added, deleted = set(), 0, 0, 0
+    else:
+        exercises, others, added, deleted = _edits(nb, generated)
     edited = [f"exercise {n}" for n in sorted(exercises)] + _count(others, "other cell")
     changes = [f"edited: {', '.join(edited)}"] if edited else []
     changes += _count(added, "cell", " added") + _count(deleted, "cell", " deleted")
