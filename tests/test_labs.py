@@ -469,3 +469,43 @@ def test_the_builders_own_output_is_recognised_by_its_fingerprint(tree):
     solve_in_place(path)
     changed = labs.fingerprint(nbformat.read(path, as_version=4))
     assert [i for i in recorded if recorded[i] != changed[i]] == [nb.cells[3].id]
+
+
+# --- a broken lab file is named, and the others are built (issue 24, item 12) ------------
+
+CONFLICTED = """{
+<<<<<<< HEAD
+ "cells": [],
+=======
+ "cells": [{"cell_type": "markdown", "source": "mine", "metadata": {}}],
+>>>>>>> theirs
+ "metadata": {}, "nbformat": 4, "nbformat_minor": 5
+}
+"""
+
+
+def test_a_lab_with_a_merge_conflict_is_named_and_the_others_still_built(tree, capsys):
+    solutions, lab_dir = tree
+    write(solution_notebook(), solutions / "98_other.ipynb")
+    lab_dir.mkdir(parents=True)
+    broken = lab_dir / "99_shapes.ipynb"
+    broken.write_text(CONFLICTED, encoding="utf-8")
+    args = ["--solutions", str(solutions), "--labs", str(lab_dir)]
+    assert labs.main(args) == 2
+    captured = capsys.readouterr()
+    assert (lab_dir / "98_other.ipynb").exists()
+    assert broken.read_text(encoding="utf-8") == CONFLICTED      # never written over
+    assert f"{broken}: cannot be read: a merge conflict" in captured.err
+    assert labs.main(["--check", *args]) == 1
+    out = capsys.readouterr().out
+    assert f"{broken}: cannot be read: a merge conflict" in out
+    assert "98_other" not in out
+
+
+def test_a_broken_solution_does_not_stop_the_other_labs(tree, capsys):
+    solutions, lab_dir = tree
+    write(new_notebook(cells=[new_code_cell("### BEGIN SOLUTION\nx = 1")]),
+          solutions / "97_broken.ipynb")
+    assert labs.main(["--solutions", str(solutions), "--labs", str(lab_dir)]) == 2
+    assert "97_broken.ipynb, cell 0" in capsys.readouterr().err
+    assert (lab_dir / "99_shapes.ipynb").exists()

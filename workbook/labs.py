@@ -312,20 +312,43 @@ def _edits(nb, lab):
     return exercises, others, added, len(generated)
 
 
-def build(solutions_dir="solutions", labs_dir="labs", names=None, force=False, log=print):
+def unreadable(path, error):
+    """Why the notebook file ``path`` could not be read (``error``), in a few words."""
+    try:
+        conflict = "<<<<<<<" in Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        conflict = False
+    if conflict:
+        return "cannot be read: a merge conflict (look for the <<<<<<< lines)"
+    return f"cannot be read: {(f'{type(error).__name__}: {error}'.splitlines() or [''])[0]}"
+
+
+def build(solutions_dir="solutions", labs_dir="labs", names=None, force=False, log=print,
+          errors=None):
     """(Re)write the lab of every solution notebook (or of those in ``names``).
 
     Returns the paths written. A lab that holds a learner's work (:func:`learner_changes`)
-    is kept, saying so, unless ``force``.
+    is kept, saying so, unless ``force``. A solution that makes no lab, or a lab file that
+    cannot be read (a merge conflict), is left as it is and added to ``errors`` as
+    ``(path, reason)``; the other labs are built.
     """
     solutions_dir, labs_dir = Path(solutions_dir), Path(labs_dir)
+    errors = [] if errors is None else errors
     written = []
     for solution in _solutions(solutions_dir, names):
         target = labs_dir / solution.name
-        text = lab_text(solution)
+        try:
+            text = lab_text(solution)
+        except LabError as error:
+            errors.append((solution, str(error)))
+            continue
         if target.exists() and target.read_bytes() == text.encode("utf-8"):
             continue
-        changes = learner_changes(target, text) if target.exists() and not force else []
+        try:
+            changes = learner_changes(target, text) if target.exists() and not force else []
+        except Exception as error:  # noqa: BLE001 — not a notebook (a merge conflict, ...)
+            errors.append((target, unreadable(target, error)))
+            continue
         if changes:
             log(f"kept {target}: it holds your work ({'; '.join(changes)}). For a fresh "
                 f"lab, move yours aside (mv {target} {target.with_suffix('.mine.ipynb')}) "
@@ -351,13 +374,21 @@ def stale(solutions_dir="solutions", labs_dir="labs", names=None, log=print):
     problems = []
     for solution in _solutions(solutions_dir, names):
         target = labs_dir / solution.name
-        text = lab_text(solution)
+        try:
+            text = lab_text(solution)
+        except LabError as error:
+            problems.append((solution, f"makes no lab: {error}"))
+            continue
         if not target.exists():
             problems.append((target, f"missing (generate it from {solution})"))
             continue
         if target.read_bytes() == text.encode("utf-8"):
             continue
-        changes = learner_changes(target, text)
+        try:
+            changes = learner_changes(target, text)
+        except Exception as error:  # noqa: BLE001 — not a notebook (a merge conflict, ...)
+            problems.append((target, unreadable(target, error)))
+            continue
         if not changes:
             problems.append((target, f"out of date with {solution}"))
             continue
@@ -413,8 +444,11 @@ def main(argv=None):
                 return 1
             print(f"labs are up to date with {args.solutions}/")
             return 0
-        build(args.solutions, args.labs, args.names, force=args.force)
-        return 0
+        errors = []
+        build(args.solutions, args.labs, args.names, force=args.force, errors=errors)
+        for path, reason in errors:
+            print(f"error: {path}: {reason}", file=sys.stderr)
+        return 2 if errors else 0
     except (LabError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import nbformat
 
+from workbook.labs import unreadable
+
 PASSED, FAILED, NOT_STARTED = "passed", "failed", "not started"
 STATUSES = (PASSED, FAILED, NOT_STARTED)
 MARKS = {PASSED: "✅", FAILED: "❌", NOT_STARTED: "⬜"}
@@ -133,12 +135,7 @@ def run_lab(path, timeout=120, kernel_name=None):
     try:
         nb = nbformat.read(path, as_version=4)
     except Exception as error:  # noqa: BLE001 — not JSON, not a notebook, unreadable
-        try:
-            conflict = "<<<<<<<" in path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            conflict = False
-        report.broken = ("cannot be read: a merge conflict (look for the <<<<<<< lines)"
-                         if conflict else f"cannot be read: {_first_line(error)}")
+        report.broken = unreadable(path, error)
         return report
     try:
         grade(nb)             # broken metadata: say so before running anything
