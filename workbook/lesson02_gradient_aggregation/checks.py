@@ -24,7 +24,7 @@ from workbook.checking import (TOLERANCE, WORLD_SIZES, SIZES, Case, Failure,
 
 def _reference():
     """The answers, imported only while a check runs."""
-    from workbook.lesson02 import _reference
+    from workbook.lesson02_gradient_aggregation import _reference
     return _reference
 
 
@@ -618,7 +618,7 @@ def check_parameter_server(cls):
     # on a rank of the cluster, so that a call that never returns is stopped
     simulate(sc.Cluster.preset("dgx-a100", nodes=1), _ps_scripted, 1,
              lambda rank: "the scripted calls", {"timeout": PS_TIMEOUT_HINT}, args=(cls,))
-    from workbook.aggregation import TinyMLP, ps_train
+    from workbook.lesson02_gradient_aggregation.demos import TinyMLP, ps_train
     problem = TinyMLP(features=8, hidden=8, classes=3, samples=256, seed=1)
     speeds = [1.0, 1.5, 3.0]
     for mode in ("sync", "async", "bounded"):

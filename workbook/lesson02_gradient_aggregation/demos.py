@@ -16,7 +16,7 @@ local SGD, so none of them is here. What is here:
 The lesson runs the workbook's own versions of the exercises through the measuring
 functions, by name (``measure_allreduce(cluster, "ring", 8, n)``, ``{"aggregate":
 "tree"}`` in :func:`compare`, no ``server_class`` in :func:`ps_train`); the names are
-:data:`METHODS`. Those versions live in the private ``workbook.lesson02._reference``,
+:data:`METHODS`. Those versions live in the private ``._reference``,
 which the lab checks compare your code with.
 
 Everything that says "on every rank" runs inside ``cluster.run(...)`` (SPMD).
@@ -27,6 +27,8 @@ import math
 
 import torch
 import torch.distributed as dist
+from workbook.lesson02_gradient_aggregation.lab import chunk_bounds, exchange, flat_view
+from workbook.models import TinyMLP
 
 # The all-reduces and compressors the measuring functions run by name (the workbook's
 # own versions of the lab's exercises).
@@ -36,42 +38,10 @@ METHODS = ("naive", "ring", "tree", "halving-doubling", "hierarchical", "fp16", 
 # ------------------------------------------------------------------------- helpers
 
 
-def chunk_bounds(n, parts):
-    """``[(start, stop), ...]``: ``n`` elements cut into ``parts`` nearly equal chunks.
-
-    The first ``n % parts`` chunks get one element more; with ``n < parts`` some are empty.
-    """
-    base, extra = divmod(n, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        stop = start + base + (1 if i < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
-def exchange(send_tensor, dst, recv_tensor, src):
-    """Send ``send_tensor`` to ``dst`` while receiving ``recv_tensor`` from ``src``.
-
-    Both are posted before either is waited for, so a ring of ranks that all call this at
-    once cannot deadlock (a blocking ``send`` waits for its matching ``recv``).
-    """
-    ops = [dist.P2POp(dist.isend, send_tensor, dst), dist.P2POp(dist.irecv, recv_tensor, src)]
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
-
-
-def flat_view(tensor):
-    """``tensor.view(-1)``: writes into it land in ``tensor`` (contiguous tensors only)."""
-    if not tensor.is_contiguous():
-        raise ValueError("these all-reduces work on contiguous tensors")
-    return tensor.view(-1)
-
-
 def _method(name):
     """``(make_aggregate, leaves_mean)`` of the workbook's own method ``name`` (see
     METHODS): ``make_aggregate()`` on a rank returns the function to call on a tensor."""
-    from workbook.lesson02._reference import BY_NAME
+    from workbook.lesson02_gradient_aggregation._reference import BY_NAME
     if name not in BY_NAME:
         raise ValueError(f"no method named {name!r}: choose one of {', '.join(METHODS)}")
     return BY_NAME[name]
@@ -193,7 +163,8 @@ def ps_train(problem, mode, steps, lr, batch, speeds, bound=3, server_class=None
             dist.send(grad, 0)                                      # push
             step += 1
     if server_class is None:
-        from workbook.lesson02._reference import ParameterServer as server_class
+        from workbook.lesson02_gradient_aggregation._reference import (ParameterServer as
+                                                                       server_class)
     ps = server_class(problem.init_params(), lr=lr, num_workers=workers, mode=mode,
                       bound=bound)
     updates = [(0.0, 0, ps.params.clone())]
@@ -234,62 +205,6 @@ def ps_train(problem, mode, steps, lr, batch, speeds, bound=3, server_class=None
 
 
 # ---------------------------------------------------------------- model and data
-
-
-class TinyMLP:
-    """A two-layer MLP on a synthetic classification data set; parameters are one flat
-    vector, so every aggregation method moves a single tensor.
-
-    Everything is generated from ``seed``: the data, the initial parameters, and which
-    samples each worker gets at each step.
-    """
-
-    def __init__(self, features=32, hidden=64, classes=8, samples=4096, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        centers = 0.5 * torch.randn(classes, features, generator=g)
-        self.y = torch.randint(0, classes, (samples,), generator=g)
-        self.x = centers[self.y] + torch.randn(samples, features, generator=g)
-        self.shapes = [(hidden, features), (hidden,), (classes, hidden), (classes,)]
-        self.num_params = sum(math.prod(s) for s in self.shapes)
-        self.samples, self.seed = samples, seed
-        self._order = torch.randperm(samples, generator=g)
-
-    def init_params(self):
-        """The same initial parameters on every rank, every time."""
-        g = torch.Generator().manual_seed(self.seed + 1)
-        parts = []
-        for shape in self.shapes:
-            fan_in = shape[1] if len(shape) == 2 else shape[0]
-            parts.append((torch.rand(shape, generator=g) * 2 - 1).view(-1) / math.sqrt(fan_in))
-        return torch.cat(parts)
-
-    def _forward(self, w, x):
-        sizes = [math.prod(s) for s in self.shapes]
-        w1, b1, w2, b2 = (t.view(s) for t, s in zip(torch.split(w, sizes), self.shapes))
-        return torch.relu(x @ w1.T + b1) @ w2.T + b2
-
-    def loss_and_grad(self, w, x, y):
-        """``(loss, gradient)`` of the cross-entropy on the batch ``(x, y)`` at ``w``."""
-        w = w.detach().requires_grad_(True)
-        loss = torch.nn.functional.cross_entropy(self._forward(w, x), y)
-        (grad,) = torch.autograd.grad(loss, w)
-        return loss.item(), grad
-
-    def grad(self, w, x, y):
-        """Just the gradient (a ``grad_fn`` for local SGD)."""
-        return self.loss_and_grad(w, x, y)[1]
-
-    def loss(self, w):
-        """Cross-entropy on the whole data set (run it outside the cluster)."""
-        with torch.no_grad():
-            return torch.nn.functional.cross_entropy(self._forward(w, self.x), self.y).item()
-
-    def batch(self, step, worker, workers, size):
-        """Worker ``worker``'s mini-batch at ``step``: disjoint across workers and steps
-        until the data set wraps around."""
-        start = ((step * workers + worker) * size) % self.samples
-        idx = self._order[torch.arange(start, start + size) % self.samples]
-        return self.x[idx], self.y[idx]
 
 
 # ------------------------------------------------------------- data-parallel loop
@@ -387,7 +302,8 @@ def measure_allreduce(cluster, method, world_size, size, extra_args=()):
 
 
 def _ring_phases(size):
-    from workbook.lesson02._reference import ring_all_gather, ring_reduce_scatter
+    from workbook.lesson02_gradient_aggregation._reference import (ring_all_gather,
+                                                                   ring_reduce_scatter)
     rank, p = dist.get_rank(), dist.get_world_size()
     flat = torch.full((size,), float(10 ** rank))
     bounds = chunk_bounds(size, p)

@@ -1,6 +1,11 @@
-"""Lesson 03 (data parallelism): the checks of its lab (:mod:`.checks`) and the reference
-answers they compare against (:mod:`._reference`).
+"""Lesson 03 (data parallelism): ``notebooks/03_data_parallel.ipynb`` and its lab.
 
-The lab imports :mod:`workbook.checks`, never the answers: the checks import
-``_reference`` only inside the check functions.
+- :mod:`.demos`: what the lesson notebook imports (its models, demos, measurements);
+- :mod:`.lab`: what the lab gives the learner (models, data, measuring helpers);
+- :mod:`.checks`: the lab's exercise checks, on the protocol of :mod:`workbook.checking`;
+- :mod:`._reference`: the reference answers the checks compare against.
+
+The lab imports :mod:`.lab` and :mod:`.checks`, never the answers: the checks import
+``_reference`` only inside the check functions, and neither :mod:`.lab` nor
+:mod:`._reference` imports :mod:`.checks`. This package imports no other lesson's.
 """

@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import simcluster as sc
 from workbook.checking import (mse, Failure, check, first_difference, listed, num, raised,
                                refuse_reference, seconds, simulate)
+from workbook.lesson03_data_parallel.lab import batch, make_mlp
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 BUCKET_CAPS = (4_000, 1_100, 300)   # bytes: 1, 2 and 3 buckets of the MLP's 1,936 bytes
@@ -28,26 +29,13 @@ LR = 0.1
 
 def _reference():
     """The answers, imported only while a check runs."""
-    from workbook.lesson03 import _reference
+    from workbook.lesson03_data_parallel import _reference
     return _reference
 
 
 def _cluster():
     """One DGX node: up to 8 ranks."""
     return sc.Cluster.preset("dgx-a100", nodes=1)
-
-
-def make_mlp(seed=0):
-    """The checks' model: 8 → 16 → 16 → 4, 484 float32 parameters (1,936 bytes)."""
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
-                         nn.Linear(16, 4))
-
-
-def batch(size, step, seed=1):
-    """``(x, y)`` of ``size`` samples for ``step``, the same on every rank."""
-    g = torch.Generator().manual_seed(1_000 * seed + step)
-    return torch.randn(size, 8, generator=g), torch.randn(size, 4, generator=g)
 
 
 def _names(model):

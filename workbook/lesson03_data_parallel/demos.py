@@ -34,21 +34,9 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import simcluster as sc
+from workbook.models import mlp
 
 # ------------------------------------------------------------------------- models
-
-
-def mlp(width=256, depth=16, seed=0):
-    """``depth`` × (``Linear(width, width)`` + ReLU), initialised from ``seed``.
-
-    Every layer has a ``width × width`` weight and a ``width`` bias: ``2 * depth``
-    gradients of two sizes, the simplest model on which to count buckets.
-    """
-    torch.manual_seed(seed)
-    layers = []
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*layers)
 
 
 class Bottleneck(nn.Module):

@@ -8,13 +8,13 @@
 * :func:`check_balance` hands the learner per-layer forward times measured on the
   simulator (calling the learner's function on a simulated rank, so that a search that
   never ends is stopped), streams micro-batches through the stages the learner's cut
-  makes (fake tensors, :func:`workbook.modelparallel.stream_forward`) and compares the
+  makes (fake tensors, :func:`.demos.stream_forward`) and compares the
   simulated time with the best cut's.
 * :func:`check_boundary_bytes` compares the learner's count of the bytes crossing each
   boundary with the traffic the simulator measured between the stages.
 
 The reference answers (:mod:`._reference`) and the lesson's module
-(:mod:`workbook.modelparallel`) are imported inside the checks only.
+(:mod:`workbook.lesson04_model_parallel.demos`) are imported inside the checks only.
 """
 
 import functools
@@ -27,12 +27,11 @@ import simcluster as sc
 from workbook import pipeline
 from workbook.checking import (mse, Failure, call, check, first_difference, listed, num,
                                raised, refuse_reference, seconds, simulate)
+from workbook.lesson04_model_parallel.lab import FEATURES, batch, in_shapes, make_model
 
 # (world size, boundaries) of check_forward_backward; stages start at a Linear, a ReLU
 # and a Tanh, and the widths change at every Linear
 SPLITS = ((1, []), (2, [3]), (3, [2, 5]), (4, [1, 4, 6]))
-BATCH = 5
-FEATURES = 6
 
 HINTS = {
     "requires_grad": "a received activation is a new leaf tensor: call x.requires_grad_() "
@@ -53,39 +52,14 @@ HINTS = {
 
 def _reference():
     """The answers, imported only while a check runs."""
-    from workbook.lesson04 import _reference
+    from workbook.lesson04_model_parallel import _reference
     return _reference
 
 
 def _lesson():
     """The lesson's module, imported only while a check runs (its functions are refused)."""
-    from workbook import modelparallel
-    return modelparallel
-
-
-def make_model(seed=0, dtype=torch.float32):
-    """The checks' model: 6 → 16 → 12 → 8 → 10 → 3, eight layers (activations between)."""
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12), nn.ReLU(),
-                         nn.Linear(12, 8), nn.Tanh(), nn.Linear(8, 10),
-                         nn.Linear(10, 3)).to(dtype)
-
-
-def batch(size=BATCH, seed=1, dtype=torch.float32):
-    """``(x, y)``: ``size`` inputs of the model and targets."""
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(size, FEATURES, generator=g).to(dtype),
-            torch.randn(size, 3, generator=g).to(dtype))
-
-
-def in_shapes(stages, x):
-    """The input shape of every stage when the model runs on ``x``."""
-    shapes = []
-    with torch.no_grad():
-        for stage in stages:
-            shapes.append(tuple(x.shape))
-            x = stage(x)
-    return shapes
+    from workbook.lesson04_model_parallel import demos
+    return demos
 
 
 def _where(p, boundaries):

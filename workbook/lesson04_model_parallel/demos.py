@@ -27,16 +27,16 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import simcluster as sc
-from workbook import dataparallel, pipeline
+from workbook import models, pipeline
 
 WIDTH, DEPTH, BATCH = 16384, 24, 2048   # big_mlp: 24 x 268 M parameters; rows per batch
 
 
 def big_mlp(width=WIDTH, depth=DEPTH):
-    """:func:`workbook.dataparallel.mlp` of ``depth`` × ``Linear(width, width)`` + ReLU,
+    """:func:`workbook.models.mlp` of ``depth`` × ``Linear(width, width)`` + ReLU,
     on the meta device (no memory): 6.4 B parameters with the defaults."""
     with torch.device("meta"):
-        return dataparallel.mlp(width, depth)
+        return models.mlp(width, depth)
 
 
 def language_model(width=2048, blocks=12, head_ratio=32):

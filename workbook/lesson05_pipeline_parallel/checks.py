@@ -3,7 +3,7 @@
 A schedule (GPipe, 1F1B) is run as ``schedule(stage, inputs, targets, loss_fn, shape)`` on
 every rank (the lab documents it) and judged twice:
 
-* **values**, on a small real MLP (``workbook.dataparallel.mlp``, 8 wide, cut into ``p``
+* **values**, on a small real MLP (``workbook.models.mlp``, 8 wide, cut into ``p``
   stages by ``workbook.pipeline.split``) for several ``(p, m)``: every stage's gradients
   equal those of the whole model run in one process on the whole batch;
 * **time and memory**, on a large model under ``sc.fake_tensors()`` (shapes without
@@ -26,12 +26,12 @@ import torch.nn.functional as F
 import simcluster as sc
 from workbook.checking import (mse, Failure, check, collectives_so_far, first_difference,
                                listed, num, raised, refuse_reference, simulate)
-from workbook.dataparallel import mlp
+from workbook.models import mlp
 from workbook.pipeline import bubble, bubble_formula, split
+from workbook.lesson05_pipeline_parallel.lab import _cluster, _micro_batches_held, _timing_body
 
 WIDTH, DEPTH, ROWS = 8, 4, 2           # the real model: 4 × (Linear(8, 8) + ReLU), 2 rows
 VALUE_CASES = ((1, 3), (2, 1), (2, 4), (3, 5), (4, 8))          # (p, m)
-BIG_WIDTH, BIG_ROWS, LAYERS_PER_STAGE = 8192, 1024, 2          # the timing model
 TIMING_CASES = ((2, 4), (4, 8))
 BUBBLE_TOLERANCE = 0.02                # of wall time
 HELD_SLACK = 0.5                       # micro-batches: what a stage may keep beyond its share
@@ -39,13 +39,8 @@ HELD_SLACK = 0.5                       # micro-batches: what a stage may keep be
 
 def _reference():
     """The answers, imported only while a check runs."""
-    from workbook.lesson05 import _reference
+    from workbook.lesson05_pipeline_parallel import _reference
     return _reference
-
-
-def _cluster():
-    """One DGX node: up to 8 ranks."""
-    return sc.Cluster.preset("dgx-a100", nodes=1)
 
 
 def _case(p, m):
@@ -152,75 +147,6 @@ def _check_values(fn):
 # ------------------------------------------------------------- time and memory
 
 
-class _Linear(nn.Module):
-    """``nn.Linear`` without initialisation: under fake tensors there are no values to
-    initialise, and initialising would charge compute before the schedule starts."""
-
-    def __init__(self, width):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(width, width))
-        self.bias = nn.Parameter(torch.empty(width))
-
-    def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
-
-
-def _big_stage():
-    """One stage of the timing model: ``LAYERS_PER_STAGE`` × (8192 × 8192 linear + ReLU)."""
-    layers = []
-    for _ in range(LAYERS_PER_STAGE):
-        layers += [_Linear(BIG_WIDTH), nn.ReLU()]
-    return nn.Sequential(*layers)
-
-
-def _activations():
-    return sc.memory_in_use()["activations"]
-
-
-def _timing_body(fn, p, m):
-    """Every rank: its stage of the timing model under fake tensors, the schedule, and
-    the activation bytes in use after each forward of the stage (when a micro-batch's
-    forward is complete), and how many forwards it ran. The first stage's inputs
-    want gradients too, so that every stage computes the same backward (as the
-    formula assumes)."""
-
-    def body():
-        rank = dist.get_rank()
-        with sc.fake_tensors():
-            stage = _big_stage()
-            shape = (BIG_ROWS, BIG_WIDTH)
-            inputs = [torch.empty(shape, requires_grad=True) if rank == 0 else None
-                      for _ in range(m)]
-            targets = [torch.empty(shape) if rank == p - 1 else None for _ in range(m)]
-            held = []
-            stage.register_forward_hook(lambda *_: held.append(_activations()))
-            start = _activations()
-            fn(stage, inputs, targets, mse, shape)
-        return max(held, default=start) - start, len(held)
-
-    return body
-
-
-_UNIT = []
-
-
-def _activations_of_one_micro_batch():
-    """Bytes of activations one stage keeps for one micro-batch, counted as the schedules'
-    runs count them: when the stage's forward returns (measured once)."""
-    if not _UNIT:
-        def body():
-            with sc.fake_tensors():
-                stage = _big_stage()
-                after = []
-                stage.register_forward_hook(lambda *_: after.append(_activations()))
-                before = _activations()
-                stage(torch.empty(BIG_ROWS, BIG_WIDTH, requires_grad=True))
-            return after[0] - before
-
-        _UNIT.append(_cluster().run(body, world_size=1).results[0])
-    return _UNIT[0]
-
-
 def _timing_runs(fn):
     """``[(p, m, run)]`` of ``fn`` on the timing cases, under fake tensors."""
     runs = []
@@ -234,21 +160,6 @@ def _timing_runs(fn):
         runs.append((p, m, simulate(_cluster(), _timing_body(fn, p, m), p, lambda r: where,
                                     hints, accounting=True)))
     return runs
-
-
-def measure_schedule(schedule, p, m):
-    """Run ``schedule`` on the checks' timing model (fake tensors, ``p`` stages of two
-    8192 × 8192 layers, ``m`` micro-batches of 1,024 rows); returns the
-    :class:`~simcluster.Run` and the micro-batches of activations each stage held at its
-    peak."""
-    run = _cluster().run(_timing_body(schedule, p, m), world_size=p)
-    return run, _micro_batches_held(run)
-
-
-def _micro_batches_held(run):
-    """Per rank: its peak activations over one micro-batch's."""
-    unit = _activations_of_one_micro_batch()
-    return [peak / unit for peak, _ in run.results]
 
 
 def _held(p, m, run):
@@ -287,7 +198,7 @@ def _held_text(p, m, held):
 def _gpipe_references():
     """The GPipes a learner could import instead of writing one: the lab's answer and the
     lesson's own (which takes its neighbours' ranks too, so a wrapper would fit)."""
-    from workbook import schedules
+    from workbook.lesson05_pipeline_parallel import demos as schedules
     return _reference().gpipe, schedules.gpipe
 
 

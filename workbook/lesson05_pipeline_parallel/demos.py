@@ -35,7 +35,7 @@ import torch.distributed.pipelining as pp
 import torch.nn as nn
 
 import simcluster as sc
-from workbook import dataparallel as dp
+from workbook import models
 from workbook import pipeline
 
 WIDTH = 16384      # features of every layer: compute per message large
@@ -181,7 +181,7 @@ def pipeline_step(schedule, m, width=WIDTH, rows=ROWS, layers=1, placement=None,
     with sc.fake_tensors() if fake else contextlib.nullcontext():
         counts = [layers] * n_stages if isinstance(layers, int) else list(layers)
         boundaries = [2 * sum(counts[:i + 1]) for i in range(n_stages - 1)]  # 2 modules a block
-        parts = pipeline.split(dp.mlp(width, sum(counts), seed), n_stages, boundaries)
+        parts = pipeline.split(models.mlp(width, sum(counts), seed), n_stages, boundaries)
         if schedule == "hand":
             mine = [order.index(rank)]
         else:
@@ -215,7 +215,7 @@ def pipeline_step(schedule, m, width=WIDTH, rows=ROWS, layers=1, placement=None,
 def one_process_step(n_stages, m, width, rows, layers=1, seed=0):
     """The step :func:`pipeline_step` (real tensors) computes, in one process on the whole
     batch: ``(the mean loss, [gradients of stage 0's parameters, of stage 1's, ...])``."""
-    model = dp.mlp(width, layers * n_stages, seed)
+    model = models.mlp(width, layers * n_stages, seed)
     generator = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(m * rows, width, generator=generator)
     y = torch.randn(m * rows, width, generator=generator)

@@ -34,16 +34,17 @@ import torch.nn as nn
 import simcluster as sc
 from workbook.checking import (TOLERANCE, Failure, check, first_difference, listed, num,
                                refuse_reference, simulate)
+from workbook.lesson06_tensor_parallel.lab import (BATCH, Block, HIDDEN, SEQUENCE,
+                                                   activations, make_mlp)
 
 WORLD_SIZES = (1, 2, 3, 4, 6, 8)
-HIDDEN, SEQUENCE, BATCH = 24, 24, 2      # every world size divides 24, 48 and 96
 OPERATOR_SHAPES = ((5,), (3, 4))
 FLOAT_BYTES = 4
 
 
 def _reference():
     """The answers, imported only while a check runs."""
-    from workbook.lesson06 import _reference
+    from workbook.lesson06_tensor_parallel import _reference
     return _reference
 
 
@@ -59,36 +60,6 @@ def make_linear(in_features, out_features, seed=0):
     """A full ``nn.Linear`` with seeded weights (the same on every rank)."""
     torch.manual_seed(seed)
     return nn.Linear(in_features, out_features)
-
-
-def make_mlp(hidden=HIDDEN, seed=0):
-    """The transformer MLP: ``Linear(h, 4h)``, GeLU, ``Linear(4h, h)``."""
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(),
-                         nn.Linear(4 * hidden, hidden))
-
-
-class Block(nn.Module):
-    """The part of a transformer layer that sequence parallelism changes:
-    ``x + mlp(norm(x))`` on activations of shape (sequence, batch, hidden)."""
-
-    def __init__(self, hidden=HIDDEN, seed=0):
-        super().__init__()
-        self.mlp = make_mlp(hidden, seed)
-        self.norm = nn.LayerNorm(hidden)
-        with torch.no_grad():   # not the default ones and zeros: their gradients must show
-            self.norm.weight.uniform_(0.5, 1.5)
-            self.norm.bias.uniform_(-0.5, 0.5)
-
-    def forward(self, x):
-        """The residual block."""
-        return x + self.mlp(self.norm(x))
-
-
-def activations(features=HIDDEN, seed=1):
-    """Activations of shape (sequence, batch, features), the same on every rank."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(SEQUENCE, BATCH, features, generator=g)
 
 
 def _shard(n, rank, world_size):

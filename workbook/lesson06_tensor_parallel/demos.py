@@ -37,98 +37,9 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                loss_parallel, parallelize_module)
 
 import simcluster as sc
+from workbook.models import MLP, Attention, Block, activation_bytes, tp_plan  # noqa: F401
 
 # ------------------------------------------------------------------------- the model
-
-
-class Attention(nn.Module):
-    """Multi-head self-attention with an explicit softmax (no fused kernel), so that the
-    ``a·s²`` score and probability tensors exist, as Korthikanti et al. count them.
-
-    The number of heads is read from the projections' output width (``-1`` in the view):
-    when ``wq``/``wk``/``wv`` are split by columns across ``t`` ranks, each rank runs
-    ``heads / t`` whole heads and the code does not change.
-    """
-
-    def __init__(self, hidden, heads, dropout=0.0, dtype=None):
-        super().__init__()
-        self.head_dim, self.dropout = hidden // heads, dropout
-        self.wq, self.wk, self.wv, self.wo = (nn.Linear(hidden, hidden, dtype=dtype)
-                                              for _ in range(4))
-
-    def forward(self, x):
-        b, s = x.shape[0], x.shape[1]
-        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-                   for w in (self.wq, self.wk, self.wv))
-        return self.wo(self.core(q, k, v).transpose(1, 2).reshape(b, s, -1))
-
-    def core(self, q, k, v):
-        """The "core attention" between the projections: ``dropout(softmax(q·kᵀ/√d))·v``,
-        per head. Its ``a·s²`` tensors are what selective recomputation (Korthikanti et
-        al. 2022) recomputes instead of keeping."""
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
-        probs = F.dropout(torch.softmax(scores, dim=-1), self.dropout, self.training)
-        return probs @ v
-
-
-class MLP(nn.Module):
-    """``up`` (hidden → 4·hidden), GeLU, ``down`` (4·hidden → hidden)."""
-
-    def __init__(self, hidden, dtype=None):
-        super().__init__()
-        self.up = nn.Linear(hidden, 4 * hidden, dtype=dtype)
-        self.down = nn.Linear(4 * hidden, hidden, dtype=dtype)
-
-    def forward(self, x):
-        return self.down(F.gelu(self.up(x)))
-
-
-class Block(nn.Module):
-    """One pre-LayerNorm transformer layer: ``x + drop(attn(ln1(x)))``, then
-    ``x + drop(mlp(ln2(x)))``. Its parameters come from ``seed``."""
-
-    def __init__(self, hidden=64, heads=8, dropout=0.0, seed=0, dtype=None):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.dropout = dropout
-        self.ln1, self.ln2 = nn.LayerNorm(hidden, dtype=dtype), nn.LayerNorm(hidden, dtype=dtype)
-        self.attn = Attention(hidden, heads, dropout, dtype)
-        self.mlp = MLP(hidden, dtype)
-
-    def forward(self, x):
-        x = x + F.dropout(self.attn(self.ln1(x)), self.dropout, self.training)
-        return x + F.dropout(self.mlp(self.ln2(x)), self.dropout, self.training)
-
-
-def tp_plan(sequence_parallel=False, prepare_inputs=True):
-    """The ``parallelize_module`` plan of :class:`Block` on a 1-D mesh.
-
-    Tensor parallel (Megatron): ``wq``, ``wk``, ``wv`` and ``up`` by columns, ``wo`` and
-    ``down`` by rows; the LayerNorms and dropouts run replicated on every rank.
-
-    ``prepare_inputs`` makes the attention's and the MLP's input one replicated DTensor
-    (``PrepareModuleInput``) that ``wq``, ``wk`` and ``wv`` all read: in the backward their
-    three partial input gradients are added up first and all-reduced once. Without it
-    each projection turns its own input into a DTensor and all-reduces its own gradient.
-
-    With ``sequence_parallel`` the LayerNorms (and what runs between the blocks) work on
-    ``seq / t`` positions each (``SequenceParallel``); the attention and MLP inputs are
-    all-gathered along the sequence and the row-parallel outputs reduce-scattered back
-    to it (``output_layouts=Shard(1)``). This is the plan torchtitan uses for its layers.
-    """
-    plan = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(),
-            "attn.wv": ColwiseParallel(), "attn.wo": RowwiseParallel(),
-            "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
-    if sequence_parallel:
-        gather = {"input_layouts": (Shard(1),), "desired_input_layouts": (Replicate(),)}
-        plan.update({"ln1": SequenceParallel(), "ln2": SequenceParallel(),
-                     "attn": PrepareModuleInput(**gather), "mlp": PrepareModuleInput(**gather),
-                     "attn.wo": RowwiseParallel(output_layouts=Shard(1)),
-                     "mlp.down": RowwiseParallel(output_layouts=Shard(1))})
-    elif prepare_inputs:
-        once = {"input_layouts": (Replicate(),), "desired_input_layouts": (Replicate(),)}
-        plan.update({"attn": PrepareModuleInput(**once), "mlp": PrepareModuleInput(**once)})
-    return plan
 
 
 # ---------------------------------------------------------------- measuring a layer
@@ -253,17 +164,6 @@ def tp_comm_elements(b, s, h, t):
     Megatron tensor parallelism: 8·b·s·h·(t−1)/t (Narayanan et al. 2021; four ring
     all-reduces of b·s·h elements; docs/reference-numbers.md)."""
     return 8 * b * s * h * (t - 1) / t
-
-
-def activation_bytes(s, b, h, a, t=1, sequence_parallel=False):
-    """Bytes of activations one transformer layer keeps for the backward, 16-bit
-    activations (Korthikanti et al. 2022; docs/reference-numbers.md, "Activation memory"):
-    sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh(34/t + 5as/(ht)) with
-    sequence parallelism too (t = 1: sbh(34 + 5as/h))."""
-    attention_scores = 5 * a * s / (h * t)
-    if sequence_parallel:
-        return s * b * h * (34 / t + attention_scores)
-    return s * b * h * (10 + 24 / t + attention_scores)
 
 
 def activation_bytes_simulated(s, b, h, a, t=1, sequence_parallel=False):

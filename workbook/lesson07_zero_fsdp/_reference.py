@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from workbook.lesson07.checks import my_shard, shard_size
+from workbook.lesson07_zero_fsdp.lab import my_shard, shard_size
 
 
 def _gather(shard, numel):

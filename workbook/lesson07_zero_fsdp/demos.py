@@ -34,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import simcluster as sc
 from simcluster.costmodel import CostModel
 from simcluster.spec import preset
+from workbook.models import MixedPrecisionAdam
 
 K = 12            # bytes of optimizer state per parameter, mixed-precision Adam
 GB = 1e9          # the ZeRO paper's gigabytes are 10⁹ bytes
@@ -45,46 +46,6 @@ STAGES = {0: "DDP + Adam",
           3: "fully_shard(reshard_after_forward=True)"}
 
 # ------------------------------------------------------------------ the optimizer
-
-
-class MixedPrecisionAdam(torch.optim.Optimizer):
-    """Adam for a bf16 model with fp32 master weights (Micikevicius et al. 2018).
-
-    Per parameter the state is ``master`` (an fp32 copy of the weight), ``exp_avg`` and
-    ``exp_avg_sq`` (fp32): K = 12 bytes, all allocated inside ``step()``, so the
-    simulator counts them as optimizer state. A step reads the bf16 gradient in fp32,
-    updates the master weight and copies it back (rounded) into the bf16 parameter. Works
-    on plain tensors and on FSDP2's sharded DTensors alike.
-    """
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One Adam step on the fp32 master weights; the bf16 parameters follow."""
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    # allocated, then filled: a cast of the parameter would be counted
-                    # as a (low-precision) copy of the parameter, not as optimizer state
-                    state["master"] = torch.empty_like(p, dtype=torch.float32)
-                    state["master"].copy_(p.detach())
-                    state["exp_avg"] = torch.zeros_like(state["master"])
-                    state["exp_avg_sq"] = torch.zeros_like(state["master"])
-                state["step"] += 1
-                t, grad = state["step"], p.grad.float()
-                state["exp_avg"].lerp_(grad, 1 - beta1)
-                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = (state["exp_avg_sq"] / (1 - beta2 ** t)).sqrt_().add_(group["eps"])
-                state["master"].addcdiv_(state["exp_avg"], denom,
-                                         value=-group["lr"] / (1 - beta1 ** t))
-                p.copy_(state["master"])
 
 
 # ------------------------------------------------------------- one stage, measured

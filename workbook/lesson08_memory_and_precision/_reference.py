@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import simcluster as sc
-from workbook.lesson08.checks import OPTIMIZERS, WEIGHTS, recipe_model
+from workbook.lesson08_memory_and_precision.lab import OPTIMIZERS, WEIGHTS, recipe_model
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 STATES = {"sgd": 0, "momentum": 1, "adam": 2}   # tensors of state per parameter

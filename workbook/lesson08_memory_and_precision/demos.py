@@ -4,7 +4,7 @@ The lab asks you to predict bytes per parameter, write a loss scaler, choose whi
 blocks to checkpoint and make a model fit, so none of those answers is here. What is
 here is what the lesson measures with torch's own APIs on the simulated cluster:
 
-* the model: :class:`GPT`, a stack of :class:`workbook.tensorparallel.Block` layers (the
+* the model: :class:`GPT`, a stack of :class:`workbook.models.Block` layers (the
   GPT-style layer Korthikanti et al. 2022 count) on a ``batch × seq × hidden`` input,
   with torch's activation checkpointing applied per block (``checkpoint``), to the core
   attention only (``selective``) or in ``segments`` (``checkpoint_sequential``);
@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 import simcluster as sc
 from simcluster.spec import preset
-from workbook.tensorparallel import Block, activation_bytes
+from workbook.models import Block, activation_bytes
 
 GiB = 2**30
 CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "other")
@@ -50,7 +50,7 @@ PRECISIONS = {
 
 
 class GPT(nn.Module):
-    """``layers`` GPT-style :class:`~workbook.tensorparallel.Block` layers and a final
+    """``layers`` GPT-style :class:`~workbook.models.Block` layers and a final
     LayerNorm on a ``batch × seq × hidden`` input (the token embedding and the LM head are
     left out: the layers are what activation memory and recomputation are about).
 
@@ -60,7 +60,7 @@ class GPT(nn.Module):
       :func:`torch.utils.checkpoint.checkpoint` (keep the block's input, recompute the
       rest in the backward), or ``"all"``;
     * ``selective``: checkpoint only each block's core attention (softmax(q·kᵀ)·v and its
-      dropout, :meth:`~workbook.tensorparallel.Attention.core`), Korthikanti et al.'s
+      dropout, :meth:`~workbook.models.Attention.core`), Korthikanti et al.'s
       selective recomputation;
     * ``segments``: :func:`torch.utils.checkpoint.checkpoint_sequential` with that many
       segments (every segment but the last is checkpointed; keeps one input per segment).

@@ -1,6 +1,11 @@
-"""Lesson 09 (3D parallelism and the planner): the checks of its lab (:mod:`.checks`) and
-the reference answers the checks compare against (:mod:`._reference`).
+"""Lesson 09 (3D parallelism and the planner): ``notebooks/09_3d_parallelism.ipynb`` and its lab.
 
-The lab imports :mod:`workbook.checks` and :mod:`simcluster.planner`, never the answers:
-the checks import ``_reference`` only inside the check functions.
+- :mod:`.demos`: what the lesson notebook imports (its models, demos, measurements);
+- :mod:`.lab`: what the lab gives the learner (models, data, measuring helpers);
+- :mod:`.checks`: the lab's exercise checks, on the protocol of :mod:`workbook.checking`;
+- :mod:`._reference`: the reference answers the checks compare against.
+
+The lab imports :mod:`.lab` and :mod:`.checks`, never the answers: the checks import
+``_reference`` only inside the check functions, and neither :mod:`.lab` nor
+:mod:`._reference` imports :mod:`.checks`. This package imports no other lesson's.
 """

@@ -7,7 +7,7 @@ Not imported by the lab or the lesson: the lab asks the learner to write these.
 import torch
 import torch.distributed as dist
 
-from workbook.lesson09.checks import DIMS
+from workbook.lesson09_3d_parallelism.lab import DIMS
 
 
 def build_groups(pp, dp, tp):

@@ -29,15 +29,14 @@ import simcluster as sc
 from simcluster import planner
 from workbook.checking import (Failure, check, listed, num, on_a_rank, refuse_reference,
                                short, simulate)
-
-GiB = sc.spec.GiB
-
-DIMS = ("pp", "dp", "tp")
+from workbook.lesson09_3d_parallelism.lab import (DIMS, GiB, LAYOUT_BATCH, LAYOUT_CAPS_GIB,
+                                                  LAYOUT_GPUS, LLAMA_7B, describe_layout,
+                                                  layout_cluster)
 
 
 def _reference():
     """The answers, imported only while a check runs."""
-    from workbook.lesson09 import _reference
+    from workbook.lesson09_3d_parallelism import _reference
     return _reference
 
 
@@ -200,11 +199,6 @@ def _refuse_planner(fn, name, hint, target=None):
                       "with", hint) from None
 
 
-# LLaMA-7B: SwiGLU, an output matrix of its own; and LLaMA-2-70B's shape, grouped-query
-# attention with 8 key/value heads for 64 query heads (docs/reference-numbers.md)
-LLAMA_7B = planner.TransformerConfig(layers=32, hidden=4096, heads=32, seq_len=2048,
-                                     vocab=32000, ffn_hidden=11008, swiglu=True,
-                                     tied_embeddings=False)
 GQA_70B = planner.TransformerConfig(layers=80, hidden=8192, heads=64, kv_heads=8,
                                     seq_len=4096, vocab=32000, ffn_hidden=28672,
                                     swiglu=True, tied_embeddings=False)
@@ -303,8 +297,6 @@ def check_model_flops(fn):
 
 # ------------------------------------------------- exercise 3: choose a layout
 
-LAYOUT_GPUS, LAYOUT_BATCH = 32, 256
-LAYOUT_CAPS_GIB = (40, 16, 10, 6)
 LAYOUT_TOLERANCE = 1.10     # within 10 % of the fastest layout planner.search finds
 LAYOUT_KEYS = {"tp", "pp", "dp", "micro_batch", "recompute", "zero", "sequence_parallel",
                "virtual_stages", "schedule"}
@@ -312,27 +304,6 @@ LAYOUT_REQUIRED = ("tp", "pp", "dp", "micro_batch", "recompute", "zero")
 LAYOUT_HINT = ("return a dict of planner.estimate's arguments: 'tp', 'pp', 'dp' and "
                "'micro_batch' (numbers), 'recompute' and 'zero', optionally "
                "'sequence_parallel', 'virtual_stages', 'schedule'.")
-
-
-def layout_cluster(memory_cap=None):
-    """The lab's 32 A100s (four DGX A100 nodes); with ``memory_cap`` bytes, their memory
-    is that cap (what :func:`simcluster.planner.search` then calls fitting)."""
-    spec = sc.spec.preset("dgx-a100", nodes=LAYOUT_GPUS // 8)
-    if memory_cap is not None:
-        device = dataclasses.replace(spec.nodes[0].device, memory=int(memory_cap))
-        spec = dataclasses.replace(spec, nodes=tuple(dataclasses.replace(n, device=device)
-                                                     for n in spec.nodes))
-    return sc.Cluster(spec)
-
-
-def describe_layout(est):
-    """``tp 2 × pp 4 × dp 4, micro-batch 1, selective recomputation, ZeRO-2``."""
-    recompute = {"none": "no"}.get(est.recompute, est.recompute)
-    text = (f"tp {est.tp} × pp {est.pp} × dp {est.dp}, micro-batch {est.micro_batch}, "
-            f"{recompute} recomputation, ZeRO-{est.zero}")
-    if est.virtual_stages > 1:
-        text += f", {est.virtual_stages} virtual stages"
-    return text + (", sequence parallel" if est.sequence_parallel else "")
 
 
 _FASTEST = {}   # cap in GiB -> planner.search's fastest layout, searched once

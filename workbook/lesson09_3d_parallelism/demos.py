@@ -5,7 +5,7 @@ The three techniques of lessons 03-07, composed the way torchtitan composes them
 sits inside a node; pipeline stages outermost, so stages sit on different nodes):
 
 1. **TP** inside each block: ``parallelize_module`` with lesson 06's plan
-   (:func:`workbook.tensorparallel.tp_plan`) on the mesh's ``"tp"`` dimension;
+   (:func:`workbook.models.tp_plan`) on the mesh's ``"tp"`` dimension;
 2. optionally activation checkpointing of each block (full recomputation);
 3. **DP** with FSDP2: ``fully_shard`` of each block and of the stage on the ``"dp"``
    dimension (the parameters become 2-D DTensors, sharded over dp and tp), gathered once
@@ -50,8 +50,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils.checkpoint import checkpoint
 
 import simcluster as sc
-from workbook.tensorparallel import Block, tp_plan
-from workbook.zero import MixedPrecisionAdam
+from workbook.models import Block, MixedPrecisionAdam, tp_plan
 
 MESH_DIMS = ("pp", "dp", "tp")
 SCHEDULES = {"GPipe": "ScheduleGPipe", "1F1B": "Schedule1F1B"}
@@ -61,7 +60,7 @@ SCHEDULES = {"GPipe": "ScheduleGPipe", "1F1B": "Schedule1F1B"}
 
 class GPT(nn.Module):
     """A small GPT: token and learned position embeddings, ``layers`` pre-LayerNorm
-    :class:`~workbook.tensorparallel.Block` layers (biases, GeLU MLP of 4·hidden: the
+    :class:`~workbook.models.Block` layers (biases, GeLU MLP of 4·hidden: the
     layer Narayanan et al. 2021 count, 12h² + 13h parameters), a final LayerNorm and an
     untied LM head. Layer ``i``'s parameters come from ``seed + 1 + i``, so every stage
     of a pipeline builds the same weights as the whole model does.
@@ -185,7 +184,7 @@ def train_step(pp, dp, tp, micro_batches=2, batch=8, model=None, schedule="1F1B"
         recompute: checkpoint every block (full recomputation in the backward).
         fake: under :func:`simcluster.fake_tensors`: shapes, no data (for large sizes).
         dtype: the model's dtype; bfloat16 models train with
-            :class:`~workbook.zero.MixedPrecisionAdam` (fp32 master weights), float32
+            :class:`~workbook.models.MixedPrecisionAdam` (fp32 master weights), float32
             ones with plain SGD.
         steps: training steps; the last one is measured (the earlier ones warm up).
         tp_across_nodes: see :func:`make_mesh`.

@@ -1,9 +1,11 @@
-"""Lesson 10 (failure handling): the training job lab 10 checkpoints (:mod:`.job`), the
-checks of the lab (:mod:`.checks`) and the reference answers they compare against
-(:mod:`._reference`).
+"""Lesson 10 (failure handling): ``notebooks/10_failure_handling.ipynb`` and its lab.
 
-The lab imports :mod:`workbook.checks` and :mod:`.job` (the model, data and training step
-its first exercise checkpoints), never the answers: the checks import ``_reference`` only
-inside the check functions. Neither the lab nor its checks import :mod:`workbook.failures`,
-the lesson's demos.
+- :mod:`.demos`: what the lesson notebook imports (its models, demos, measurements);
+- :mod:`.lab`: what the lab gives the learner (models, data, measuring helpers);
+- :mod:`.checks`: the lab's exercise checks, on the protocol of :mod:`workbook.checking`;
+- :mod:`._reference`: the reference answers the checks compare against.
+
+The lab imports :mod:`.lab` and :mod:`.checks`, never the answers: the checks import
+``_reference`` only inside the check functions, and neither :mod:`.lab` nor
+:mod:`._reference` imports :mod:`.checks`. This package imports no other lesson's.
 """

@@ -10,7 +10,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from workbook.lesson10 import job
+from workbook.lesson10_failure_handling import lab as job
 
 # What a bit-identical restart must bring back; :func:`train` can leave one out, so that
 # a check can tell which one a learner forgot.

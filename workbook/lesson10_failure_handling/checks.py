@@ -12,7 +12,7 @@
   slice applied every round's update exactly once.
 
 The reference answers (:mod:`._reference`) are imported inside the checks only; the
-lesson's own demos (:mod:`workbook.failures`) are refused, never imported here.
+lesson's own demos (:mod:`.demos`) are refused, never imported here.
 """
 
 import copy
@@ -27,22 +27,22 @@ import torch.distributed as dist
 
 import simcluster as sc
 from simcluster import faults
-from workbook.aggregation import TinyMLP, chunk_bounds
+from workbook.models import TinyMLP, chunk_bounds
 from workbook.checking import (Failure, check, listed, num, on_a_rank, refuse_reference,
                                short, simulate)
-from workbook.lesson10 import job
+from workbook.lesson10_failure_handling import lab as job
 
 
 def _reference():
     """The answers, imported only while a check runs."""
-    from workbook.lesson10 import _reference
+    from workbook.lesson10_failure_handling import _reference
     return _reference
 
 
 def _refuse_lesson_demos(fn, *names):
     """Fail if ``fn`` is (or calls) one of lesson 10's demo functions ``names``. The demos
     module is only looked at if something has imported it already."""
-    demos = sys.modules.get("workbook.failures")
+    demos = sys.modules.get("workbook.lesson10_failure_handling.demos")
     for name in names if demos is not None else ():
         refuse_reference(fn, getattr(demos, name))
 
