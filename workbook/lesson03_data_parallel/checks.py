@@ -16,21 +16,18 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import simcluster as sc
-from workbook.checking import (mse, Failure, check, first_difference, listed, num, raised,
+from workbook.checking import (Failure, WORLD_SIZES, answers, check, close_within,
+                               compare_scaled, first_difference, listed, mse, num, raised,
                                refuse_reference, seconds, simulate)
 from workbook.lesson03_data_parallel.lab import batch, make_mlp
 
-WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 BUCKET_CAPS = (4_000, 1_100, 300)   # bytes: 1, 2 and 3 buckets of the MLP's 1,936 bytes
 STEPS = 2                           # the second step runs on DDP's rebuilt buckets
 PER_RANK = 4                        # samples per rank and step
 LR = 0.1
 
 
-def _reference():
-    """The answers, imported only while a check runs."""
-    from workbook.lesson03_data_parallel import _reference
-    return _reference
+_reference = answers(__name__)   # the answers, imported only while a check runs
 
 
 def _cluster():
@@ -101,16 +98,14 @@ def _close(world_size):
     """How gradients are compared with DDP's: DDP multiplies by 1/p before the sum, the
     lab divides after it. For p a power of two both are exact scalings (the same bits):
     None, bitwise; otherwise within rounding."""
-    if world_size & (world_size - 1) == 0:
-        return None
-    return lambda e, g: torch.isclose(e, g, rtol=1e-5, atol=1e-7)
+    return None if world_size & (world_size - 1) == 0 else close_within()
 
 
 AVERAGE_HINTS = {
-    "times_p": "divide every gradient by the world size after the all-reduce: "
+    "times": "divide every gradient by the world size after the all-reduce: "
                "all_reduce sums.",
-    "over_p": "divide once, by the world size: you divided more than once (or by p²).",
-    "local": "every parameter's gradient needs the all-reduce: loop over "
+    "over": "divide once, by the world size: you divided more than once (or by p²).",
+    "own": "every parameter's gradient needs the all-reduce: loop over "
              "model.parameters(), skip none.",
     "values": "all_reduce (SUM) each gradient in place on every rank, then divide by the "
               "world size; every rank must end with the same mean (all_reduce, not reduce).",
@@ -128,22 +123,9 @@ def _compare_gradients(where, run, expected_run, names, hints):
                                              exp_step["grads"]):
                 at = f"{where}, step {step + 1}: rank {rank}, {name}"
                 if got is None:
-                    raise Failure(f"{at}: the gradient is None", hints["local"])
-                diff = first_difference(exp, got, close)
-                if diff is None:
-                    continue
-                i, e, g = diff
-                if p > 1 and torch.equal(got, local):
-                    hint = hints["local"]
-                    what = "the gradient is still this rank's own (not averaged)"
-                elif p > 1 and torch.allclose(got, exp * p, rtol=1e-4, atol=1e-6):
-                    hint, what = hints["times_p"], f"{p}× DDP's (the sum, not the mean)"
-                elif p > 1 and torch.allclose(got * p, exp, rtol=1e-4, atol=1e-6):
-                    hint, what = hints["over_p"], f"1/{p} of DDP's"
-                else:
-                    hint, what = hints["values"], "differs from DDP's"
-                raise Failure(f"{at}: {what}: element {i} is {num(g)}, DDP has {num(e)}",
-                              hint)
+                    raise Failure(f"{at}: the gradient is None", hints["own"])
+                compare_scaled(at, exp, got, p, hints, own=local, close=close,
+                               theirs="DDP's", holder="DDP")
 
 
 def _run_learner(where, world_size, body, accounting=False):
@@ -206,7 +188,7 @@ def check_allreduce_in_buckets(fn):
     """``fn(model, bucket_cap_bytes)`` on every rank after ``backward()``: DDP's buckets,
     one all-reduce each; gradients compared with DDP, all-reduces counted and sized."""
     refuse_reference(fn, _reference().allreduce_in_buckets)
-    hints = {**AVERAGE_HINTS, "local": COPY_BACK_HINT,
+    hints = {**AVERAGE_HINTS, "own": COPY_BACK_HINT,
              "values": "copy each bucket's all-reduced values back into the right "
                        "gradients, in the order you flattened them, divided by the world "
                        "size."}
@@ -275,7 +257,7 @@ def check_overlapped_ddp(cls):
     ``backward()``. Gradients and all-reduces compared with DDP, and communication must
     overlap backward on the simulator's record (``run.summary()``'s ``overlap``)."""
     refuse_reference(cls, _reference().OverlappedDDP, "class")
-    hints = {**AVERAGE_HINTS, "local": COPY_BACK_HINT, "values": WAIT_HINT}
+    hints = {**AVERAGE_HINTS, "own": COPY_BACK_HINT, "values": WAIT_HINT}
     for p in WORLD_SIZES:
         for cap in BUCKET_CAPS:
             where = _case_text(p, cap)

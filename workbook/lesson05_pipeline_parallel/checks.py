@@ -24,8 +24,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import simcluster as sc
-from workbook.checking import (mse, Failure, check, collectives_so_far, first_difference,
-                               listed, num, raised, refuse_reference, simulate)
+from workbook.checking import (Failure, answers, check, close_within, collectives_so_far,
+                               compare_scaled, first_difference, listed, mse, num, raised,
+                               refuse_reference, simulate)
 from workbook.models import mlp
 from workbook.pipeline import bubble, bubble_formula, split
 from workbook.lesson05_pipeline_parallel.lab import _cluster, _micro_batches_held, _timing_body
@@ -37,10 +38,7 @@ BUBBLE_TOLERANCE = 0.02                # of wall time
 HELD_SLACK = 0.5                       # micro-batches: what a stage may keep beyond its share
 
 
-def _reference():
-    """The answers, imported only while a check runs."""
-    from workbook.lesson05_pipeline_parallel import _reference
-    return _reference
+_reference = answers(__name__)   # the answers, imported only while a check runs
 
 
 def _case(p, m):
@@ -93,9 +91,19 @@ SCHEDULE_HINTS = {
 CLOSE = dict(rtol=1e-4, atol=1e-6)
 
 
+GRADIENT_HINTS = {
+    "times": "divide each micro-batch's loss by m before its backward: the batch's loss is "
+             "the mean of the micro-batches'.",
+    "over": "divide each micro-batch's loss by m once, on the last stage only.",
+    "values": "backward of a micro-batch needs the gradient of the same micro-batch: every "
+              "stage must send and receive the micro-batches' gradients in the same order. "
+              "Print what each rank sends and receives on p = 2, m = 2.",
+}
+
+
 def _compare_gradients(where, run, expected, m):
     """Fail at the first rank and parameter whose gradient differs from the reference."""
-    close = lambda e, g: torch.isclose(e, g, **CLOSE)  # noqa: E731
+    close = close_within(**CLOSE)
     for rank, result in enumerate(run.results):
         if result["collectives"]:
             raise Failure(f"{where}: rank {rank} called {result['collectives'][-1]}, a "
@@ -110,25 +118,9 @@ def _compare_gradients(where, run, expected, m):
                               "every stage must run backward on each of its micro-batches: "
                               "the last from its loss, the others from the gradient the next "
                               "stage sends back (output.backward(grad)).")
-            exp = param.grad
-            diff = first_difference(exp, got, close)
-            if diff is None:
-                continue
-            i, e, g = diff
-            if m > 1 and torch.allclose(got, exp * m, **CLOSE):
-                what, hint = (f"{m}× the reference (the sum over the micro-batches, not their "
-                              "mean)", "divide each micro-batch's loss by m before its "
-                              "backward: the batch's loss is the mean of the micro-batches'.")
-            elif m > 1 and torch.allclose(got * m, exp, **CLOSE):
-                what, hint = (f"1/{m} of the reference", "divide each micro-batch's loss by m "
-                              "once, on the last stage only.")
-            else:
-                what, hint = ("differs from the reference", "backward of a micro-batch needs "
-                              "the gradient of the same micro-batch: every stage must send and "
-                              "receive the micro-batches' gradients in the same order. Print "
-                              "what each rank sends and receives on p = 2, m = 2.")
-            raise Failure(f"{at}: {what}: element {i} is {num(g)}, the single-process model "
-                          f"has {num(e)}", hint)
+            compare_scaled(at, param.grad, got, m, GRADIENT_HINTS, close=close,
+                           holder="the single-process model",
+                           summed="the sum over the micro-batches, not their mean")
 
 
 def _check_values(fn):

@@ -31,8 +31,9 @@ from torch.utils.checkpoint import checkpoint
 
 import simcluster as sc
 from simcluster.accounting import current
-from workbook.checking import (Failure, HINTS, check, first_difference, num, on_a_rank,
-                               raised, refuse_reference, seconds, short, simulate)
+from workbook.checking import (Failure, HINTS, answers, check, first_difference, num,
+                               on_a_rank, raised, refuse_reference, seconds, short,
+                               simulate, within_best)
 from workbook.lesson08_memory_and_precision.lab import (CHECKPOINT_CAPS, FIT_LR, FIT_MEMORY,
                                                         FIT_STEPS, MiB, SCALER_STEPS,
                                                         _fit_body, _profile, fit_cluster,
@@ -41,10 +42,7 @@ from workbook.lesson08_memory_and_precision.lab import (CHECKPOINT_CAPS, FIT_LR,
                                                         scaled_training, train_plain)
 
 
-def _reference():
-    """The answers, imported only while a check runs."""
-    from workbook.lesson08_memory_and_precision import _reference
-    return _reference
+_reference = answers(__name__)   # the answers, imported only while a check runs
 
 
 _DEMOS = "workbook.lesson08_memory_and_precision.demos"
@@ -256,14 +254,13 @@ def check_checkpointing(fn):
         best_peak, best = measure_checkpoints(ref.choose_checkpoints(profile, cap))
         assert best_peak <= cap, "the reference's choice must fit"
         mine, theirs = elapsed - plain, best - plain
-        worst = max(worst, mine / theirs)
-        if mine > theirs * RECOMPUTE_TOLERANCE:
-            raise Failure(f"{where}: blocks {chosen} fit, and recomputing them adds "
-                          f"{seconds(mine)} to the step, {mine / theirs:.2f}× the best "
-                          f"choice's {seconds(theirs)}",
-                          "some blocks free many bytes for little recompute time (compare "
-                          "kept − output with recompute), and checkpointing a block near "
-                          "the end frees nothing if its own recompute is the peak.")
+        worst = max(worst, within_best(
+            where, mine, theirs, RECOMPUTE_TOLERANCE,
+            f"blocks {chosen} fit, and recomputing them adds to the step",
+            f"the best choice's {seconds(theirs)}",
+            "some blocks free many bytes for little recompute time (compare kept − output "
+            "with recompute), and checkpointing a block near the end frees nothing if its own "
+            "recompute is the peak."))
     return (f"fits the {len(CHECKPOINT_CAPS)} caps, recompute within {worst - 1:.1%} of the "
             f"best choice's (step {seconds(plain)} without checkpointing)")
 

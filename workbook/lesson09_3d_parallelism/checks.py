@@ -27,17 +27,14 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import simcluster as sc
 from simcluster import planner
-from workbook.checking import (Failure, check, listed, num, on_a_rank, refuse_reference,
-                               short, simulate)
+from workbook.checking import (Failure, answers, check, listed, num, on_a_rank,
+                               refuse_reference, short, simulate, within_best)
 from workbook.lesson09_3d_parallelism.lab import (DIMS, GiB, LAYOUT_BATCH, LAYOUT_CAPS_GIB,
                                                   LAYOUT_GPUS, LLAMA_7B, describe_layout,
                                                   layout_cluster)
 
 
-def _reference():
-    """The answers, imported only while a check runs."""
-    from workbook.lesson09_3d_parallelism import _reference
-    return _reference
+_reference = answers(__name__)   # the answers, imported only while a check runs
 
 
 # ------------------------------------------------------ exercise 1: the mesh by hand
@@ -357,15 +354,14 @@ def check_choose_layout(fn):
                           "and weights over dp; tp and pp divide weights and activations; "
                           "recomputation and a smaller micro-batch cut activations.")
         best = _fastest(cap_gib)
-        worst = max(worst, est.step_time / best.step_time)
-        if est.step_time > best.step_time * LAYOUT_TOLERANCE:
-            raise Failure(f"{where}: {describe_layout(est)} fits, and its step takes "
-                          f"{est.step_time:.2f} s, {est.step_time / best.step_time:.2f}× "
-                          f"the {best.step_time:.2f} s of the fastest layout that fits",
-                          "every memory saving costs time: try the cheap ones first "
-                          "(ZeRO-1/2 and selective recomputation cost little, tp inside a "
-                          "node some, pp a bubble, full recomputation a third more compute)"
-                          " and estimate each candidate.")
+        worst = max(worst, within_best(
+            where, est.step_time, best.step_time, LAYOUT_TOLERANCE,
+            f"{describe_layout(est)} fits, and its step takes",
+            f"the {best.step_time:.2f} s of the fastest layout that fits",
+            "every memory saving costs time: try the cheap ones first (ZeRO-1/2 and selective "
+            "recomputation cost little, tp inside a node some, pp a bubble, full "
+            "recomputation a third more compute) and estimate each candidate.",
+            show=lambda s: f"{s:.2f} s"))
     caps = listed(f"{c} GiB" for c in LAYOUT_CAPS_GIB)
     return (f"fits {caps}, each step within {max(worst - 1, 0):.1%} of planner.search's "
             "fastest")
