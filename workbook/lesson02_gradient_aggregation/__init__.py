@@ -1,11 +1,4 @@
-"""Lesson 02 (gradient aggregation): ``notebooks/02_gradient_aggregation.ipynb`` and its lab.
+"""Lesson 02, gradient aggregation: parameter servers, all-reduce from send/recv,
+compression, local SGD. The lab gives ``chunk_bounds``, ``exchange`` and ``flat_view``.
 
-- :mod:`.demos`: what the lesson notebook imports (its models, demos, measurements);
-- :mod:`.lab`: what the lab gives the learner (models, data, measuring helpers);
-- :mod:`.checks`: the lab's exercise checks, on the protocol of :mod:`workbook.checking`;
-- :mod:`._reference`: the reference answers the checks compare against.
-
-The lab imports :mod:`.lab` and :mod:`.checks`, never the answers: the checks import
-``_reference`` only inside the check functions, and neither :mod:`.lab` nor
-:mod:`._reference` imports :mod:`.checks`. This package imports no other lesson's.
-"""
+Modules: ``demos``, ``lab``, ``checks``, ``_reference`` (see :mod:`workbook`)."""

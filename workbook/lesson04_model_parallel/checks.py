@@ -161,6 +161,9 @@ def check_forward_backward(fn):
 UNIT_WIDTH, UNIT_BATCH = 2048, 4096   # a block of hidden k·2048 costs k units
 MICRO_BATCHES = 4
 BALANCE_TOLERANCE = 1.03               # the learner's cut may be 3 % slower than the best
+BALANCE_HINT = ("the slowest stage sets the pace of the stream: choose the cut whose largest "
+                "stage sum is smallest (try every cut, or binary-search the largest stage "
+                "time and cut greedily under it).")
 # (name, cost of each layer in units, stages): a language model with a heavy head, a
 # heavy first layer, uneven layers where cutting at the running average goes wrong
 PROFILES = (("language model (heavy head)", (1,) * 8 + (4,), 3),
@@ -259,10 +262,7 @@ def check_balance(fn):
         worst = max(worst, within_best(
             where, mine, best, BALANCE_TOLERANCE,
             f"your cut {cut} makes stages of {stages}; {MICRO_BATCHES} micro-batches took",
-            f"the best cut {best_cut}'s {seconds(best)}",
-            "the slowest stage sets the pace of the stream: choose the cut whose largest "
-            "stage sum is smallest (try every cut, or binary-search the largest stage time "
-            "and cut greedily under it)."))
+            f"the best cut {best_cut}'s {seconds(best)}", BALANCE_HINT))
     return (f"within {worst - 1:.1%} of the best cut's simulated time on {len(PROFILES)} "
             "profiles (p = 3, 4)")
 

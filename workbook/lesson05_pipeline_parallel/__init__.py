@@ -1,11 +1,4 @@
-"""Lesson 05 (pipeline parallelism): ``notebooks/05_pipeline_parallel.ipynb`` and its lab.
+"""Lesson 05, pipeline parallelism: GPipe, 1F1B, interleaving, torch's pipelining.
+The lab times its schedules with :func:`.lab.measure_schedule`.
 
-- :mod:`.demos`: what the lesson notebook imports (its models, demos, measurements);
-- :mod:`.lab`: what the lab gives the learner (models, data, measuring helpers);
-- :mod:`.checks`: the lab's exercise checks, on the protocol of :mod:`workbook.checking`;
-- :mod:`._reference`: the reference answers the checks compare against.
-
-The lab imports :mod:`.lab` and :mod:`.checks`, never the answers: the checks import
-``_reference`` only inside the check functions, and neither :mod:`.lab` nor
-:mod:`._reference` imports :mod:`.checks`. This package imports no other lesson's.
-"""
+Modules: ``demos``, ``lab``, ``checks``, ``_reference`` (see :mod:`workbook`)."""

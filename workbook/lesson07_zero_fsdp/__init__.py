@@ -1,11 +1,4 @@
-"""Lesson 07 (ZeRO stages 1–3 and FSDP2): ``notebooks/07_zero_fsdp.ipynb`` and its lab.
+"""Lesson 07, ZeRO and FSDP2. The lab shards with :func:`.lab.my_shard` and
+:class:`.lab.ShardedLinear`, and fits models with :func:`.lab.fit_time`.
 
-- :mod:`.demos`: what the lesson notebook imports (its models, demos, measurements);
-- :mod:`.lab`: what the lab gives the learner (models, data, measuring helpers);
-- :mod:`.checks`: the lab's exercise checks, on the protocol of :mod:`workbook.checking`;
-- :mod:`._reference`: the reference answers the checks compare against.
-
-The lab imports :mod:`.lab` and :mod:`.checks`, never the answers: the checks import
-``_reference`` only inside the check functions, and neither :mod:`.lab` nor
-:mod:`._reference` imports :mod:`.checks`. This package imports no other lesson's.
-"""
+Modules: ``demos``, ``lab``, ``checks``, ``_reference`` (see :mod:`workbook`)."""

@@ -210,6 +210,9 @@ def check_loss_scaler(cls):
 # ------------------------------------------------------------- exercise 3: checkpointing
 
 RECOMPUTE_TOLERANCE = 1.05    # the learner's recompute time may be 5 % above the best
+RECOMPUTE_HINT = ("some blocks free many bytes for little recompute time (compare kept − "
+                  "output with recompute), and checkpointing a block near the end frees "
+                  "nothing if its own recompute is the peak.")
 
 
 def _chosen_blocks(got, where, n):
@@ -257,10 +260,7 @@ def check_checkpointing(fn):
         worst = max(worst, within_best(
             where, mine, theirs, RECOMPUTE_TOLERANCE,
             f"blocks {chosen} fit, and recomputing them adds to the step",
-            f"the best choice's {seconds(theirs)}",
-            "some blocks free many bytes for little recompute time (compare kept − output "
-            "with recompute), and checkpointing a block near the end frees nothing if its own "
-            "recompute is the peak."))
+            f"the best choice's {seconds(theirs)}", RECOMPUTE_HINT))
     return (f"fits the {len(CHECKPOINT_CAPS)} caps, recompute within {worst - 1:.1%} of the "
             f"best choice's (step {seconds(plain)} without checkpointing)")
 
