@@ -18,12 +18,13 @@ NBVAL_LAX    += labs
 LAB_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab test labs progress clean distclean
+.PHONY: help setup lab test labs progress doctor clean distclean
 
 help:
 	@echo "make lab        set up .venv, then start JupyterLab on notebooks/"
 	@echo "make test       set up .venv, then run the tests and check the notebooks"
 	@echo "make progress   run your labs and show which exercises pass"
+	@echo "make doctor     check this machine before a workshop (no setup needed)"
 	@echo "make labs       regenerate labs/ from solutions/, keeping labs you worked in"
 	@echo "                (for contributors; FORCE=1 replaces those too)"
 	@echo "make setup      only set up .venv (done by lab and test)"
@@ -65,6 +66,11 @@ labs: $(STAMP)
 
 progress: $(STAMP)
 	$(BIN)/python -m workbook.progress
+
+# Runs before any setup too (with $(PYTHON) until .venv exists): a machine that cannot
+# set up is exactly what the doctor must explain.
+doctor:
+	@$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m workbook.doctor
 
 clean:
 	find . \( -path ./$(VENV) -o -path ./.git \) -prune -o -type d \( -name __pycache__ \
