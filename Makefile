@@ -18,13 +18,14 @@ NBVAL_LAX    += labs
 LAB_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab test labs progress doctor clean distclean
+.PHONY: help setup lab test labs progress doctor slides clean distclean
 
 help:
 	@echo "make lab        set up .venv, then start JupyterLab on notebooks/"
 	@echo "make test       set up .venv, then run the tests and check the notebooks"
 	@echo "make progress   run your labs and show which exercises pass"
 	@echo "make doctor     check this machine before a workshop (no setup needed)"
+	@echo "make slides     build reveal.js slides of the lessons into build/slides/ (offline)"
 	@echo "make labs       regenerate labs/ from solutions/, keeping labs you worked in"
 	@echo "                (for contributors; FORCE=1 replaces those too)"
 	@echo "make setup      only set up .venv (done by lab and test)"
@@ -71,6 +72,9 @@ progress: $(STAMP)
 # set up is exactly what the doctor must explain.
 doctor:
 	@$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m workbook.doctor
+
+slides: $(STAMP)
+	$(BIN)/python -m workbook.slides
 
 clean:
 	find . \( -path ./$(VENV) -o -path ./.git \) -prune -o -type d \( -name __pycache__ \
