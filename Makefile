@@ -65,8 +65,9 @@ test: $(STAMP)
 labs: $(STAMP)
 	$(BIN)/python -m workbook.labs $(if $(FORCE),--force)
 
+# JSON=FILE also writes a file to hand in (python -m workbook.handin FOLDER reads them).
 progress: $(STAMP)
-	$(BIN)/python -m workbook.progress
+	$(BIN)/python -m workbook.progress $(if $(JSON),--json $(JSON))
 
 # Runs before any setup too (with $(PYTHON) until .venv exists): a machine that cannot
 # set up is exactly what the doctor must explain.
