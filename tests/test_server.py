@@ -63,7 +63,7 @@ def test_the_image_installs_the_start_up_hook_and_serves_the_home():
     assert "cp workshop/jupyter_server_config.py .venv/etc/jupyter/jupyter_server_config.py" \
         in text
     assert (ROOT / "workshop" / "jupyter_server_config.py").is_file()
-    assert "ENV PATH=/srv/workbook/.venv/bin:$PATH" in text
+    assert "ENV PATH=/srv/simcluster-workbook/.venv/bin:$PATH" in text
     assert '"--ServerApp.root_dir=/home/learner"' in text and "USER learner" in text
     ignored = (ROOT / "workshop" / "Dockerfile.dockerignore").read_text().split()
     assert ".venv" in ignored and "build" in ignored   # a laptop's venv stays out
