@@ -18,7 +18,7 @@ NBVAL_LAX    += labs
 LAB_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab test labs progress doctor slides clean distclean
+.PHONY: help setup lab test labs progress doctor slides workshop clean distclean
 
 help:
 	@echo "make lab        set up .venv, then start JupyterLab on notebooks/"
@@ -26,6 +26,7 @@ help:
 	@echo "make progress   run your labs and show which exercises pass"
 	@echo "make doctor     check this machine before a workshop (no setup needed)"
 	@echo "make slides     build reveal.js slides of the lessons into build/slides/ (offline)"
+	@echo "make workshop   regenerate workshop/agendas.md and the instructor notes' timings"
 	@echo "make labs       regenerate labs/ from solutions/, keeping labs you worked in"
 	@echo "                (for contributors; FORCE=1 replaces those too)"
 	@echo "make setup      only set up .venv (done by lab and test)"
@@ -76,6 +77,9 @@ doctor:
 
 slides: $(STAMP)
 	$(BIN)/python -m workbook.slides
+
+workshop: $(STAMP)
+	$(BIN)/python -m workbook.instructor
 
 clean:
 	find . \( -path ./$(VENV) -o -path ./.git \) -prune -o -type d \( -name __pycache__ \
