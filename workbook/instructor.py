@@ -207,9 +207,11 @@ def lessons():
             lesson.exercises = [item.get("title", f"Exercise {item['number']}") for item in
                                 lab_nb.metadata.get("workbook", {}).get("exercises", [])]
             lesson.lab_words = _words(lab_nb)
-            checks = sorted(ROOT.glob(f"workbook/lesson{number}*/checks.py"))
-            if checks:
-                lesson.mistakes = top_mistakes(check_hints(checks[0]))
+            # workbook/lessonNN/ or workbook/lessonNN_topic/; where both exist (one an
+            # alias of the other), the one that holds the checks' hints
+            hints = max((check_hints(path) for path in
+                         ROOT.glob(f"workbook/lesson{number}*/checks.py")), key=len, default=[])
+            lesson.mistakes = top_mistakes(hints)
         found.append(lesson)
     return found
 
