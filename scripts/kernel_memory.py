@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.bench_notebooks import _kernel_cpu_seconds
+
 
 def _rss(process):
     """Resident bytes of ``process`` and its children (0 for those that just ended)."""
@@ -55,8 +57,7 @@ def measure(path, interval=0.2):
         done.set()
         sampler.join()
         peak[0] = max(peak[0], _rss(process))
-        times = process.cpu_times()
-        cpu = times.user + times.system + times.children_user + times.children_system
+        cpu = _kernel_cpu_seconds(client)
     return {"peak_rss": peak[0], "idle_rss": idle,
             "wall": time.perf_counter() - start, "cpu": cpu}
 

@@ -21,6 +21,7 @@ exact command that fixes it, and exits with status 1 when anything is a blocker.
 import argparse
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import re
 import shutil

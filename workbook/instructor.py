@@ -7,8 +7,9 @@ Writes, from the lessons, labs and checks as they are now (so nothing drifts):
 - in each lesson's notes (``workshop/notes/`` + the notebook's stem + ``.md``), the
   blocks between ``<!-- BEGIN GENERATED: x -->`` and ``<!-- END GENERATED: x -->``:
   the lesson's objectives (its "By the end of this lesson" list), its timings, its
-  lab's exercises, and the three mistakes its checks name most (their hints). Everything outside the blocks is the instructor's own text
-  and is kept; a missing notes file is started from a skeleton.
+  lab's exercises, and the three mistakes its checks name most (their hints).
+  Everything outside the blocks is the instructor's own text and is kept; a missing
+  notes file is started from a skeleton.
 
 How long things take:
 
