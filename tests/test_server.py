@@ -78,3 +78,23 @@ def test_repo2docker_finds_environment_yml_and_post_build():
     assert "pip install --no-deps -e ." in post_build.read_text()
     # the README's conda route installs the package the same way
     assert "pip install -e . --no-deps" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_kernel_memory_sees_what_a_notebook_allocates(tmp_path):
+    import importlib.util
+
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("kernel_memory",
+                                                  ROOT / "scripts" / "kernel_memory.py")
+    kernel_memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_memory)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "block = bytearray(300 * 2**20)\nblock[::4096] = b'x' * len(block[::4096])\n"
+        "import time; time.sleep(0.6)")])
+    path = tmp_path / "big.ipynb"
+    nbformat.write(nb, path)
+    result = kernel_memory.measure(path)
+    assert result["peak_rss"] - result["idle_rss"] >= 250 * 2**20, result
+    assert result["cpu"] > 0 and result["wall"] > 0.6
