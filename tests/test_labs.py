@@ -509,3 +509,19 @@ def test_a_broken_solution_does_not_stop_the_other_labs(tree, capsys):
     assert labs.main(["--solutions", str(solutions), "--labs", str(lab_dir)]) == 2
     assert "97_broken.ipynb, cell 0" in capsys.readouterr().err
     assert (lab_dir / "99_shapes.ipynb").exists()
+
+
+def test_a_cell_a_merge_brought_up_to_date_is_not_the_learners(tree):
+    """git merges two branches' labs: a cell then equals the lab generated now, but not
+    the digest recorded by either build. It is the builder's, and `make labs` rewrites."""
+    solutions, lab_dir = tree
+    labs.build(solutions, lab_dir, log=lambda _: None)
+    solution = nbformat.read(solutions / "99_shapes.ipynb", as_version=4)
+    solution.cells[2].source += "\nA new sentence."
+    nbformat.write(solution, solutions / "99_shapes.ipynb")
+    path = lab_dir / "99_shapes.ipynb"
+    merged = nbformat.read(path, as_version=4)
+    merged.cells[2].source = solution.cells[2].source        # what the merge brought
+    nbformat.write(merged, path)
+    assert labs.learner_changes(path, labs.lab_text(solutions / "99_shapes.ipynb")) == []
+    assert labs.build(solutions, lab_dir, log=lambda _: None) == [path]

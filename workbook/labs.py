@@ -229,31 +229,38 @@ def _sources(nb):
     return [(cell.cell_type, cell.source) for cell in nb.cells]
 
 
+def _digest(cell):
+    return hashlib.sha1(json.dumps([cell.cell_type, cell.source]).encode("utf-8")).hexdigest()[:16]
+
+
 def fingerprint(nb):
     """``{cell id: digest of its type and source}`` for ``nb``'s cells. The builder records
     it in the lab's metadata: a cell that still gives its digest is the builder's, one that
     does not is a learner's edit (committed to git or not), whatever the solution became."""
-    return {cell.get("id"): hashlib.sha1(
-        json.dumps([cell.cell_type, cell.source]).encode("utf-8")).hexdigest()[:16]
-        for cell in nb.cells}
+    return {cell.get("id"): _digest(cell) for cell in nb.cells}
 
 
-def _edits_since_built(nb, recorded):
-    """``(exercise numbers, other cells, added, deleted)``: how ``nb``'s cells differ from
-    what the builder wrote, by the digests it ``recorded``."""
+def _edits_since_built(nb, recorded, generated):
+    """``(exercise numbers, other cells, added, deleted)``: the cells of ``nb`` that differ
+    both from what the builder wrote (the digests it ``recorded``) and from the lab
+    ``generated`` now (a cell a merge brought up to date is not a learner's)."""
+    now = fingerprint(generated)
     exercises, others, added = set(), 0, 0
-    left = dict(recorded)
-    for cell_id, digest in fingerprint(nb).items():
-        if cell_id not in left:
+    for cell in nb.cells:
+        cell_id, digest = cell.get("id"), _digest(cell)
+        if digest in (recorded.get(cell_id), now.get(cell_id)):
+            continue
+        if cell_id not in recorded and cell_id not in now:
             added += 1
-        elif left.pop(cell_id) != digest:
-            cell = next(c for c in nb.cells if c.get("id") == cell_id)
-            number = cell.metadata.get(METADATA_KEY, {}).get("exercise")
-            if number is None:
-                others += 1
-            else:
-                exercises.add(number)
-    return exercises, others, added, len(left)
+            continue
+        number = cell.metadata.get(METADATA_KEY, {}).get("exercise")
+        if number is None:
+            others += 1
+        else:
+            exercises.add(number)
+    ids = {cell.get("id") for cell in nb.cells}
+    deleted = sum(cell_id not in ids for cell_id in recorded if cell_id in now)
+    return exercises, others, added, deleted
 
 
 def learner_changes(path, text):
@@ -273,7 +280,7 @@ def learner_changes(path, text):
     recorded = nb.metadata.get(METADATA_KEY, {}).get("cells")
     committed = committed_text(path) if not isinstance(recorded, dict) else None
     if isinstance(recorded, dict):
-        exercises, others, added, deleted = _edits_since_built(nb, recorded)
+        exercises, others, added, deleted = _edits_since_built(nb, recorded, generated)
     elif committed is None:
         exercises, others, added, deleted = _edits(nb, generated)
         others = deleted = 0
