@@ -670,14 +670,16 @@ class _Replica:
             room, take, longest = dep.kv_cache_tokens, 0, 0
             for s in queue:
                 longest_next = max(longest, s.prompt + s.output)
-                if take == size or (take + 1) * longest_next > room:
+                if take == size:
+                    break
+                if (take + 1) * longest_next > room:
+                    size = take          # the cache is full: the batch is complete
                     break
                 take, longest = take + 1, longest_next
-            if take == 0:
+            if size == 0:
                 raise ValueError(f"request {queue[0].i} needs {queue[0].prompt + queue[0].output}"
                                  f" tokens of KV cache, more than a replica's "
                                  f"{dep.kv_cache_tokens}")
-            size = take
         if len(queue) >= size:
             start = max(self.free_at, queue[size - 1].arrival)
         else:
@@ -759,15 +761,23 @@ class _Replica:
                 sim.record(self, now, end, "prefill", len(lengths), 1)
             self.free_at = end
             return
-        # decode: run k steps of the whole batch, up to the next event
+        # decode: run k steps of the whole batch, up to the next event. First make room
+        # for the next token of every sequence: preempt the latest admitted until it fits
+        # (its blocks freed, its tokens so far kept, recomputed when it is admitted again)
+        while self._used(self.step + 1) > self.blocks:
+            victim = next(reversed(self.running))
+            self._remove(victim)
+            victim.produced = victim.output - (victim.finish - self.step)
+            victim.version += 1                 # its heap entry is stale now
+            self.queue.appendleft(victim)
+            sim.preemptions += 1
         n = len(self.running)
-        while self.heap and (self.heap[0][3] not in self.running
-                             or self.heap[0][2] != self.heap[0][3].version):
-            heapq.heappop(self.heap)
-        k = self.heap[0][0] - self.step          # steps until the first one finishes
-        # blocks: the largest k whose step needs no more than the cache holds
+        heap = self.heap
+        while heap[0][3] not in self.running or heap[0][2] != heap[0][3].version:
+            heapq.heappop(heap)
+        k = heap[0][0] - self.step               # steps until the first one finishes
         if self._used(self.step + k) > self.blocks:
-            lo, hi = 0, k                        # used(step + lo) fits, used(step + hi) not
+            lo, hi = 1, k        # the largest k whose steps all fit: used(step + lo) fits
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 if self._used(self.step + mid) <= self.blocks:
@@ -775,15 +785,6 @@ class _Replica:
                 else:
                     hi = mid
             k = lo
-            if k == 0:                           # no block for the next token: preempt
-                victim = next(reversed(self.running))
-                self._remove(victim)
-                # its tokens so far are kept, its KV cache is not
-                victim.produced = victim.output - (victim.finish - self.step)
-                victim.version += 1
-                self.queue.appendleft(victim)
-                sim.preemptions += 1
-                return
         fixed = self.costs.decode_fixed(n)
         per = self.costs.per_context_token
         context = self.context + n * self.step   # tokens in the cache before the first step
