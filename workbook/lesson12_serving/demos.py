@@ -20,7 +20,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 
 import simcluster as sc
-from simcluster import planner
+from simcluster import planner, serving
 
 
 class DecodeLayer(nn.Module):
@@ -94,3 +94,87 @@ def opt_13b(layers=40):
     50,272, 2,048 positions; ``layers`` fewer for a quicker measurement."""
     return planner.TransformerConfig(layers=layers, hidden=5120, heads=40, seq_len=2048,
                                      vocab=50272)
+
+
+# ------------------------------------------------------------------ the lesson's tables
+def roofline_rows(cluster, cfg, batches=(1, 64, 4096), context=16):
+    """One decode step of ``batch`` sequences (``batch`` new tokens) executed on
+    ``cluster`` (one GPU, fake tensors) beside :func:`simcluster.serving.decode_time` at
+    the device's peaks: ``[{"tokens", "measured", "predicted", "intensity", "bound"}]``.
+    Arithmetic intensity is the weight GEMMs' FLOPs per byte they move."""
+    device = cluster.spec.device_of(0)
+    ridge = device.flops_for(torch.float16) / device.hbm_bandwidth
+    rows = []
+    for batch in batches:
+        measured = measure_decode(cluster, cfg, batch, context, 1)
+        predicted = serving.decode_time(cfg, cluster, batch, context,
+                                        efficiency=planner.ROOFLINE)
+        weights = cfg.layer_matmul_parameters()
+        intensity = 2 * batch * weights / (2 * weights + 2 * 2 * batch * (cfg.hidden * 4
+                                                                          + cfg.ffn * 2))
+        rows.append({"tokens": batch, "measured": measured, "predicted": predicted,
+                     "intensity": intensity,
+                     "bound": "HBM" if intensity < ridge else "FLOP/s"})
+    return rows, ridge
+
+
+def load_sweep(cluster, cfg, rates, batching, n=600, seed=0, **deployment):
+    """p50 and p99 of TTFT and latency at each Poisson rate, for one batching policy:
+    ``{rate: {"ttft50", "ttft99", "lat50", "lat99", "throughput", "in_system", "little"}}``
+    (``in_system``: the time-average number of requests in the system, sampled;
+    ``little``: throughput x mean latency)."""
+    out = {}
+    for rate in rates:
+        requests = serving.poisson(rate=rate, n=n, output_tokens=[32, 64, 128], seed=seed)
+        res = serving.simulate(requests, serving.Deployment(cluster, cfg, batching=batching,
+                                                            **deployment))
+        start, end = requests[0].arrival, max(res.finish)
+        grid = [start + (end - start) * (i + 0.5) / 4000 for i in range(4000)]
+        out[rate] = {"ttft50": res.percentile("ttft", 50), "ttft99": res.percentile("ttft", 99),
+                     "lat50": res.percentile("latency", 50),
+                     "lat99": res.percentile("latency", 99),
+                     "throughput": res.throughput,
+                     "in_system": sum(res.in_system(grid)) / len(grid),
+                     "little": res.throughput * res.mean("latency")}
+    return out
+
+
+def disaggregated(requests, cluster, cfg, prefill=1, decode=1, tp=1):
+    """Serve ``requests`` DistServe-style: ``prefill`` replicas only prefill (each request
+    asks them for one token), then each request's KV cache crosses NVLink to one of
+    ``decode`` replicas, which only decode. Returns ``(ttft, tpot)`` per request."""
+    first = serving.simulate([serving.Request(r.arrival, r.prompt_tokens, 1)
+                              for r in requests],
+                             serving.Deployment(cluster, cfg, replicas=prefill, tp=tp))
+    link = cluster.spec.nodes[0].fabric
+    handed = []
+    for i, r in enumerate(requests):
+        kv = serving.kv_bytes_per_token(cfg) * r.prompt_tokens
+        at = first.finish[i] + link.latency + kv / link.effective_bandwidth
+        handed.append((at, i))
+    handed.sort()
+    second = serving.simulate(
+        [serving.Request(at, requests[i].prompt_tokens, requests[i].output_tokens,
+                         prefilled=True) for at, i in handed],
+        serving.Deployment(cluster, cfg, replicas=decode, tp=tp,
+                           load_balancer="least_outstanding"))
+    tpot = [0.0] * len(requests)
+    for j, (at, i) in enumerate(handed):
+        tpot[i] = (second.finish[j] - at) / max(requests[i].output_tokens - 1, 1)
+    return first.ttft, tpot
+
+
+def percentile(values, q):
+    """The ``q``-th percentile of ``values`` (linear interpolation, numpy's default)."""
+    values = sorted(values)
+    pos = (len(values) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (pos - low)
+
+
+def cost_per_million_tokens(result, gpus, dollars_per_gpu_hour):
+    """Dollars per million output tokens: the GPUs' hours over the run's duration,
+    divided by the output tokens served."""
+    return gpus * dollars_per_gpu_hour * result.duration / 3600 / (
+        sum(r.output_tokens for r in result.requests) / 1e6)
