@@ -686,7 +686,9 @@ class _Replica:
             start = max(self.free_at, queue[0].arrival + dep.max_queue_delay)
             if start >= until:      # more requests may still arrive to fill the batch
                 return False
-        batch = [queue.popleft() for _ in range(min(size, len(queue)))]
+        batch = []        # what has arrived by the start, up to the batch size
+        while queue and len(batch) < size and queue[0].arrival <= start:
+            batch.append(queue.popleft())
         sim = self.sim
         if isinstance(dep.model, Model):
             end = start + self.costs.cnn(len(batch))
