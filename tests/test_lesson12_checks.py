@@ -9,7 +9,8 @@ import pytest
 
 from _check_helpers import fails, learner_namespace, line, write_learner
 from simcluster import planner, serving
-from workbook import checking, checks
+from workbook import checking
+from workbook.lesson12_serving import checks
 from workbook.lesson12_serving import _reference as R
 from workbook.lesson12_serving.checks import KPA_CASES
 

@@ -29,10 +29,6 @@ from workbook.lesson09.checks import (check_build_groups, check_choose_layout,
 from workbook.lesson10.checks import (check_checkpoint_interval, check_find_straggler,
                                       check_recovery, check_resume)
 
-from workbook.lesson12_serving.checks import (check_dynamic_batches, check_kpa_desired,
-                                              check_max_batch, check_schedule,
-                                              check_size_fleet)
-
 __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_hierarchical_allreduce", "check_int8_quantization", "check_local_sgd",
            "check_naive_allreduce", "check_parameter_server", "check_ring_allreduce",
@@ -50,6 +46,4 @@ __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_build_groups", "check_choose_layout", "check_model_flops",
            "check_pipeline_bubble",
            "check_checkpoint_interval", "check_find_straggler", "check_recovery",
-           "check_resume",
-           "check_max_batch", "check_dynamic_batches", "check_schedule", "check_size_fleet",
-           "check_kpa_desired"]
+           "check_resume"]
