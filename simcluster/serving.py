@@ -766,19 +766,24 @@ class _Replica:
         # decode: run k steps of the whole batch, up to the next event. First make room
         # for the next token of every sequence: preempt the latest admitted until it fits
         # (its blocks freed, its tokens so far kept, recomputed when it is admitted again)
-        while self._used(self.step + 1) > self.blocks:
+        used_now = self._used(self.step)
+        # each sequence needs at most one new block per step (and one per block_size steps)
+        while used_now + len(self.running) > self.blocks \
+                and self._used(self.step + 1) > self.blocks:
             victim = next(reversed(self.running))
             self._remove(victim)
             victim.produced = victim.output - (victim.finish - self.step)
             victim.version += 1                 # its heap entry is stale now
             self.queue.appendleft(victim)
             sim.preemptions += 1
+            used_now = self._used(self.step)
         n = len(self.running)
         heap = self.heap
         while heap[0][3] not in self.running or heap[0][2] != heap[0][3].version:
             heapq.heappop(heap)
         k = heap[0][0] - self.step               # steps until the first one finishes
-        if self._used(self.step + k) > self.blocks:
+        if used_now + n * -(-k // self.bs) > self.blocks \
+                and self._used(self.step + k) > self.blocks:
             lo, hi = 1, k        # the largest k whose steps all fit: used(step + lo) fits
             while hi - lo > 1:
                 mid = (lo + hi) // 2
@@ -797,14 +802,16 @@ class _Replica:
         if until < math.inf and now + elapsed(k) > until:
             # stop at the first step that ends at or after `until`: a request arriving
             # then may join at the next iteration
-            lo, hi = 0, k                        # elapsed(lo) < until - now <= elapsed(hi)
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if now + elapsed(mid) < until:
-                    lo = mid
-                else:
-                    hi = mid
-            k = hi
+            # the root of elapsed(j) = until - now, then the exact first such step
+            a, b = per * n / 2, fixed + per * (context - n / 2)
+            left = until - now
+            j = (-b + math.sqrt(b * b + 4 * a * left)) / (2 * a) if a > 0 else left / b
+            j = min(max(1, math.ceil(j)), k)
+            while j > 1 and now + elapsed(j - 1) >= until:
+                j -= 1
+            while j < k and now + elapsed(j) < until:
+                j += 1
+            k = j
         end = now + elapsed(k)
         self.step += k
         while self.heap and self.heap[0][0] <= self.step:
