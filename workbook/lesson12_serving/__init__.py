@@ -1,6 +1,5 @@
-"""Lesson 12 (serving models): the lesson's measurements (:mod:`.demos`), the lab's
-helpers (:mod:`.lab`), the lab's checks (:mod:`.checks`) and the reference answers they
-compare against (:mod:`._reference`, imported only inside the check functions).
+"""Lesson 12, serving models: prefill and decode, the KV cache, batching, replicas and
+autoscaling, on :mod:`simcluster.serving`. The lesson measures a decode step executed on
+the cluster (:mod:`.demos`); the lab sizes caches, batches, fleets and autoscalers.
 
-The lab imports :mod:`workbook.checks` and :mod:`.lab`, never the answers.
-"""
+Modules: ``demos``, ``lab``, ``checks``, ``_reference`` (see :mod:`workbook`)."""
