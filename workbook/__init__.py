@@ -17,6 +17,9 @@ lesson's package. Shared, because several lessons use them:
 - :mod:`workbook.models`: the models and optimizer several lessons train;
   :mod:`workbook.pipeline`: stages and bubbles (lessons 04, 05, 09);
   :mod:`workbook._parameter_server`: lesson 02's answer that lesson 10's demos reuse.
+- the workshop's tools: :mod:`workbook.doctor`, :mod:`workbook.workspace`,
+  :mod:`workbook.handin`, :mod:`workbook.instructor`, :mod:`workbook.slides`
+  (``workshop/README.md``).
 
 The import paths of release 0.1 (``workbook.checks``, ``workbook.dataparallel``,
 ``workbook.lesson03.checks``, ...) still work, as deprecated aliases
