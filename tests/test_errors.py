@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import simcluster as sc
+from simcluster import _torch_internals
 
 # How fast a report comes is a benchmark question, not a test's: a test only stops a run
 # that hangs (hang_guard), with a limit far above any machine's time for one case.
@@ -57,6 +58,9 @@ def _process_wide_state():
         "dispatch modes": torch._C._len_torch_dispatch_stack(),
         "default dtype": torch.get_default_dtype(),
         "grad enabled": torch.is_grad_enabled(),
+        # every attribute of the patch table (those that wait for a slow import aside)
+        "patch table": [getattr(_torch_internals.resolve(p.owner), p.name)
+                        for p in _torch_internals.patches() if p.imported_by is None],
     }
 
 
