@@ -365,9 +365,9 @@ _OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list", "gather_obj
                        "recv_object_list", "scatter_object_list", "send_object_list")
 
 
-def _patches():
-    """The table: every attribute of torch (and of the interpreter) a run replaces. See
-    the module's docstring for why each is needed."""
+def patches():
+    """The patch table: every attribute of torch (and of the interpreter) a run replaces,
+    as :class:`Patch` entries. The module's docstring says why each is needed."""
     return (
         # per-thread process groups
         Patch("torch.distributed.distributed_c10d", "_world",
@@ -453,11 +453,6 @@ def resolve(owner, import_missing=True):
     return obj
 
 
-def patches():
-    """The patch table: a fresh tuple of :class:`Patch` entries."""
-    return _patches()
-
-
 @contextlib.contextmanager
 def patched(hooks):
     """A ``with`` block in which every entry of the patch table (:func:`patches`) and every
@@ -483,7 +478,7 @@ def patched(hooks):
                     waiting.remove(patch)
                     apply(patch, owner)
 
-        for patch in _patches():
+        for patch in patches():
             if patch.imported_by is None:
                 apply(patch, resolve(patch.owner))
             else:
