@@ -36,6 +36,7 @@ import bisect
 import heapq
 import math
 import random
+from collections import namedtuple
 from dataclasses import dataclass, field
 
 POLICIES = ("fifo", "sjf", "priority", "fair")
@@ -129,6 +130,18 @@ def leaf_switches(cluster, nodes_per_switch=4):
     return [list(range(i, min(i + nodes_per_switch, n))) for i in range(0, n, nodes_per_switch)]
 
 
+Topology = namedtuple("Topology", "sizes switches")
+Topology.__doc__ = """What a placement rule may know of the cluster besides the free GPUs:
+``sizes`` (GPUs per node) and ``switches`` (the nodes under each leaf switch)."""
+
+
+def topology_of(cluster, switches=None):
+    """The :class:`Topology` of ``cluster``: its node sizes, and ``switches`` or
+    :func:`leaf_switches`."""
+    switches = leaf_switches(cluster) if switches is None else [list(s) for s in switches]
+    return Topology(node_sizes(cluster), switches)
+
+
 def spans(placement, switches):
     """``(nodes, leaf switches)`` a placement (list of ``(node, gpu)``) touches: what a
     placement-dependent ``duration`` usually depends on."""
@@ -140,7 +153,7 @@ def spans(placement, switches):
 # ---------------------------------------------------------------- placement rules
 #
 # A rule takes the free GPUs of every node (a list of counts), the job's ``gpus`` and
-# ``gpus_per_node``, and the leaf switches; it returns ``{node: GPUs taken}`` or None when
+# ``gpus_per_node``, and the cluster's :class:`Topology`; it returns ``{node: GPUs taken}`` or None when
 # the job does not fit now. Rules never look at which GPUs of a node are free: GPUs of a
 # node are alike (one NVLink domain).
 
@@ -161,12 +174,12 @@ def _chunks(free, gpus, k, order):
     return taken if left == 0 else None
 
 
-def first_fit(free, gpus, gpus_per_node=None, switches=None):
+def first_fit(free, gpus, gpus_per_node=None, topo=None):
     """The lowest-numbered nodes that have room, in order (Slurm's default linear order)."""
     return _chunks(free, gpus, gpus_per_node, range(len(free)))
 
 
-def best_fit(free, gpus, gpus_per_node=None, switches=None):
+def best_fit(free, gpus, gpus_per_node=None, topo=None):
     """Best fit: the nodes that will have the fewest free GPUs left (bin packing; Kubernetes'
     ``MostAllocated``). One node if any can hold the whole job (the fullest such node);
     else whole free nodes, most free first, until the rest fits on one node, which is
@@ -189,22 +202,31 @@ def best_fit(free, gpus, gpus_per_node=None, switches=None):
     return taken
 
 
-def spread(free, gpus, gpus_per_node=None, switches=None):
-    """Spread: each GPU (or pod of ``gpus_per_node``) to the node with the most free GPUs
-    (Kubernetes' default ``LeastAllocated`` score: balance the load)."""
-    k = gpus_per_node or 1
+def spread(free, gpus, gpus_per_node=None, topo=None):
+    """Spread (Kubernetes' default ``LeastAllocated`` score: balance the load): the whole
+    job on the node with the largest free share, if one can hold it; with
+    ``gpus_per_node=k``, the ``gpus / k`` nodes with the largest free share that have
+    ``k`` free; else GPU by GPU, each to the node with the largest free share."""
+    sizes = topo.sizes if topo is not None else [max(free) or 1] * len(free)
+    emptiest = lambda n: (-free[n] / sizes[n], -free[n], n)   # noqa: E731
+    nodes = sorted(range(len(free)), key=emptiest)
+    if gpus_per_node is not None:
+        return _chunks(free, gpus, gpus_per_node, nodes)
+    for node in nodes:
+        if free[node] >= gpus:
+            return {node: gpus}
+    if sum(free) < gpus:
+        return None
     left, free, taken = gpus, list(free), {}
     while left:
-        node = max(range(len(free)), key=lambda n: (free[n], -n))
-        if free[node] < k:
-            return None
-        free[node] -= k
-        taken[node] = taken.get(node, 0) + k
-        left -= k
+        node = min(range(len(free)), key=emptiest)
+        free[node] -= 1
+        taken[node] = taken.get(node, 0) + 1
+        left -= 1
     return taken
 
 
-def topology(free, gpus, gpus_per_node=None, switches=None):
+def topology(free, gpus, gpus_per_node=None, topo=None):
     """Topology-aware (Slurm's ``topology/tree``): the lowest level of the tree that can
     hold the job — one node, then one leaf switch, then the whole cluster — choosing the
     fullest node or switch that fits (best fit), then best fit on the nodes beneath it."""
@@ -213,8 +235,9 @@ def topology(free, gpus, gpus_per_node=None, switches=None):
         node = _fullest(free, [n for n in range(len(free)) if free[n] >= gpus])
         if node is not None:
             return {node: gpus}
+    switches = topo.switches if topo is not None else []
     room = [sum(free[n] if k is None else free[n] // k * k for n in members)
-            for members in (switches or [])]
+            for members in switches]
     fits = [i for i, r in enumerate(room) if r >= gpus]
     if fits:                                         # one leaf switch: the fullest that fits
         leaf = min(fits, key=lambda i: (room[i], i))
@@ -252,7 +275,7 @@ class Running:
     lost: float
 
 
-def choose_victims(free, running, gpus, gpus_per_node=None, priority=0, switches=None,
+def choose_victims(free, running, gpus, gpus_per_node=None, priority=0, topo=None,
                    placement=best_fit):
     """The running jobs to preempt so that a gang of ``gpus`` (at ``priority``) can start.
 
@@ -266,18 +289,18 @@ def choose_victims(free, running, gpus, gpus_per_node=None, priority=0, switches
                         key=lambda r: (r.lost, r.name))
     freed, chosen = list(free), []
     for victim in candidates:
-        if placement(freed, gpus, gpus_per_node, switches) is not None:
+        if placement(freed, gpus, gpus_per_node, topo) is not None:
             break
         chosen.append(victim)
         for node, n in victim.taken.items():
             freed[node] += n
-    if placement(freed, gpus, gpus_per_node, switches) is None:
+    if placement(freed, gpus, gpus_per_node, topo) is None:
         return None
     for victim in sorted(chosen, key=lambda r: (-r.lost, r.name)):
         trial = list(freed)
         for node, n in victim.taken.items():
             trial[node] -= n
-        if placement(trial, gpus, gpus_per_node, switches) is not None:
+        if placement(trial, gpus, gpus_per_node, topo) is not None:
             chosen.remove(victim)
             freed = trial
     return [r.name for r in chosen]
@@ -514,7 +537,8 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
             with the smallest share of running GPUs per ``weights`` goes next, as
             Volcano's and Kueue's fair sharing).
         placement: ``"first_fit"``, ``"best_fit"``, ``"spread"``, ``"topology"`` or a
-            function ``(free, gpus, gpus_per_node, switches) -> {node: count} | None``.
+            function ``(free, gpus, gpus_per_node, topo) -> {node: count} | None``
+            (``topo``: the cluster's :class:`Topology`).
         backfill: EASY backfill: when the queue's head does not fit, later jobs may start
             if they end before the head's reserved start or leave it room.
         preemption: a job that does not fit may preempt running ``preemptible`` jobs of
@@ -530,8 +554,8 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     place, place_name = _resolve_placement(placement)
-    sizes = node_sizes(cluster)
-    switches = leaf_switches(cluster) if switches is None else [list(s) for s in switches]
+    topo = topology_of(cluster, switches)
+    sizes, switches = topo.sizes, topo.switches
     weights = dict(weights or {})
     if until is not None and not _positive_number(until):
         raise ValueError(f"until must be a positive number of seconds, got {until!r}")
@@ -560,7 +584,7 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
         if not _positive_number(weight):
             raise ValueError(f"weights[{queue!r}] must be a positive number, got {weight!r}")
 
-    sim = _Simulation(states, sizes, switches, place, policy, backfill, preemption, weights)
+    sim = _Simulation(states, topo, place, policy, backfill, preemption, weights)
     sim.run(until)
     arrivals = [s.job.submit for s in states]
     span = (max(arrivals) - min(arrivals)) if arrivals else 0.0
@@ -575,8 +599,8 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
 class _Simulation:
     """The event loop of :func:`simulate` (one object per call)."""
 
-    def __init__(self, states, sizes, switches, place, policy, backfill, preemption, weights):
-        self.states, self.sizes, self.switches = states, sizes, switches
+    def __init__(self, states, topo, place, policy, backfill, preemption, weights):
+        self.states, self.topo, sizes = states, topo, topo.sizes
         self.place, self.policy = place, policy
         self.backfill, self.preemption, self.weights = backfill, preemption, weights
         self.free = list(sizes)
@@ -680,7 +704,7 @@ class _Simulation:
 
     def _fits(self, state, free):
         job = state.job
-        taken = self.place(list(free), job.gpus, job.gpus_per_node, self.switches)
+        taken = self.place(list(free), job.gpus, job.gpus_per_node, self.topo)
         if taken is None:
             return None
         _check_taken(taken, free, job, self.place)
@@ -733,7 +757,7 @@ class _Simulation:
         running = [Running(s.job.name, dict(s.taken), s.job.priority, s.job.preemptible,
                            self._lost(s)) for s in self.running.values()]
         victims = choose_victims(self.free, running, head.job.gpus, head.job.gpus_per_node,
-                                 head.job.priority, self.switches, self.place)
+                                 head.job.priority, self.topo, self.place)
         if not victims:
             return False
         by_name = {s.job.name: s for s in self.running.values()}
