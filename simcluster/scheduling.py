@@ -260,6 +260,60 @@ def fits_somewhere(sizes, gpus, gpus_per_node):
     return first_fit(list(sizes), gpus, gpus_per_node) is not None
 
 
+# ----------------------------------------------------------------------- backfill
+
+
+def reservation(free, running, head, place=first_fit, topo=None):
+    """``(time, free GPUs then)``: when ``head`` (``.gpus``, ``.gpus_per_node``) could
+    start if the ``running`` jobs, ``[(end, {node: count}), ...]``, end when expected."""
+    free, total = list(free), sum(free)
+    for end, taken in sorted(running, key=lambda r: r[0]):
+        for node, n in taken.items():
+            free[node] += n
+            total += n
+        if total >= head.gpus and place(list(free), head.gpus, head.gpus_per_node,
+                                        topo) is not None:
+            return end, free
+    return math.inf, free
+
+
+def easy_backfill(now, free, running, queue, place=first_fit, topo=None, duration=None):
+    """EASY backfill (Lifka 1995; Slurm's ``sched/backfill``): which of the jobs behind
+    the blocked head ``queue[0]`` start now.
+
+    ``free``: free GPUs per node; ``running``: ``[(end, {node: count}), ...]``;
+    ``queue``: jobs (``.gpus``, ``.gpus_per_node``, ``.duration``), head first.
+    The head gets a reservation: the earliest time it fits as running jobs end. A later
+    job, in queue order, starts now if it fits now and either ends by the reservation or
+    leaves the head room at the reserved time. ``duration(job, taken)`` gives a job's
+    expected seconds (default ``job.duration``). Returns ``[(job, taken), ...]``.
+    """
+    head = queue[0]
+    shadow, free_then = reservation(free, running, head, place, topo)
+    free, started = list(free), []
+    refused = set()          # requests that did not fit; fewer GPUs later: still refused
+    for job in queue[1:]:
+        request = (job.gpus, job.gpus_per_node)
+        if request in refused or job.gpus > sum(free):
+            continue
+        taken = place(list(free), job.gpus, job.gpus_per_node, topo)
+        if taken is None:
+            refused.add(request)
+            continue
+        seconds = duration(job, taken) if duration is not None else job.duration
+        if now + seconds > shadow + _EPS:
+            trial = list(free_then)
+            for node, n in taken.items():
+                trial[node] -= n
+            if place(list(trial), head.gpus, head.gpus_per_node, topo) is None:
+                continue
+            free_then = trial
+        for node, n in taken.items():
+            free[node] -= n
+        started.append((job, taken))
+    return started
+
+
 # ------------------------------------------------------------------------ victims
 
 
@@ -397,6 +451,15 @@ class Result:
         waits although enough GPUs are free in total (the wrong ones)."""
         return self._time_average(self.fragmentation) / sum(self.sizes)
 
+    def utilization_over(self, start, end):
+        """Allocated GPU-seconds between ``start`` and ``end`` over the GPUs × that time:
+        the utilisation while jobs keep arriving, without the drain at the end."""
+        if not end > start:
+            raise ValueError(f"end must come after start, got {start!r} and {end!r}")
+        busy = sum(len(a["placement"]) * max(0.0, min(a["end"], end) - max(a["start"], start))
+                   for j in self.jobs for a in j.attempts)
+        return busy / (sum(self.sizes) * (end - start))
+
     @property
     def mean_free(self):
         """Time-averaged share of the cluster's GPUs that are free."""
@@ -485,7 +548,7 @@ class _State:
     """A queued or running job inside the simulator."""
 
     __slots__ = ("job", "index", "result", "done", "taken", "gpus_of", "start", "end",
-                 "duration_here", "overhead", "estimate", "version")
+                 "duration_here", "overhead", "estimate", "version", "gpus", "gpus_per_node")
 
     def __init__(self, job, index, estimate):
         self.job, self.index = job, index
@@ -496,6 +559,7 @@ class _State:
         self.start = self.end = self.duration_here = self.overhead = None
         self.estimate = estimate   # seconds on the most compact placement, for SJF/backfill
         self.version = 0           # bumped when preempted: stale end events are skipped
+        self.gpus, self.gpus_per_node = job.gpus, job.gpus_per_node
 
 
 def _resolve_placement(placement):
@@ -705,52 +769,19 @@ class _Simulation:
     def _fits(self, state, free):
         job = state.job
         taken = self.place(list(free), job.gpus, job.gpus_per_node, self.topo)
-        if taken is None:
-            return None
-        _check_taken(taken, free, job, self.place)
         return taken
 
     def _backfill(self, head, later):
-        """EASY: find when the head could start if running jobs end as expected (its
-        reservation), then start later jobs that fit now and either end by then or
-        leave the head room at that time."""
-        shadow, free_then = self._reservation(head)
-        refused = set()        # requests that did not fit the free GPUs as they are now
-        for state in later:
-            request = (state.job.gpus, state.job.gpus_per_node)
-            if request in refused or state.job.gpus > sum(self.free):
-                continue
-            taken = self._fits(state, self.free)
-            if taken is None:
-                refused.add(request)
-                continue
-            ends = self.now + self._expected(state, taken)
-            if ends > shadow + _EPS:
-                trial = list(free_then)
-                for node, n in taken.items():
-                    trial[node] -= n
-                if self._fits(head, trial) is None:
-                    continue
-                free_then = trial
-            self._start(state, taken)      # fewer free GPUs: what was refused still is
+        running = [(s.end, s.taken) for s in self.running.values()]
+        for state, taken in easy_backfill(self.now, self.free, running, [head, *later],
+                                          self.place, self.topo, self._expected):
+            self._start(state, taken)
 
     def _expected(self, state, taken):
+        """Seconds ``state`` would run on ``taken``: what backfill plans with."""
         placement = _gpu_list(taken, self.free_ids)
         overhead = state.job.restart_cost if state.result.attempts else 0.0
         return overhead + (1.0 - state.done) * _seconds(state.job, placement)
-
-    def _reservation(self, head):
-        """(time, free GPUs at that time) when the head fits, releasing running jobs in
-        order of their expected end."""
-        free = list(self.free)
-        total = sum(free)
-        for state in sorted(self.running.values(), key=lambda s: (s.end, s.index)):
-            for node, n in state.taken.items():
-                free[node] += n
-            total += state.job.gpus
-            if total >= head.job.gpus and self._fits(head, free) is not None:
-                return state.end, free
-        return math.inf, free
 
     def _preempt_for(self, head):
         """Preempt lower-priority jobs if that lets ``head`` start; True if it did."""
@@ -785,6 +816,7 @@ class _Simulation:
 
     # -- starting and stopping
     def _start(self, state, taken):
+        _check_taken(taken, self.free, state.job, self.place)   # a custom rule may err
         at = bisect.bisect_left(self.keys, self._key(state))
         del self.keys[at], self.queue[at]
         gpus = []

@@ -77,6 +77,9 @@ def test_invariants_on_random_jobs(config):
     busy = sum(a["end"] - a["start"] for j in result.jobs for a in j.attempts
                for _ in a["placement"])
     assert result.utilization == pytest.approx(busy / (sum(SIZES) * result.makespan))
+    first = min(j.submit for j in jobs)
+    assert result.utilization_over(first, first + result.makespan) == pytest.approx(
+        result.utilization)
 
 
 @pytest.mark.parametrize("placement", sorted(sched.PLACEMENTS))
