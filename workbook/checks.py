@@ -28,6 +28,8 @@ from workbook.lesson09.checks import (check_build_groups, check_choose_layout,
                                       check_model_flops, check_pipeline_bubble)
 from workbook.lesson10.checks import (check_checkpoint_interval, check_find_straggler,
                                       check_recovery, check_resume)
+from workbook.lesson11_scheduling.checks import (check_best_fit, check_choose_victims,
+                                                 check_easy_backfill, check_topology_placer)
 
 __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_hierarchical_allreduce", "check_int8_quantization", "check_local_sgd",
@@ -46,4 +48,6 @@ __all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
            "check_build_groups", "check_choose_layout", "check_model_flops",
            "check_pipeline_bubble",
            "check_checkpoint_interval", "check_find_straggler", "check_recovery",
-           "check_resume"]
+           "check_resume",
+           "check_best_fit", "check_choose_victims", "check_easy_backfill",
+           "check_topology_placer"]
