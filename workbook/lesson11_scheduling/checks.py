@@ -144,21 +144,19 @@ def check_best_fit(fn):
             raise Failure(f"{where} splits the job over {len(taken)} nodes; node "
                           f"{next(iter(expected))} holds all of it",
                           "if one node can hold the gang, keep it there (one NVLink domain).")
-        if len(taken) > len(expected) or (k is None and _left(taken, free)
-                                          > _left(expected, free)):
-            hint = ("with gpus_per_node=k, take the fullest nodes that still have k free."
-                    if k is not None else "when no node holds the job, take whole nodes, "
-                    "most free first, then put the rest on the fullest node that holds it.")
-            raise Failure(f"{where} uses {len(taken)} node(s) and leaves "
-                          f"{_left(taken, free)} GPUs free on them; best fit: "
-                          f"{len(expected)} node(s), {_left(expected, free)} left", hint)
         chosen = sorted(free[n] for n in taken)
-        if len(expected) == 1 and chosen != [free[n] for n in expected] or \
-                k is not None and chosen != sorted(free[n] for n in expected):
+        best = sorted(free[n] for n in expected)
+        if (len(expected) == 1 or k is not None) and chosen != best:
             raise Failure(f"{where} picks node(s) with {listed(chosen)} free; the fullest "
-                          f"that fit have {listed(sorted(free[n] for n in expected))}",
+                          f"that fit have {listed(best)}",
                           "best fit: of the nodes that can take it, the one with the FEWEST "
                           "free GPUs, so that whole nodes stay free for big gangs.")
+        if len(taken) > len(expected) or _left(taken, free) > _left(expected, free):
+            raise Failure(f"{where} uses {len(taken)} node(s) and leaves "
+                          f"{_left(taken, free)} GPUs free on them; best fit: "
+                          f"{len(expected)} node(s), {_left(expected, free)} left",
+                          "when no node holds the job, take whole nodes, most free first, "
+                          "then put the rest on the fullest node that holds it.")
     return (f"packs {len(BEST_FIT_CASES)} cases: one node when one fits, the fewest GPUs "
             "left, gpus_per_node honoured, None when the gang cannot start")
 
@@ -320,12 +318,19 @@ def check_choose_victims(fn):
         where = f"gang of {gpus} GPUs (gpus_per_node={k}) at priority {priority}, free {free}"
         expected = ref.choose_victims(free, running, gpus, k, priority)
         by = {r.name: r for r in running}
+        if names is not None:
+            if not isinstance(names, (list, tuple)) or any(n not in by for n in names) \
+                    or len(set(names)) != len(names):
+                raise Failure(f"{where}: returned {short(repr(names), 60)}",
+                              "return a list of running job names (each once), or None.")
+            for n in names:
+                if not by[n].preemptible or by[n].priority >= priority:
+                    why = "not preemptible" if not by[n].preemptible else \
+                        f"priority {by[n].priority} (not lower than {priority})"
+                    raise Failure(f"{where}: stopped {n}, which is {why}",
+                                  "only preemptible jobs of lower priority may be stopped.")
         if expected is None:
-            if names is not None and list(names or []) != []:
-                freed = list(free)
-                for n in names:
-                    for node, c in getattr(by.get(n), "taken", {}).items():
-                        freed[node] += c
+            if names:
                 raise Failure(f"{where}: stopped {listed(list(names))}, but no choice of "
                               "victims lets the gang start",
                               "preempt nobody unless the gang can then start: return None.")
@@ -334,16 +339,6 @@ def check_choose_victims(fn):
             raise Failure(f"{where}: returned None, but stopping "
                           f"{listed(expected) or 'nobody'} lets the gang start",
                           "free whole jobs (all their GPUs) until the gang fits.")
-        if not isinstance(names, (list, tuple)) or any(n not in by for n in names) \
-                or len(set(names)) != len(names):
-            raise Failure(f"{where}: returned {short(repr(names), 60)}",
-                          "return a list of running job names (each once), or None.")
-        for n in names:
-            if not by[n].preemptible or by[n].priority >= priority:
-                why = "not preemptible" if not by[n].preemptible else \
-                    f"priority {by[n].priority} (not lower than {priority})"
-                raise Failure(f"{where}: stopped {n}, which is {why}",
-                              "only preemptible jobs of lower priority may be stopped.")
         freed = list(free)
         for n in names:
             for node, c in by[n].taken.items():
