@@ -291,10 +291,13 @@ def easy_backfill(now, free, running, queue, place=first_fit, topo=None, duratio
     head = queue[0]
     shadow, free_then = reservation(free, running, head, place, topo)
     free, started = list(free), []
+    total = sum(free)
     refused = set()          # requests that did not fit; fewer GPUs later: still refused
     for job in queue[1:]:
+        if total == 0:
+            break
         request = (job.gpus, job.gpus_per_node)
-        if request in refused or job.gpus > sum(free):
+        if job.gpus > total or request in refused:
             continue
         taken = place(list(free), job.gpus, job.gpus_per_node, topo)
         if taken is None:
@@ -310,6 +313,7 @@ def easy_backfill(now, free, running, queue, place=first_fit, topo=None, duratio
             free_then = trial
         for node, n in taken.items():
             free[node] -= n
+        total -= job.gpus
         started.append((job, taken))
     return started
 
