@@ -377,3 +377,12 @@ def test_plots_draw():
     result = sched.simulate(random_jobs(3, n=15), HETERO, placement="best_fit")
     assert result.timeline().get_title().startswith("fifo / best_fit")
     assert len(result.free_gpus_plot().get_lines()) == 2
+
+
+def test_no_jobs_and_jobs_that_never_overlap():
+    empty = sched.simulate([], HETERO)
+    assert empty.jobs == [] and empty.makespan == 0 and "0 of 0 jobs" in empty.summary()
+    apart = [sched.Job("a", 48, 10.0), sched.Job("b", 48, 10.0, submit=100.0)]
+    r = sched.simulate(apart, HETERO, backfill=True, preemption=True)
+    assert [j.wait for j in r.jobs] == [0.0, 0.0] and r.makespan == 110.0
+    assert r.utilization == pytest.approx(20 / 110)

@@ -3,7 +3,6 @@ scheduler configurations, a tensor-parallel job whose speed depends on its place
 (from :func:`simcluster.planner.estimate`), and the utilisation/wait trade-off."""
 
 import dataclasses
-import math
 
 from simcluster import planner, spec
 from simcluster import scheduling as sched
@@ -106,8 +105,3 @@ def pipeline_speedup_bound(stage_times):
     """The most that overlapping the stages of a pipeline can gain over running them one
     after another on the same nodes: total time / the slowest stage's time."""
     return sum(stage_times) / max(stage_times)
-
-
-def hours(seconds):
-    """Seconds as hours, for printing."""
-    return seconds / 3600 if math.isfinite(seconds) else float("inf")
