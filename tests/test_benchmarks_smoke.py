@@ -83,3 +83,11 @@ def test_bench_scheduling_quick():
     r = bench_scheduling.main(quick=True, verbose=False)
     assert len(r["rows"]) == 8 and all(row["jobs_per_s"] > 0 for row in r["rows"])
     assert r["goal_met"] == (r["slowest_s"] < bench_scheduling.GOAL_S)
+
+
+def test_bench_serving_quick():
+    from benchmarks import bench_serving
+
+    r = bench_serving.main(quick=True, verbose=False)
+    assert r["round robin, 4 replicas"]["per_second"] > 0
+    assert isinstance(r["goal_met"], bool)
