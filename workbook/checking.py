@@ -137,7 +137,7 @@ def _uses(candidate, reference):
              *(candidate.__defaults__ or ()), *(candidate.__kwdefaults__ or {}).values()]
     modules = [v for v in named if inspect.ismodule(v)]
     return any(v is reference for v in named) or any(
-        getattr(m, name, None) is reference for m in modules for name in found.unbound)
+        getattr(m, name, None) is reference for m in modules for name in code.co_names)
 
 
 # ----------------------------------------------------------------- formatting
