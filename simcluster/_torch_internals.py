@@ -414,6 +414,9 @@ def patches():
               imported_by=_CHECKPOINT),
         Patch(_CHECKPOINT + ".state_dict_saver", "_save_state_dict", _save_state_dict,
               imported_by=_CHECKPOINT),
+        # a save in a background thread cannot take turns with the ranks: refused
+        *(Patch(module, "async_save", _async_save, imported_by=_CHECKPOINT)
+          for module in (_CHECKPOINT, _CHECKPOINT + ".state_dict_saver")),
     )
 
 
@@ -1520,6 +1523,18 @@ def _save_state_dict(original, hooks):
         return result
 
     return _wrapped(save_state_dict, original)
+
+
+def _async_save(original, hooks):
+    def async_save(*args, **kwargs):
+        raise NotImplementedError(
+            "dcp.async_save is not simulated: it writes the checkpoint from a background "
+            "thread (or process) while the rank trains on, and the simulator's ranks are "
+            "threads that take turns, so that thread could never be scheduled. Use "
+            "dcp.save(state_dict, checkpoint_id=...), which the rank waits for (its bytes "
+            "are charged to the node's storage).")
+
+    return _wrapped(async_save, original)
 
 
 def _create_stream(original, hooks):

@@ -364,6 +364,15 @@ def seconds(t):
     return f"{t:.6g} s"
 
 
+def on_alive_nodes(link_factor, alive_nodes):
+    """``cluster.run``'s ``link_factor`` (keys: the cluster's original node indices, or
+    ``"network"``) for an attempt on the nodes ``alive_nodes``: each factor stays with its
+    node after an elastic shrink renumbered them, and a lost node's factor is dropped."""
+    return {(key if key == "network" else alive_nodes.index(key)): factor
+            for key, factor in (link_factor or {}).items()
+            if key == "network" or key in alive_nodes}
+
+
 def slow_down(faults, cost, world_size, alive_nodes):
     """Put the stragglers, degraded links and lossy nodes of ``faults`` into the cost model
     ``cost`` of an attempt with ``world_size`` ranks on the cluster's nodes ``alive_nodes``
