@@ -54,6 +54,7 @@ from numbers import Real
 from typing import NamedTuple
 
 from .errors import ProcessDied, RankCrashedError
+from .scheduler import run_no_more_code
 
 # NCCL's watchdog timeout in torch 2.x: ``dist.init_process_group(timeout=...)`` defaults
 # to 10 minutes for NCCL (torch.distributed.constants.default_pg_nccl_timeout).
@@ -447,6 +448,7 @@ class FaultState:
             if crash and self.stop_after_crash is not None:
                 self._stop_survivors(t + self.stop_after_crash, f"rank {rank} crashed")
             self._fail_operations_of(rank)
+        run_no_more_code()   # no except, finally or with exit of the rank's own runs
         raise ProcessDied()
 
     def _stop_survivors(self, t, why):

@@ -87,3 +87,80 @@ def test_async_save_is_refused_with_what_to_use_instead(cluster, tmp_path):
     message = str(info.value)
     assert "async_save is not simulated" in message and "use dcp.save" in message.lower()
     assert "cpu:gloo" not in message   # (the backend torch's own assertion points to)
+
+
+# ================================================ item 1: a crashed rank runs no more code
+def test_a_crashed_rank_runs_none_of_its_handlers(cluster, tmp_path):
+    """After SIGKILL (or a lost node, or torchrun's SIGTERM) no Python code of the process
+    runs: no ``except``, no ``finally``, no ``with`` exit. The good checkpoint keeps its
+    bytes and no "clean exit" status is written."""
+    good = tmp_path / "good.pt"
+
+    class Exit:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            (tmp_path / f"exit-{dist.get_rank()}").write_text("with-exit ran")
+
+    def probe():
+        rank = dist.get_rank()
+        if rank == 0:
+            torch.save(torch.ones(1000), good)
+        dist.barrier()
+        try:
+            with Exit():
+                for _ in range(1000):
+                    dist.all_reduce(torch.ones(1 << 16))
+        except BaseException:
+            torch.save(torch.zeros(0), good)          # would overwrite the good checkpoint
+            raise
+        finally:
+            (tmp_path / f"status-{rank}").write_text("clean exit")
+        return True
+
+    clean = cluster.run(probe, world_size=2)
+    assert (tmp_path / "status-1").read_text() == "clean exit"   # (the probe can tell)
+    for path in tmp_path.glob("[es]*-*"):
+        path.unlink()
+    at = clean.elapsed / 2
+    error = crashed(cluster, probe, 2, faults=[faults.Crash(rank=1, at=at)])
+    assert error.rank == 1
+    # Neither the crashed rank nor the survivor its watchdog stopped ran a handler.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.pt"]
+    assert torch.load(good).shape == (1000,)
+    # torchrun's stop before a restart is a SIGTERM: no handler runs either.
+    good.unlink()
+    run = cluster.run(probe, world_size=2, faults=[faults.Crash(rank=0, at=at)],
+                      max_restarts=1)
+    assert run.results == [True, True]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "exit-0", "exit-1", "good.pt", "status-0", "status-1"]   # the second attempt's
+
+
+def test_crash_restart_runs_leak_no_threads_or_memory(cluster):
+    """The crashed ranks' threads end and their stacks are freed, run after run."""
+    import tracemalloc
+
+    def holds():
+        big = torch.ones(1 << 18)
+        for _ in range(50):
+            dist.all_reduce(big)
+        return True
+
+    def once():
+        cluster.run(holds, world_size=2, faults=[faults.Crash(rank=1, at=1e-4)],
+                    max_restarts=1)
+
+    once()
+    gc.collect()
+    threads = threading.active_count()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(10):
+        once()
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert threading.active_count() == threads
+    assert grown < 2_000_000, grown
