@@ -164,3 +164,39 @@ def test_crash_restart_runs_leak_no_threads_or_memory(cluster):
     tracemalloc.stop()
     assert threading.active_count() == threads
     assert grown < 2_000_000, grown
+
+
+# ============================================= item 2: a torn write is torn as modelled
+def fake_saves(path):
+    """Every rank saves 1 GiB of fake tensors (a 1 kB file of records) to ``path``/rank."""
+    def save():
+        with sc.fake_tensors():
+            torch.save({"w": torch.empty(1 << 28)}, path / f"ckpt{dist.get_rank()}.pt")
+        dist.barrier()
+        return True
+    return save
+
+
+def test_a_crash_during_a_write_frees_the_array_and_charges_what_was_written(cluster,
+                                                                           tmp_path):
+    save = fake_saves(tmp_path)
+    clean = cluster.run(save, world_size=2)
+    [first] = [e for e in clean.clock(0).events if e.lane == "io"]
+    [second] = [e for e in clean.clock(1).events if e.lane == "io"]
+    assert second.start == first.end   # one array: rank 1's write waits for rank 0's
+    written = clean.storage_io[0]["write"]
+    at = first.start + 0.1 * first.duration
+    error = crashed(cluster, save, 2, faults=[faults.Crash(rank=0, at=at)])
+    [cut] = [e for e in error.run.clock(1).events if e.lane == "io"]
+    assert cut.start == pytest.approx(at, rel=1e-12)   # not first.end
+    assert error.run.storage_io[0]["write"] == pytest.approx(0.1 * written, rel=1e-6)
+
+
+def test_a_torn_file_is_never_longer_than_what_reached_the_disk(cluster, tmp_path):
+    save = fake_saves(tmp_path)
+    clean = cluster.run(save, world_size=2)
+    size = (tmp_path / "ckpt0.pt").stat().st_size
+    assert size < 10_000   # records of the fakes, not their bytes
+    [first] = [e for e in clean.clock(0).events if e.lane == "io"]
+    crashed(cluster, save, 2, faults=[faults.Crash(rank=0, at=first.start + 0.1 * first.duration)])
+    assert (tmp_path / "ckpt0.pt").stat().st_size <= size   # not 10 % of 1 GiB
