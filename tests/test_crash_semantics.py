@@ -3,6 +3,7 @@ torn as simcluster.storage's model says, a link's slowdown stays with its node a
 elastic shrink, fake tensors saved and read back at their size, deaths in the order they
 happened, and ``dcp.async_save`` refused with a way out. Each test failed before its fix."""
 
+import dataclasses
 import gc
 import threading
 
@@ -200,3 +201,59 @@ def test_a_torn_file_is_never_longer_than_what_reached_the_disk(cluster, tmp_pat
     [first] = [e for e in clean.clock(0).events if e.lane == "io"]
     crashed(cluster, save, 2, faults=[faults.Crash(rank=0, at=first.start + 0.1 * first.duration)])
     assert (tmp_path / "ckpt0.pt").stat().st_size <= size   # not 10 % of 1 GiB
+
+
+# ============================================== item 4: fake tensors saved and read back
+def test_a_saved_fake_view_is_read_back_at_the_size_written(cluster, tmp_path):
+    """torch.save writes a view's whole storage (real torch does), and torch.load reads
+    it all back: the same bytes both ways, and the view keeps its shape and offset."""
+    def view_round_trip():
+        with sc.fake_tensors():
+            base = torch.empty(1000, 1000)
+            view = base[10:20, 5:]
+            torch.save({"view": view, "again": base[:3]}, tmp_path / "v.pt")
+            loaded = torch.load(tmp_path / "v.pt")
+        return (tuple(loaded["view"].shape), loaded["view"].stride(),
+                loaded["view"].storage_offset(),
+                loaded["view"].untyped_storage().nbytes(),
+                loaded["view"].untyped_storage() is not None)
+
+    run = cluster.run(view_round_trip, world_size=1)
+    shape, stride, offset, storage_bytes, _ = run.results[0]
+    assert (shape, stride, offset) == ((10, 995), (1000, 1), 10 * 1000 + 5)
+    assert storage_bytes == 4_000_000
+    io = run.storage_io[0]
+    assert io["read"] == io["write"] and 4_000_000 < io["write"] < 4_010_000   # shared once
+
+
+@dataclasses.dataclass
+class Holder:
+    weight: object
+
+
+@pytest.mark.parametrize("make", [lambda: torch.nn.Linear(4, 4),
+                                  lambda: Holder(torch.empty(4))])
+def test_saving_a_module_of_fakes_says_to_save_its_state_dict(cluster, tmp_path, make):
+    def save_module():
+        with sc.fake_tensors():
+            torch.save(make(), tmp_path / "m.pt")
+
+    with pytest.raises(sc.RankError) as info:
+        cluster.run(save_module, world_size=1)
+    assert "state_dict()" in str(info.value) and "Can't pickle local" not in str(info.value)
+
+
+def test_namedtuples_and_dataclasses_of_fakes_round_trip(cluster, tmp_path):
+    import collections
+    import dataclasses
+
+    Pair = collections.namedtuple("Pair", "a b")
+    globals()["Pair"] = Pair   # (picklable by name)
+
+    def round_trip():
+        with sc.fake_tensors():
+            torch.save({"p": Pair(torch.empty(3), torch.empty(2, 2))}, tmp_path / "p.pt")
+            loaded = torch.load(tmp_path / "p.pt", weights_only=False)
+        return type(loaded["p"]).__name__, tuple(loaded["p"].b.shape)
+
+    assert cluster.run(round_trip, world_size=1).results[0] == ("Pair", (2, 2))
