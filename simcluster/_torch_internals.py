@@ -105,6 +105,7 @@ import contextlib
 import functools
 import importlib.abc
 import os
+import pickle
 import sys
 import threading
 import warnings
@@ -414,6 +415,9 @@ def patches():
               imported_by=_CHECKPOINT),
         Patch(_CHECKPOINT + ".state_dict_saver", "_save_state_dict", _save_state_dict,
               imported_by=_CHECKPOINT),
+        # a save in a background thread cannot take turns with the ranks: refused
+        *(Patch(module, "async_save", _async_save, imported_by=_CHECKPOINT)
+          for module in (_CHECKPOINT, _CHECKPOINT + ".state_dict_saver")),
     )
 
 
@@ -1391,7 +1395,17 @@ def _save(original, hooks):
         target = _real_file(f) if _charged() else None
         fake_bytes = {}
         obj = _records_for_fakes(obj, fake_bytes)
-        result = original(obj, f, *args, **kwargs)
+        try:
+            result = original(obj, f, *args, **kwargs)
+        except (AttributeError, TypeError, pickle.PicklingError) as error:
+            if "FakeTensorMode" not in str(error):
+                raise
+            raise TypeError(
+                "torch.save cannot write fake tensors (made inside sc.fake_tensors()) "
+                "held by this object: save plain containers of them instead, such as "
+                "model.state_dict() or optimizer.state_dict() (dicts, lists, tuples and "
+                "namedtuples of fake tensors are saved as records of their shapes)"
+            ) from None
         if target is not None:
             path, position = target
             # a file object written from its start holds this save alone: name it, so
@@ -1421,32 +1435,41 @@ def _load(original, hooks):
 # charges the bytes the tensor would take; ``torch.load`` makes a fake tensor of it again.
 _FAKE_RECORD = "__simcluster_fake_tensor__"
 def _records_for_fakes(obj, fake_bytes):
-    """``obj`` with every fake tensor in its dicts, lists and tuples replaced by a record;
-    ``fake_bytes`` gets ``{storage: bytes}`` of the fakes (shared storage counted once).
-    Returns ``obj`` itself when it holds no fake tensor."""
+    """``obj`` with every fake tensor in its dicts, lists and tuples (namedtuples too)
+    replaced by a record; ``fake_bytes`` gets ``{storage: bytes}`` of the fakes (shared
+    storage counted once). Returns ``obj`` itself when it holds no fake tensor.
+
+    As ``torch.save`` writes a view's whole storage, a record names its storage (by its
+    order in ``fake_bytes``) and the view's place in it, and views of one storage load as
+    views of one storage again."""
     if isinstance(obj, torch.Tensor):
         if not is_fake(obj):
             return obj
-        fake_bytes[storage_key(obj)] = obj.untyped_storage().nbytes()
+        storage = obj.untyped_storage()
+        key = storage_key(obj)
+        fake_bytes.setdefault(key, storage.nbytes())
         return {_FAKE_RECORD: True, "shape": list(obj.shape), "dtype": str(obj.dtype),
-                "requires_grad": obj.requires_grad}
+                "requires_grad": obj.requires_grad, "storage": list(fake_bytes).index(key),
+                "storage_bytes": storage.nbytes(), "stride": list(obj.stride()),
+                "offset": obj.storage_offset()}
     if isinstance(obj, dict):
         items = [(k, _records_for_fakes(v, fake_bytes)) for k, v in obj.items()]
         if all(new is obj[k] for k, new in items):
             return obj
         return {k: v for k, v in items}
-    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+    if type(obj) in (list, tuple) or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
         new = [_records_for_fakes(v, fake_bytes) for v in obj]
         if all(a is b for a, b in zip(new, obj)):
             return obj
-        return type(obj)(new)
+        return type(obj)(new) if type(obj) in (list, tuple) else type(obj)(*new)
     return obj
 
 
-def _fakes_for_records(obj, fake_bytes):
+def _fakes_for_records(obj, fake_bytes, storages=None):
     """``obj`` (just loaded) with every fake-tensor record made a fake tensor again;
-    ``fake_bytes`` gets their sizes. Raises if there are records outside
-    ``sc.fake_tensors()``, where no fake tensor can be made."""
+    ``fake_bytes`` gets the sizes of their storages (each once). Raises if there are
+    records outside ``sc.fake_tensors()``, where no fake tensor can be made."""
+    storages = {} if storages is None else storages   # storage number -> its fake base
     if isinstance(obj, dict):
         if obj.get(_FAKE_RECORD) is True:
             if not fake_mode_active():
@@ -1454,22 +1477,30 @@ def _fakes_for_records(obj, fake_bytes):
                     "this file holds fake tensors (saved inside sc.fake_tensors(), with "
                     "shapes but no data): load it inside `with sc.fake_tensors():` too")
             dtype = getattr(torch, obj["dtype"].removeprefix("torch."))
-            tensor = torch.empty(obj["shape"], dtype=dtype,
-                                 requires_grad=obj["requires_grad"])
-            fake_bytes.append(tensor.untyped_storage().nbytes())
-            return tensor
+            if "storage" not in obj:   # a record of an older save: the tensor alone
+                tensor = torch.empty(obj["shape"], dtype=dtype)
+                fake_bytes.append(tensor.untyped_storage().nbytes())
+                return tensor.requires_grad_(obj["requires_grad"])
+            base = storages.get(obj["storage"])
+            if base is None:
+                itemsize = torch.empty((), dtype=dtype).element_size()
+                base = storages[obj["storage"]] = torch.empty(
+                    obj["storage_bytes"] // itemsize, dtype=dtype)
+                fake_bytes.append(obj["storage_bytes"])
+            tensor = base.as_strided(obj["shape"], obj["stride"], obj["offset"])
+            return tensor.detach().requires_grad_(obj["requires_grad"])
         for k, v in obj.items():
-            new = _fakes_for_records(v, fake_bytes)
+            new = _fakes_for_records(v, fake_bytes, storages)
             if new is not v:
                 obj[k] = new
         return obj
     if isinstance(obj, list):
-        obj[:] = [_fakes_for_records(v, fake_bytes) for v in obj]
+        obj[:] = [_fakes_for_records(v, fake_bytes, storages) for v in obj]
     elif type(obj) is tuple:
-        return tuple(_fakes_for_records(v, fake_bytes) for v in obj)
+        return tuple(_fakes_for_records(v, fake_bytes, storages) for v in obj)
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_fakes_for_records(v, fake_bytes, storages) for v in obj))
     return obj
-
-
 
 
 def _charge_files(hooks, storage, lengths, write):
@@ -1520,6 +1551,18 @@ def _save_state_dict(original, hooks):
         return result
 
     return _wrapped(save_state_dict, original)
+
+
+def _async_save(original, hooks):
+    def async_save(*args, **kwargs):
+        raise NotImplementedError(
+            "dcp.async_save is not simulated: it writes the checkpoint from a background "
+            "thread (or process) while the rank trains on, and the simulator's ranks are "
+            "threads that take turns, so that thread could never be scheduled. Use "
+            "dcp.save(state_dict, checkpoint_id=...), which the rank waits for (its bytes "
+            "are charged to the node's storage).")
+
+    return _wrapped(async_save, original)
 
 
 def _create_stream(original, hooks):

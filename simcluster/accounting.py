@@ -247,12 +247,11 @@ class RankAccounting(DispatchMode):
             return
         storage = self.recorder.storage[self.recorder.spec.node_of(self.rank)]
         clock = self.clock
-        start, end = storage.transfer(clock.now, nbytes, write, self.rank, path)
-        self.recorder.storage_bytes[self.rank]["write" if write else "read"] += nbytes
-        if write and end > clock.deadline:
-            # the rank dies before the write ends: the file keeps what reached the disks
-            done = max(0.0, clock.deadline - start) / (end - start)
-            storage.tear(path, int(nbytes * done))
+        # A rank that dies before the transfer ends frees the array at its death, and a
+        # cut write leaves the file with what reached the disks (NodeStorage.transfer_until).
+        start, end, moved = storage.transfer_until(clock.now, nbytes, write, self.rank, path,
+                                                   until=clock.deadline)
+        self.recorder.storage_bytes[self.rank]["write" if write else "read"] += moved
         clock.wait_until(start, "wait for storage")
         clock.run_io(end, f"{'write' if write else 'read'} {_size(nbytes)}")
 

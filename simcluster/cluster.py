@@ -160,7 +160,7 @@ class Cluster:
             if recorder is None:
                 cost = CostModel(cluster.spec, algorithms)
                 cost.speed_factor.update(speed_factor or {})
-                cost.link_factor.update(link_factor or {})
+                cost.link_factor.update(_faults.on_alive_nodes(link_factor, alive_nodes))
                 _faults.slow_down(faults, cost, world_size, alive_nodes)
                 recorder = (_accounting.Recorder(cluster.spec, world_size, cost)
                             if accounting else None)

@@ -54,6 +54,7 @@ from numbers import Real
 from typing import NamedTuple
 
 from .errors import ProcessDied, RankCrashedError
+from .scheduler import run_no_more_code
 
 # NCCL's watchdog timeout in torch 2.x: ``dist.init_process_group(timeout=...)`` defaults
 # to 10 minutes for NCCL (torch.distributed.constants.default_pg_nccl_timeout).
@@ -364,6 +365,15 @@ def seconds(t):
     return f"{t:.6g} s"
 
 
+def on_alive_nodes(link_factor, alive_nodes):
+    """``cluster.run``'s ``link_factor`` (keys: the cluster's original node indices, or
+    ``"network"``) for an attempt on the nodes ``alive_nodes``: each factor stays with its
+    node after an elastic shrink renumbered them, and a lost node's factor is dropped."""
+    return {(key if key == "network" else alive_nodes.index(key)): factor
+            for key, factor in (link_factor or {}).items()
+            if key == "network" or key in alive_nodes}
+
+
 def slow_down(faults, cost, world_size, alive_nodes):
     """Put the stragglers, degraded links and lossy nodes of ``faults`` into the cost model
     ``cost`` of an attempt with ``world_size`` ranks on the cluster's nodes ``alive_nodes``
@@ -438,6 +448,7 @@ class FaultState:
             if crash and self.stop_after_crash is not None:
                 self._stop_survivors(t + self.stop_after_crash, f"rank {rank} crashed")
             self._fail_operations_of(rank)
+        run_no_more_code()   # no except, finally or with exit of the rank's own runs
         raise ProcessDied()
 
     def _stop_survivors(self, t, why):

@@ -112,7 +112,9 @@ class Run:
         """``[(rank, simulated time, crashed), ...]``: every rank whose process died, by
         a fault (``crashed``) or by its watchdog while it waited for a dead rank, over
         every attempt (since the last elastic shrink), in the order they died."""
-        return list(self._need_accounting().deaths)
+        # Ranks take turns in wall-clock order, not simulated-time order: a rank that
+        # computes alone until it dies late is recorded before one that died early.
+        return sorted(self._need_accounting().deaths, key=lambda death: death[1])
 
     @property
     def collectives(self):

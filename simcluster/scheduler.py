@@ -23,6 +23,7 @@ import ctypes
 import functools
 import inspect
 import linecache
+import os
 import random
 import re
 import sys
@@ -452,6 +453,7 @@ class RankScheduler:
                 self.failure = cause if cause is not None else RankError(rank, exc)
                 self.aborting = True
         finally:
+            _end_of_dead_rank()
             self._state[rank] = DONE
             self._waiting_for[rank] = None
             self._hand_over(rank)
@@ -497,6 +499,65 @@ class RankScheduler:
             if state == READY or self.aborting or self._ready_when[rank]():
                 return rank
         return None
+
+
+# ------------------------------------------------------- how a dead rank stops
+# A rank whose simulated process dies (a crash fault, its watchdog, torchrun's stop) must
+# run no more of its code: after SIGKILL, a lost node or a SIGTERM without a handler, no
+# ``except``, ``finally`` or ``with`` exit of the process runs, and its files keep what
+# they held. Python cannot unwind a thread without running its handlers, and a thread
+# that is never resumed keeps its stack (the learner's tensors) until the kernel ends. So
+# the dying rank unwinds under a trace function (CPython's C-level PyEval_SetTrace) that
+# fails every line event of the frames that were on its stack when it died, except the
+# simulator's own: each handler of those frames fails at its first line, before it runs,
+# and the exception goes on up. The simulator's frames (the rank's bookkeeping: its
+# memory, its process groups, the hand-over) run as usual, the thread ends, and its stack
+# is freed. A line event of a traced frame fires before the line runs, and a C trace
+# function that returns -1 is not switched off (a Python one, sys.settrace's, would be).
+_SIM_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TRACE_LINE = 2   # PyTrace_LINE
+_TRACEFUNC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p,
+                               ctypes.c_int, ctypes.c_void_p)
+_dead_frames = threading.local()   # .ids: addresses of the frames a dead rank must not run
+
+
+def _fail_dead_lines(obj, frame, what, arg):
+    """The trace function of a dying rank: -1 (the line does not run; the interpreter
+    raises SystemError there) for every line of a frame that was on its stack at death."""
+    if what == _TRACE_LINE and frame in _dead_frames.ids:
+        return -1
+    return 0
+
+
+_fail_dead_lines_c = _TRACEFUNC(_fail_dead_lines)
+try:
+    _set_trace = ctypes.pythonapi.PyEval_SetTrace
+    _set_trace.argtypes, _set_trace.restype = [ctypes.c_void_p, ctypes.py_object], None
+except AttributeError:   # not CPython: a dead rank unwinds as an exception, handlers run
+    _set_trace = None
+
+
+def run_no_more_code():
+    """The calling rank's process has died: from here on none of its own code runs, only
+    the simulator's. Call it just before raising the exception that unwinds the rank."""
+    if _set_trace is None or getattr(_dead_frames, "ids", None):
+        return
+    frames, frame = [], sys._getframe(1)
+    while frame is not None and frame.f_code is not RankScheduler._rank_main.__code__:
+        if not frame.f_code.co_filename.startswith(_SIM_DIR):
+            frames.append(frame)
+        frame = frame.f_back
+    # (held, so that no later frame can take the address of one that has ended)
+    _dead_frames.frames = frames
+    _dead_frames.ids = {id(frame) for frame in frames}
+    _set_trace(ctypes.cast(_fail_dead_lines_c, ctypes.c_void_p), None)
+
+
+def _end_of_dead_rank():
+    """The dead rank's frames are gone: stop tracing its thread."""
+    if getattr(_dead_frames, "ids", None):
+        _set_trace(None, None)
+        _dead_frames.ids = _dead_frames.frames = None
 
 
 def _simulation_error_in(exc):
