@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _check_helpers import learner_namespace, line
+import simcluster as sc
+from _check_helpers import learner_namespace, line, not_started
 from workbook import checking, checks, schedules
 from workbook.lesson05 import _reference as R
 from workbook.lesson05 import checks as lesson05
@@ -93,9 +94,8 @@ def test_an_unwritten_exercise_says_so(capsys):
     def gpipe(stage, inputs, targets, loss_fn, shape):
         raise NotImplementedError("all the forwards, then all the backwards")
 
-    expect(capsys, checks.check_gpipe, gpipe,
-           GPIPE + "p = 1, m = 3: rank 0 raised NotImplementedError: all the forwards, then "
-           "all the backwards — Hint: " + checking.HINTS["not_started"])
+    not_started(capsys, checks.check_gpipe, gpipe, NAMES[checks.check_gpipe],
+                "all the forwards, then all the backwards")
 
 
 # ------------------------------------------------- pieces of the wrong schedules
@@ -403,3 +403,14 @@ def test_every_infeasible_case_has_one_reason():
     assert [(fits(c, bubble_only=True) is None, fits(c, memory_only=True) is None)
             for c in infeasible] == [(True, False), (False, True), (False, False)]
 
+
+
+def test_seeing_the_schedules_before_writing_them_says_which_exercise_to_do_first(capsys):
+    def gpipe(stage, inputs, targets, loss_fn, shape):
+        raise NotImplementedError("all the forwards, then all the backwards")
+
+    assert lesson05.measure_schedule(gpipe, 2, 2, exercise="Exercise 1 (GPipe)") is None
+    assert capsys.readouterr().out == (
+        "⬜ Exercise 1 (GPipe) is not written yet: do it first, then run this cell again.\n")
+    with pytest.raises(sc.RankError):     # a real error, or no exercise named: as before
+        lesson05.measure_schedule(lambda *args: 1 / 0, 2, 2, exercise="Exercise 1 (GPipe)")
