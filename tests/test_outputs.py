@@ -68,3 +68,23 @@ def test_make_test_checks_the_notebooks_on_other_cpu_kernels(monkeypatch):
     # On x86 (AVX2 or AVX-512) the kernels differ from the default; on ARM "default" is
     # already what runs, and the check is as strict as it can be there.
     assert _capability({**plain, **variables}) == "DEFAULT"
+
+
+@pytest.mark.slow
+def test_a_stored_progress_bar_reads_as_finished_and_has_no_times():
+    """In a kernel the bar is a widget; what a saved notebook keeps (and nbval compares)
+    is its plain-text stand-in, written when the bar first appears: it must read as the
+    bar's last frame, without the elapsed time."""
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from workbook.outputs import progress\n"
+        "total = sum(i for i in progress(range(3), desc='steps'))\nprint(total)")])
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT)}}).execute()
+    outputs = nb.cells[0].outputs
+    bars = [o for o in outputs if o.output_type == "display_data"]
+    assert len(bars) == 1, outputs
+    assert "application/vnd.jupyter.widget-view+json" in bars[0].data   # live: a widget
+    assert bars[0].data["text/plain"] == "steps: 100%|██████████| 3/3"
+    assert outputs[-1].text == "3\n"
