@@ -1,6 +1,7 @@
 """workbook.outputs, and the guard against outputs that move with the CPU: `make test`
 checks the notebooks on other CPU kernels than the ones that stored them."""
 
+import os
 import re
 import subprocess
 import sys
@@ -58,8 +59,7 @@ def _capability(env):
                           text=True, check=True).stdout.strip()
 
 
-def test_make_test_checks_the_notebooks_on_other_cpu_kernels(monkeypatch):
-    import os
+def test_make_test_checks_the_notebooks_on_other_cpu_kernels():
     variables = _nbval_env()
     assert variables.get("ATEN_CPU_CAPABILITY") == "default"
     assert variables.get("MKL_ENABLE_INSTRUCTIONS") == "SSE4_2"
