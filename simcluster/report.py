@@ -90,8 +90,8 @@ class Run:
         self.messages_sent = list(world.messages_sent)
         self.recorder = world.recorder
         self.restarts = []
-        self._deaths = dict(world.deaths)         # this attempt's dead ranks (backend.Death)
-        self._timeouts = list(world.timeouts)     # each rank's watchdog timeout, seconds
+        self._deaths = dict(world.faults.deaths)  # this attempt's dead ranks (faults.Death)
+        self._timeouts = list(world.faults.timeouts)  # each rank's watchdog timeout, seconds
 
     def __repr__(self):
         return f"<Run of {self.world_size} ranks on {self.cluster.spec.name}>"

@@ -35,6 +35,7 @@ import torch
 
 from ._torch_internals import (cpu_stream, default_cpu_stream, dtensor_handlers,
                                numpy_rng_words, set_cpu_stream, set_dtensor_handlers)
+from .context import RankContext, bound, current
 from .errors import RankError, SimulationError, SimulationTimeout
 
 # Unseeded ranks start from fixed seeds (torch's historical default, and 0), so that even
@@ -159,7 +160,6 @@ class RankScheduler:
         self._waiting_for = [None] * world_size
         self._process = [None] * world_size
         self._threads = []
-        self._local = threading.local()
         self.current = None
         self.failure = None
         self.aborting = False
@@ -176,7 +176,8 @@ class RankScheduler:
     @property
     def rank(self):
         """The global rank of the calling thread (None outside a rank)."""
-        return getattr(self._local, "rank", None)
+        me = current()
+        return None if me is None else me.rank
 
     def waiting_for(self, rank):
         """What ``rank`` is waiting for now, or None if it is running or done."""
@@ -268,8 +269,14 @@ class RankScheduler:
             first.add_note(f"Later, while the run was being stopped: {error}")
 
     # ------------------------------------------------------------------ for the run
-    def run(self, target):
-        """Run ``target(rank)`` on every rank; raise the run's failure, if any."""
+    def run(self, target, context=None):
+        """Run ``target(rank)`` on every rank; raise the run's failure, if any.
+
+        ``context(rank)`` makes the rank's :class:`~simcluster.context.RankContext`, on
+        the rank's thread once it first holds the baton (default: one that knows only its
+        rank); it is bound while ``target`` runs (:func:`simcluster.context.bound`).
+        """
+        self._context = context or RankContext
         _unsilence_if_done()
         live_numpy = [None]
         self._process = [_ProcessState(live_numpy) for _ in range(self.world_size)]
@@ -421,7 +428,6 @@ class RankScheduler:
 
     # -------------------------------------------------------------------- internals
     def _rank_main(self, rank, target):
-        self._local.rank = rank
         self._cpu_clocks[rank] = _thread_cpu_clock()
         # torch applies torch.set_num_threads to MKL per thread, at the thread's first
         # parallel ATen op: until then a new thread's matrix multiplies run on MKL's
@@ -434,12 +440,13 @@ class RankScheduler:
             return
         self._take_over(rank)
         try:
-            try:
-                self._in_learner_code[rank] = True
-                if not self.aborting:
-                    target(rank)
-            finally:
-                self._leave_learner_code(rank)
+            with bound(self._context(rank)):
+                try:
+                    self._in_learner_code[rank] = True
+                    if not self.aborting:
+                        target(rank)
+                finally:
+                    self._leave_learner_code(rank)
         except Abort:
             pass
         except BaseException as exc:  # noqa: BLE001 — any failure is reported, not raised here

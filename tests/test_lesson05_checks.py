@@ -11,9 +11,11 @@ import torch.distributed as dist
 
 import simcluster as sc
 from _check_helpers import learner_namespace, line, not_started
-from workbook import checking, checks, schedules
-from workbook.lesson05 import _reference as R
-from workbook.lesson05 import checks as lesson05
+from workbook import checking
+from workbook.lesson05_pipeline_parallel import checks, demos
+from workbook.lesson05_pipeline_parallel import _reference as R
+from workbook.lesson05_pipeline_parallel import checks as lesson05
+from workbook.lesson05_pipeline_parallel import lab as lesson05_lab
 from workbook.pipeline import bubble_formula
 
 NAMES = {checks.check_gpipe: "GPipe",
@@ -59,7 +61,7 @@ def test_reference_passes(capsys, check, answer, text):
 
 @pytest.mark.parametrize("check, reference", [
     (checks.check_gpipe, R.gpipe),
-    (checks.check_gpipe, schedules.gpipe),
+    (checks.check_gpipe, demos.gpipe),
     (checks.check_1f1b, R.one_f_one_b),
     (checks.check_interleaved_bubble, R.interleaved_bubble),
     (checks.check_interleaved_bubble, bubble_formula),   # what the lab could import
@@ -76,7 +78,7 @@ def test_the_lessons_gpipe_is_refused_too(capsys):
     that supplies them is the lesson's answer, not the learner's."""
     def gpipe(stage, inputs, targets, loss_fn, shape):
         rank, p = dist.get_rank(), dist.get_world_size()
-        schedules.gpipe(stage, inputs, targets, shape, rank - 1 if rank else None,
+        demos.gpipe(stage, inputs, targets, shape, rank - 1 if rank else None,
                         rank + 1 if rank < p - 1 else None, loss_fn)
 
     expect(capsys, checks.check_gpipe, gpipe,
@@ -409,8 +411,8 @@ def test_seeing_the_schedules_before_writing_them_says_which_exercise_to_do_firs
     def gpipe(stage, inputs, targets, loss_fn, shape):
         raise NotImplementedError("all the forwards, then all the backwards")
 
-    assert lesson05.measure_schedule(gpipe, 2, 2, exercise="Exercise 1 (GPipe)") is None
+    assert lesson05_lab.measure_schedule(gpipe, 2, 2, exercise="Exercise 1 (GPipe)") is None
     assert capsys.readouterr().out == (
         "⬜ Exercise 1 (GPipe) is not written yet: do it first, then run this cell again.\n")
     with pytest.raises(sc.RankError):     # a real error, or no exercise named: as before
-        lesson05.measure_schedule(lambda *args: 1 / 0, 2, 2, exercise="Exercise 1 (GPipe)")
+        lesson05_lab.measure_schedule(lambda *args: 1 / 0, 2, 2, exercise="Exercise 1 (GPipe)")
