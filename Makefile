@@ -14,6 +14,12 @@ NBVAL_STRICT += notebooks
 NBVAL_STRICT += solutions
 NBVAL_LAX    += labs
 
+# The notebook checks run on other CPU kernels than the ones that most likely stored the
+# outputs (AVX2 or AVX-512): torch's portable kernels, MKL's SSE4.2 code path, oneDNN's
+# SSE4.1 one. An output that depends on rounding noise then fails here, on the developer's
+# own machine, rather than on a learner's (docs/determinism.md).
+NBVAL_ENV := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41
+
 # Extra arguments for `jupyter lab`, e.g. `make lab LAB_ARGS="--port=9999 --no-browser"`.
 LAB_ARGS ?=
 
@@ -54,8 +60,8 @@ test: $(STAMP)
 	    dir=$${run%%:*}; mode=$${run#*:}; \
 	    if [ -n "$$(find "$$dir" -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' \
 	                2>/dev/null | head -n 1)" ]; then \
-	        echo "$(PYTEST) $$mode --nbval-current-env $$dir"; \
-	        $(PYTEST) $$mode --nbval-current-env "$$dir" || status=1; \
+	        echo "$(NBVAL_ENV) $(PYTEST) $$mode --nbval-current-env $$dir"; \
+	        $(NBVAL_ENV) $(PYTEST) $$mode --nbval-current-env "$$dir" || status=1; \
 	    else \
 	        echo "nbval: no notebooks in $$dir/, skipped"; \
 	    fi; \

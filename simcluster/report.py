@@ -41,12 +41,12 @@ class Summary:
 
 
 def _fmt_seconds(s):
-    """Seconds in the unit that reads best: s, ms or us."""
+    """Seconds in the unit that reads best: s, ms or µs."""
     if s >= 1:
         return f"{s:.3f} s"
     if s >= 1e-3:
         return f"{s * 1e3:.3f} ms"
-    return f"{s * 1e6:.1f} us"
+    return f"{s * 1e6:.1f} µs"
 
 
 def _overlap(events):

@@ -430,6 +430,11 @@ class RankScheduler:
     # -------------------------------------------------------------------- internals
     def _rank_main(self, rank, target):
         self._cpu_clocks[rank] = _thread_cpu_clock()
+        # torch applies torch.set_num_threads to MKL per thread, at the thread's first
+        # parallel ATen op: until then a new thread's matrix multiplies run on MKL's
+        # default, every core, and round as the machine's core count splits them. Apply
+        # the process's setting now (docs/determinism.md).
+        torch.get_num_threads()
         self._go[rank].wait()
         self._go[rank].clear()
         if self._abandoned:   # the run ended before this rank started

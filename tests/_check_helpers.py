@@ -23,6 +23,20 @@ def fails(capsys, check, answer, *parts):
     return text
 
 
+def not_started(capsys, check, answer, name, hint):
+    """The check, on an exercise that still raises the lab's NotImplementedError(hint),
+    says ⬜ not started (as `make progress` does), then the whole hint, wrapped."""
+    from workbook.checking import not_started_text
+    result = check(*answer) if isinstance(answer, tuple) else check(answer)
+    out = capsys.readouterr().out
+    assert result is False, out
+    assert out == not_started_text(name, hint) + "\n", out
+    first, *rest = out.splitlines()
+    assert first.startswith(f"⬜ {name}: not started — "), out
+    assert " ".join(line.strip() for line in rest) == f"Hint: {hint}", out
+    return out
+
+
 def write_learner(source, namespace):
     """A learner's classes or functions, written from ``source`` in a copy of
     ``namespace`` (the names a lab cell would see); returns that namespace."""

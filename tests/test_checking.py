@@ -27,6 +27,24 @@ def test_a_check_prints_one_line_and_returns_a_bool(capsys):
                                        "❌ thing: case 1: wrong — Hint: do it right.\n")
 
 
+def test_an_unwritten_exercise_is_not_started_and_its_whole_hint_is_wrapped(capsys):
+    hint = ("x = inputs[i] on rank 0, else recv into torch.empty(shape) from rank - 1 and "
+            "x.requires_grad_(); y = stage(x); on the last rank y = loss_fn(y, targets[i]) / m, "
+            "else dist.send(y.detach(), rank + 1); held.append((x, y))")
+
+    @checking.check("GPipe")
+    def check_gpipe():
+        raise checking.raised("p = 1, m = 3: rank 0", NotImplementedError(hint))
+
+    assert check_gpipe() is False
+    first, *rest = capsys.readouterr().out.splitlines()
+    assert first == ("⬜ GPipe: not started — replace the `raise NotImplementedError(...)` "
+                     "line with your code.")
+    assert "❌" not in first and "…" not in first
+    assert len(rest) > 1 and all(len(line) <= checking.WIDTH for line in rest)
+    assert " ".join(line.strip() for line in rest) == f"Hint: {hint}"   # whole, not cut
+
+
 @pytest.mark.parametrize("kind, message", [
     ("bytes", "world size 4, size 8: a ring sends 2(p-1)/p·n = 48 bytes per rank: rank 2 "
               "sent 96, 2.00× that"),
@@ -171,8 +189,9 @@ def test_an_exception_in_a_plain_function_says_to_call_it_not_to_run_it_on_a_clu
     assert failure.what == "f(1) raised ZeroDivisionError: division by zero"
     assert "cluster.run" not in failure.hint and failure.hint == checking.HINTS["called"]
     assert _plain_failure(lambda: 1 / 0, hint="mine").hint == "mine"
-    assert "exercise is not written" in _plain_failure(
-        lambda: (_ for _ in ()).throw(NotImplementedError("todo"))).hint
+    unwritten = _plain_failure(lambda: (_ for _ in ()).throw(NotImplementedError("todo")))
+    assert isinstance(unwritten, checking.NotStarted)     # ⬜, as make progress says
+    assert unwritten.what == "f(1): not started" and unwritten.hint == "todo"
 
 
 def test_a_plain_function_returns_its_value_and_the_lesson_checks_use_no_other_caller():

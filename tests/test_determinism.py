@@ -357,3 +357,32 @@ def test_default_dtype_is_restored_after_a_failed_run(cluster):
         cluster.run(_set_dtype_then_fail, world_size=2)
     assert torch.get_default_dtype() == torch.float32
     assert torch.zeros(1).dtype == torch.float32
+
+
+def test_a_rank_runs_mkl_on_the_thread_count_torch_was_given():
+    """torch.set_num_threads(1) in the notebook reaches MKL in every rank before its
+    first matrix multiply (torch applies it per thread, lazily), so a rank's results do
+    not depend on the machine's core count."""
+    import ctypes
+    import glob
+    import os
+    import threading
+    libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.*"))
+    try:
+        mkl_threads = ctypes.CDLL(libs[0]).mkl_get_max_threads
+    except (IndexError, OSError, AttributeError):
+        pytest.skip("this torch build has no MKL")
+    # Measured the way the simulator starts a rank: in a fresh thread.
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(mkl_threads()))
+    thread.start()
+    thread.join()
+    if seen[0] == 1:
+        pytest.skip("MKL's default is one thread here: nothing to tell apart")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run = sc.Cluster.preset("dgx-a100").run(lambda: mkl_threads(), world_size=2)
+    finally:
+        torch.set_num_threads(before)
+    assert run.results == [1, 1]

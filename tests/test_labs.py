@@ -195,7 +195,22 @@ def test_the_lab_has_the_right_sources_no_outputs_and_tags():
         {"number": 3, "title": "Exercise 3: a ring"}]
     assert lab.metadata["workbook"]["generated_from"] == "solutions/99_shapes.ipynb"
     assert set(lab.metadata) == {"kernelspec", "language_info", "workbook"}
-    assert lab.metadata["language_info"] == {"name": "python"}
+    assert lab.metadata["language_info"] == {"name": "python", "version": "3.11.7"}
+
+
+def test_a_long_hint_is_wrapped_into_lines_that_fit_and_raises_the_same_message():
+    hint = ("x = inputs[i] on rank 0, else recv into torch.empty(shape) from rank - 1 and "
+            "x.requires_grad_(); y = stage(x); on the last rank y = loss_fn(y, targets[i]) / m, "
+            "else dist.send(y.detach(), rank + 1); held.append((x, y))")
+    source, blocks = labs.strip_code(f"def f():\n    ### BEGIN SOLUTION\n    # HINT: {hint}\n"
+                                     "    pass\n    ### END SOLUTION")
+    assert blocks == 1 and len(source.splitlines()) > 3
+    assert all(len(line) <= labs.LINE_WIDTH for line in source.splitlines()), source
+    namespace = {}
+    exec(source, namespace)
+    with pytest.raises(NotImplementedError) as raised:
+        namespace["f"]()
+    assert str(raised.value) == hint
 
 
 def test_consecutive_exercise_cells_form_one_exercise():

@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import simcluster as sc
 
-from _check_helpers import learner_namespace, line
+from _check_helpers import learner_namespace, line, not_started
 from workbook import checking
 from workbook.lesson03_data_parallel import checks
 from workbook.lesson03_data_parallel import _reference as R
@@ -84,9 +84,8 @@ def test_an_unwritten_exercise_says_so(capsys):
     def average_gradients(model):
         raise NotImplementedError("all-reduce every gradient, then divide")
 
-    expect(capsys, checks.check_average_gradients, average_gradients,
-           AVERAGE + "world size 1: rank 0 raised NotImplementedError: all-reduce every "
-           "gradient, then divide — Hint: " + checking.HINTS["not_started"])
+    not_started(capsys, checks.check_average_gradients, average_gradients,
+                NAMES[checks.check_average_gradients], "all-reduce every gradient, then divide")
 
 
 # ------------------------------------------------------ exercise 1: by hand

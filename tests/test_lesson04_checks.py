@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _check_helpers import learner_namespace, line
+from _check_helpers import learner_namespace, line, not_started
 from workbook import checking
 from workbook.lesson04_model_parallel import checks, demos
 from workbook.lesson04_model_parallel import _reference as R
@@ -64,9 +64,8 @@ def test_an_unwritten_exercise_says_so(capsys):
     def forward_backward(stage, in_shape, x, y, loss_fn):
         raise NotImplementedError("recv, forward, send; then the gradients back")
 
-    expect(capsys, checks.check_forward_backward, forward_backward,
-           STAGES + "world size 1: rank 0 raised NotImplementedError: recv, forward, send; "
-           "then the gradients back — Hint: " + checking.HINTS["not_started"])
+    not_started(capsys, checks.check_forward_backward, forward_backward,
+                NAMES[checks.check_forward_backward], "recv, forward, send; then the gradients back")
 
 
 def test_the_lab_does_not_import_the_answers():

@@ -9,11 +9,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _check_helpers import learner_namespace, line
+import simcluster as sc
+from _check_helpers import learner_namespace, line, not_started
 from workbook import checking
 from workbook.lesson05_pipeline_parallel import checks, demos
 from workbook.lesson05_pipeline_parallel import _reference as R
 from workbook.lesson05_pipeline_parallel import checks as lesson05
+from workbook.lesson05_pipeline_parallel import lab as lesson05_lab
 from workbook.pipeline import bubble_formula
 
 NAMES = {checks.check_gpipe: "GPipe",
@@ -94,9 +96,8 @@ def test_an_unwritten_exercise_says_so(capsys):
     def gpipe(stage, inputs, targets, loss_fn, shape):
         raise NotImplementedError("all the forwards, then all the backwards")
 
-    expect(capsys, checks.check_gpipe, gpipe,
-           GPIPE + "p = 1, m = 3: rank 0 raised NotImplementedError: all the forwards, then "
-           "all the backwards — Hint: " + checking.HINTS["not_started"])
+    not_started(capsys, checks.check_gpipe, gpipe, NAMES[checks.check_gpipe],
+                "all the forwards, then all the backwards")
 
 
 # ------------------------------------------------- pieces of the wrong schedules
@@ -463,3 +464,14 @@ def test_right_answers_as_numpy_numbers_or_fractions_are_accepted(capsys):
 
     assert line(capsys, checks.check_pick_m_v, numpy_pair)[0]
     assert not line(capsys, checks.check_pick_m_v, numpy_pick)[0]   # an array, not a pair
+
+
+def test_seeing_the_schedules_before_writing_them_says_which_exercise_to_do_first(capsys):
+    def gpipe(stage, inputs, targets, loss_fn, shape):
+        raise NotImplementedError("all the forwards, then all the backwards")
+
+    assert lesson05_lab.measure_schedule(gpipe, 2, 2, exercise="Exercise 1 (GPipe)") is None
+    assert capsys.readouterr().out == (
+        "⬜ Exercise 1 (GPipe) is not written yet: do it first, then run this cell again.\n")
+    with pytest.raises(sc.RankError):     # a real error, or no exercise named: as before
+        lesson05_lab.measure_schedule(lambda *args: 1 / 0, 2, 2, exercise="Exercise 1 (GPipe)")

@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from workbook import labs, progress
+from workbook import checking, labs, progress
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,6 +140,8 @@ def executed(check_text=None, exercise_error=None, check_error=None, ran=True):
     (executed("✅ world size 2\n❌ world size 4: rank 3 got 7, expected 6\n"), "failed",
      "❌ world size 4: rank 3 got 7, expected 6"),
     (executed("  ❌ f raised NotImplementedError: Write your solution here\n"),
+     "not started", ""),
+    (executed(checking.not_started_text("f", "Write your solution here") + "\n"),
      "not started", ""),
     (executed(exercise_error=("NotImplementedError", "Write your solution here"),
               check_error=("NameError", "name 'f' is not defined")), "not started", ""),

@@ -481,3 +481,13 @@ def test_rooted_collectives_flow_to_or_from_their_root(op):
     else:   # scatter, and a broadcast tree rooted at rank 2: nothing flows back to it
         assert all(dst != 2 for _, dst in flows)
         assert any(src == 2 for src, _ in flows)
+
+
+def test_summary_writes_microseconds_as_the_other_outputs_do():
+    from simcluster.report import Summary
+    row = {"rank": 0, "compute_s": 2.5e-6, "comm_s": 0.0, "idle_s": 0.004, "overlap_s": 1.5,
+           "peak_memory_GiB": 1.0, "peak_activations_GiB": 0.5}
+    summary = Summary([row])
+    for text in (str(summary), summary._repr_html_()):
+        assert "2.5 µs" in text and "0.0 µs" in text and "4.000 ms" in text and "1.500 s" in text
+        assert " us" not in text

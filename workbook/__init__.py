@@ -17,6 +17,8 @@ lesson's package. Shared, because several lessons use them:
 - :mod:`workbook.models`: the models and optimizer several lessons train;
   :mod:`workbook.pipeline`: stages and bubbles (lessons 04, 05, 09);
   :mod:`workbook._parameter_server`: lesson 02's answer that lesson 10's demos reuse.
+- :mod:`workbook.outputs`: printing what every CPU reproduces (bounds, stable digits) and
+  progress bars that are stored finished.
 - the workshop's tools: :mod:`workbook.doctor`, :mod:`workbook.workspace`,
   :mod:`workbook.handin`, :mod:`workbook.instructor`, :mod:`workbook.slides`
   (``workshop/README.md``).

@@ -8,6 +8,13 @@ report)::
     ✅ ring all-reduce: passed on world sizes 1, 2, 3, 4, 5, 8, sizes 1, 6, 13, 64
     ❌ ring all-reduce: world size 3, size 6: rank 1, index 4: expected 12, got 7 — Hint: ...
 
+An exercise that still raises the lab's ``NotImplementedError`` is not wrong but not
+started (:class:`NotStarted`): its check says so with ⬜, as ``make progress`` does, and
+prints the exercise's hint (the ``NotImplementedError``'s message) in full, wrapped::
+
+    ⬜ ring all-reduce: not started — replace the `raise NotImplementedError(...)` line ...
+       Hint: send chunk (rank - step) to the right neighbour, p - 1 times
+
 A learner's mistake never reaches the kernel as an exception: :func:`simulate` runs a
 case on the cluster and turns an exception on a rank, a deadlock or mismatch (with the
 simulator's own hint, which names what the ranks were doing), an infinite loop (stopped
@@ -28,6 +35,7 @@ import importlib
 import inspect
 import math
 import numbers
+import textwrap
 import threading
 
 import torch
@@ -49,7 +57,8 @@ SIZES = (1, 6, 13, 64)
 # ring whose steps run one link at a time) costs twice as much or more.
 TOLERANCE = {"bytes": 1.05, "messages": 1.0, "memory": 1.25, "time": 1.25}
 
-PASS, FAIL = "✅", "❌"
+PASS, FAIL, NOT_STARTED = "✅", "❌", "⬜"   # the marks `make progress` shows too
+WIDTH = 88   # a hint longer than this is wrapped: a notebook's output cell is that wide
 
 
 class Failure(Exception):
@@ -58,6 +67,11 @@ class Failure(Exception):
     def __init__(self, what, hint):
         super().__init__(what)
         self.what, self.hint = what, hint
+
+
+class NotStarted(Failure):
+    """The learner's code still raises the lab's ``NotImplementedError``: ``hint`` is its
+    message, the exercise's own hint."""
 
 
 def check(name):
@@ -69,6 +83,9 @@ def check(name):
         def run_check(*args, **kwargs):
             try:
                 passed = body(*args, **kwargs)
+            except NotStarted as failure:
+                print(not_started_text(name, failure.hint))
+                return False
             except Failure as failure:
                 print(f"{FAIL} {name}: {failure.what} — Hint: {failure.hint}")
                 return False
@@ -80,9 +97,18 @@ def check(name):
     return decorate
 
 
+def not_started_text(name, hint):
+    """The ⬜ verdict on an exercise that still raises the lab's ``NotImplementedError``:
+    one line, then the exercise's hint in full, wrapped to fit the output cell."""
+    lines = [f"{NOT_STARTED} {name}: not started — {HINTS['not_started']}"]
+    if hint:
+        lines += textwrap.wrap(f"Hint: {hint}", WIDTH, initial_indent="   ",
+                               subsequent_indent="   ", break_on_hyphens=False)
+    return "\n".join(lines)
+
+
 HINTS = {
-    "not_started": "this exercise is not written yet: replace the `raise "
-                   "NotImplementedError(...)` line with your code (its message is a hint).",
+    "not_started": "replace the `raise NotImplementedError(...)` line with your code.",
     "exception": "read the message above; run your function with cluster.run(...) yourself "
                  "to see the whole traceback.",
     "called": "read the message above; call your function yourself, in a cell, with the "
@@ -209,9 +235,10 @@ def _deadlock_text(error):
 
 
 def raised(who, error, hint=None):
-    """The :class:`Failure` for ``who`` raising ``error`` (an unwritten exercise says so)."""
+    """The :class:`Failure` for ``who`` raising ``error``; a :class:`NotStarted` for the
+    lab's ``NotImplementedError``, whose message is the exercise's hint."""
     if isinstance(error, NotImplementedError):
-        hint = HINTS["not_started"]
+        return NotStarted(f"{who}: not started", str(error).strip())
     if isinstance(error, SystemExit):
         return Failure(f"{who} called sys.exit({error.code!r})", HINTS["exit"])
     return Failure(f"{who} raised {type(error).__name__}: {short(error)}",

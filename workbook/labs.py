@@ -63,10 +63,13 @@ DEFAULT_HINT = "Write your solution here"
 ANSWER_PLACEHOLDER = "*Your answer here.*"
 RAISES_TAG = "raises-exception"
 METADATA_KEY = "workbook"
+LINE_WIDTH = 88   # a longer `raise NotImplementedError(...)` line is wrapped
 
 # Cell metadata a lab keeps; everything else (execution timings, scroll state, ...) goes.
 KEPT_CELL_METADATA = {"tags", METADATA_KEY, "editable", "deletable", "jupyter", "slideshow"}
-KEPT_NOTEBOOK_METADATA = {"kernelspec", METADATA_KEY, ("language_info", "name")}
+# The kernelspec and the whole language_info, as the kernel of `make lab` reports them:
+# JupyterLab rewrites any difference when it opens the lab, and marks it modified.
+KEPT_NOTEBOOK_METADATA = {"kernelspec", METADATA_KEY, "language_info"}
 
 
 class LabError(ValueError):
@@ -92,7 +95,22 @@ def _code_stub(indent, block):
              if line.strip().startswith(HINT_PREFIX)]
     hint = " ".join(h for h in hints if h) or DEFAULT_HINT
     # A JSON string is a valid Python string literal, and always in double quotes.
-    return f"{indent}raise NotImplementedError({json.dumps(hint, ensure_ascii=False)})"
+    line = f"{indent}raise NotImplementedError({json.dumps(hint, ensure_ascii=False)})"
+    if len(line) <= LINE_WIDTH:
+        return line
+    # A long hint is split into adjacent literals, one per line, so that it does not run
+    # off the cell's right edge; Python joins them back into the same message.
+    inner = indent + " " * 4
+    width = LINE_WIDTH - len(inner) - 3     # the quotes, and the closing parenthesis
+    pieces, piece = [], ""
+    for word in hint.split(" "):
+        if piece and len(json.dumps(piece + word, ensure_ascii=False)) - 2 > width:
+            pieces.append(piece)
+            piece = ""
+        piece += word + " "
+    pieces.append(piece[:-1])
+    literals = [inner + json.dumps(p, ensure_ascii=False) for p in pieces]
+    return "\n".join([f"{indent}raise NotImplementedError("] + literals) + ")"
 
 
 def _strip(source, begin, end, where, stub):

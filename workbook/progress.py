@@ -5,7 +5,8 @@ the notebook file is not modified) and reports, for each exercise:
 
 - **passed** — its check cell printed a line starting with ✅ and none starting with ❌;
 - **failed** — a ❌ line, an error, a timeout, or no verdict at all;
-- **not started** — it still raises ``NotImplementedError`` (the lab's placeholder).
+- **not started** — it still raises ``NotImplementedError`` (the lab's placeholder), and
+  its check cell says so with a ⬜ line, as here.
 
 Exercises and their check cells are found from the metadata that the lab builder
 (:mod:`workbook.labs`) puts on them, so a check cell must keep its metadata (moving or
@@ -71,8 +72,9 @@ def _verdict(cells, checks):
     """``(status, detail)`` of one exercise from its executed cells."""
     errors = [error for cell in cells for error in _errors(cell)]
     lines = [line.strip() for cell in checks for line in _text(cell).splitlines()]
-    failures = [line for line in lines if line.startswith("❌")]
+    failures = [line for line in lines if line.startswith(MARKS[FAILED])]
     if any(error.ename == UNSOLVED for error in errors) or \
+            any(line.startswith(MARKS[NOT_STARTED]) for line in lines) or \
             any(UNSOLVED in line for line in failures):
         return NOT_STARTED, ""
     if errors:
