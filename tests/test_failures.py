@@ -98,7 +98,7 @@ def test_parameter_server_recovery_flow():
     # a worker's tasks rescheduled: nothing lost, bit-identical
     params, applied = _ps(cluster, problem, worker_fails={3: 5})
     assert applied == [12, 12] and torch.equal(params, base)
-    # the seed's flow: the shard reloads its checkpoint (round 8) and the others carry
+    # the protocol article's flow: the shard reloads its checkpoint (round 8) and the others carry
     # on, so the rounds 8-9 of its slice are lost
     params, applied = _ps(cluster, problem, shard_fails={1: 10})
     assert applied == [12, 10] and not torch.equal(params, base)

@@ -15,7 +15,7 @@ answer). What is here:
 * lossy links, forward error correction against retransmission (whose cost model is
   :mod:`simcluster.faults`' ``PacketLoss``): :func:`fec_group_loss`,
   :func:`fec_parity_needed`;
-* the seed platform's parameter-server recovery flow on lesson 02's server:
+* the parameter-server recovery flow of an article about a training "protocol" on lesson 02's server:
   :func:`sharded_ps_train`.
 
 Everything that says "on every rank" runs inside ``cluster.run(...)`` (SPMD).
@@ -214,7 +214,7 @@ def sharded_ps_train(problem, rounds, shards, workers, ckpt_dir, lr=0.5, batch=3
 
     Failures, at the start of a round, known to every rank as a heartbeat would tell
     them: ``worker_fails = {worker: round}``, ``shard_fails = {shard: round}``. Recovery
-    follows the seed's ``handle_node_failure``: the failed workers' tasks go to the live
+    follows the article's ``handle_node_failure``: the failed workers' tasks go to the live
     workers (round robin), the failed shard's slices go to the next live shard (the shard
     map is rebuilt), and the new owner reloads them from the latest checkpoint. With
     ``recovery="seed"`` the other slices carry on; with ``recovery="rollback"`` every
