@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Start JupyterLab on the workbook: bound to 127.0.0.1 with token authentication (the
-# default), serving the repository and opened on notebooks/.
+# default), serving the repository and opened on START.ipynb, the start page (a notebook
+# of markdown cells, so JupyterLab shows it rendered). No news feed: JupyterLab would
+# otherwise ask on first start whether to fetch Jupyter's news.
 # `make lab` runs this, and so do the tests in tests/browser/ (adding --port and
 # --no-browser): extra arguments go to `jupyter lab`. JUPYTER names the jupyter command.
 set -euo pipefail
@@ -8,7 +10,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 args=(
     --ServerApp.ip=127.0.0.1
     --ServerApp.root_dir="$PWD"
-    --LabApp.default_url=/lab/tree/notebooks
+    --LabApp.default_url=/lab/tree/START.ipynb
+    --LabApp.news_url=None
 )
 # Jupyter refuses to start as root, which is how containers and some CI runners run.
 if [ "$(id -u)" = 0 ]; then
