@@ -123,11 +123,13 @@ def goodput_sweep(delta, mtbf, restart, intervals, work_mtbfs=40, trials=200, se
 def plot_goodput(sweeps, unit="min"):
     """Goodput against the checkpoint interval, one panel per sweep
     (``{title: goodput_sweep(...)}``): simulated points with error bars, Daly's exact
-    expectation as a line, the simulated optimum, Young's and Daly's intervals marked."""
+    expectation as a line, the simulated optimum, Young's and Daly's intervals marked. Each
+    panel's title gives its intervals; one legend below the panels says what the marks are
+    (the figure is sized to be shown unscaled, so the text stays legible)."""
     import matplotlib.pyplot as plt
     from matplotlib import ticker
 
-    fig, axes = plt.subplots(1, len(sweeps), figsize=(4.6 * len(sweeps), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(3.4 * len(sweeps), 3.4), squeeze=False)
     for ax, (title, s) in zip(axes[0], sweeps.items()):
         x = s["intervals"]
         ax.plot(x, [100 * g for g in s["expected"]], color="0.6", lw=1.5,
@@ -136,16 +138,20 @@ def plot_goodput(sweeps, unit="min"):
                     yerr=[200 * e for e in s["stderr"]], fmt="o", ms=3, label="simulated")
         best = s["intervals"].index(s["best"])
         ax.plot([s["best"]], [100 * s["simulated"][best]], "*", ms=14, color="C3",
-                label=f"best simulated: {s['best']:.3g} {unit}")
-        ax.axvline(s["young"], color="C2", ls=":", label=f"Young {s['young']:.3g} {unit}")
-        ax.axvline(s["daly"], color="C1", ls="--", label=f"Daly {s['daly']:.3g} {unit}")
+                label="best simulated")
+        ax.axvline(s["young"], color="C2", ls=":", label="Young's interval")
+        ax.axvline(s["daly"], color="C1", ls="--", label="Daly's interval")
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
         ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
         ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-        ax.set(xlabel=f"checkpoint interval ({unit})", ylabel="goodput (%)", title=title)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+        ax.set(xlabel=f"checkpoint interval ({unit})", ylabel="goodput (%)")
+        ax.set_title(f"{title}\nbest {s['best']:.3g}, Young {s['young']:.3g}, "
+                     f"Daly {s['daly']:.3g} {unit}", fontsize=9)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9,
+               frameon=False)
     return fig
 
 
