@@ -18,12 +18,15 @@ NBVAL_LAX    += labs
 LAB_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab test labs progress clean distclean
+.PHONY: help setup lab test labs progress doctor slides workshop clean distclean
 
 help:
 	@echo "make lab        set up .venv, then start JupyterLab on notebooks/"
 	@echo "make test       set up .venv, then run the tests and check the notebooks"
 	@echo "make progress   run your labs and show which exercises pass"
+	@echo "make doctor     check this machine before a workshop (no setup needed)"
+	@echo "make slides     build reveal.js slides of the lessons into build/slides/ (offline)"
+	@echo "make workshop   regenerate workshop/agendas.md and the instructor notes' timings"
 	@echo "make labs       regenerate labs/ from solutions/, keeping labs you worked in"
 	@echo "                (for contributors; FORCE=1 replaces those too)"
 	@echo "make setup      only set up .venv (done by lab and test)"
@@ -63,8 +66,20 @@ test: $(STAMP)
 labs: $(STAMP)
 	$(BIN)/python -m workbook.labs $(if $(FORCE),--force)
 
+# JSON=FILE also writes a file to hand in (python -m workbook.handin FOLDER reads them).
 progress: $(STAMP)
-	$(BIN)/python -m workbook.progress
+	$(BIN)/python -m workbook.progress $(if $(JSON),--json $(JSON))
+
+# Runs before any setup too (with $(PYTHON) until .venv exists): a machine that cannot
+# set up is exactly what the doctor must explain.
+doctor:
+	@$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m workbook.doctor
+
+slides: $(STAMP)
+	$(BIN)/python -m workbook.slides
+
+workshop: $(STAMP)
+	$(BIN)/python -m workbook.instructor
 
 clean:
 	find . \( -path ./$(VENV) -o -path ./.git \) -prune -o -type d \( -name __pycache__ \

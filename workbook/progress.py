@@ -14,6 +14,8 @@ editing cells is fine; deleting and re-typing a check cell is not).
     python -m workbook.progress                   # every lab in labs/
     python -m workbook.progress labs/02_*.ipynb   # some of them
     python -m workbook.progress --timeout 300     # seconds per cell (default 120)
+    python -m workbook.progress --json progress.json   # also a file to hand in
+                                                       # (see workbook.handin)
 """
 
 import argparse
@@ -168,6 +170,10 @@ def main(argv=None):
     parser.add_argument("--timeout", type=int, default=120,
                         help="seconds a cell may run (default: %(default)s)")
     parser.add_argument("--kernel", default=None, help="kernel name (default: the lab's)")
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="also write the results to FILE, to hand in to an instructor")
+    parser.add_argument("--name", default=None,
+                        help="your name in the --json file (default: your login name)")
     args = parser.parse_args(argv)
     paths = [Path(path) for path in args.labs] or sorted(Path("labs").glob("*.ipynb"))
     if not paths:
@@ -186,6 +192,10 @@ def main(argv=None):
         reports.append(run_lab(path, timeout=args.timeout, kernel_name=args.kernel))
     print()
     print(format_report(reports))
+    if args.json:
+        from workbook import handin
+        handin.write(args.json, reports, args.name)
+        print(f"\nwrote {args.json}: hand it in to your instructor")
     return 0
 
 
