@@ -75,3 +75,11 @@ def test_bench_fake_dispatch_quick():
     assert "mul.out (DDP's bucket copy)" in r
     for row in r.values():
         assert row["torch"] > 0 and row["sim"] > 0
+
+
+def test_bench_serving_quick():
+    from benchmarks import bench_serving
+
+    r = bench_serving.main(quick=True, verbose=False)
+    assert r["round robin, 4 replicas"]["per_second"] > 0
+    assert isinstance(r["goal_met"], bool)
