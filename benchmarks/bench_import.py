@@ -12,8 +12,8 @@ inside, the wall and CPU time the import took (interpreter start-up excluded). T
 imports are interleaved (torch, simcluster, torch, ...) so that a busy machine slows both
 alike; the ratio is the median over repetitions of the paired ratio.
 
-``--also`` adds further modules to time the same way (e.g. ``workbook.checks``, what a
-lesson's first cell imports).
+``--also`` adds further modules to time the same way (e.g.
+``workbook.lesson03_data_parallel.checks``, what a lab's first cell imports).
 """
 
 import argparse

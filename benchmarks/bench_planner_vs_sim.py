@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_planner_vs_sim.py
 
-Runs :func:`workbook.parallel3d.cross_check` (a 3.2 B-parameter GPT on fake tensors,
+Runs :func:`workbook.lesson09_3d_parallelism.demos.cross_check` (a 3.2 B-parameter GPT on fake tensors,
 tp x pp x dp in {2x2x2, 1x4x2, 4x1x2}, two 4-GPU nodes) and prints, per layout, the
 simulated and predicted step time and peak memory per GPU and their ratio, then the memory
 by category. ``tests/test_planner_vs_sim.py`` asserts what agrees. Simulated numbers only,
@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import simcluster as sc  # noqa: E402
-from workbook import parallel3d as p3  # noqa: E402
+from workbook.lesson09_3d_parallelism import demos as p3  # noqa: E402
 
 GiB = 2**30
 

@@ -28,12 +28,12 @@ def collectives_called():
     (``dist.*``, DDP, DTensor, a sub-group). Exercise checks use it to tell point-to-point
     solutions from ones that call a collective.
     """
-    from .backend import current_world
+    from .context import current
 
-    world = current_world()
-    if world is None:
+    me = current()
+    if me is None or me.world is None:
         raise RuntimeError("collectives_called() only works inside cluster.run")
-    return world.collectives_called(world.scheduler.rank)
+    return me.world.collectives_called(me.rank)
 
 
 def memory_in_use():

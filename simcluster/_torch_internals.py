@@ -2,8 +2,10 @@
 
 Tested with torch 2.13 (pinned in pyproject.toml); ``import simcluster`` warns once when
 another version is installed (:func:`warn_if_untested`). Importing changes nothing in
-torch: :func:`install` patches what a run needs when it starts, :func:`uninstall` puts it
-back. What we rely on, and why:
+torch. Every attribute a run replaces is one entry of a table (:func:`patches`: what it
+replaces, and with what), and every global hook it registers one entry of :data:`HOOKS`;
+:func:`patched` applies them all for one run attempt and puts everything back after it.
+What we rely on, and why:
 
 * ``torch.distributed.distributed_c10d._world`` holds the process-wide registry of process
   groups. Our ranks are threads of one process, so each thread needs its own registry:
@@ -43,8 +45,8 @@ back. What we rely on, and why:
   ``step()`` (``_PipelineSchedule._warmup_p2p``) with one-element integer tensors read by
   ``.item()``, and stages send their metadata with ``send_object_list``. While a run is
   active the warm-up runs under :class:`_RealBookkeeping` (patched when the module is
-  imported, :func:`_patch_pipelining`, through an import hook on ``sys.meta_path`` if a
-  rank imports it) and the object collectives (``dist.*_object*``) with the fake mode
+  imported: at the start of the run, or through an import hook on ``sys.meta_path`` if a
+  rank imports it, :class:`_PatchOnImport`) and the object collectives (``dist.*_object*``) with the fake mode
   set aside.
 * ``torch.distributed._functional_collectives._are_we_tracing`` takes any fake mode for
   ``torch.compile`` tracing, and a functional collective issued while tracing is waited
@@ -86,13 +88,14 @@ back. What we rely on, and why:
   ``implicit_replication()``, is a thread-local flag in C++ already.)
 * ``ShardingPropagator._fake_mode_lock`` wraps DTensor's replay of each op on fake
   tensors of the global shapes, which only learns the output's shape; accounting charges
-  nothing inside it (:func:`set_sharding_propagation_context`), else every DTensor op
+  nothing inside it (``RunHooks.not_charged`` takes its place), else every DTensor op
   would cost the rank its global size on top of its local one.
 * ``torch.save`` and ``torch.load`` are wrapped while a run is active, and so are
   ``torch.distributed.checkpoint.filesystem``'s ``_FileSystemWriter.write_data``,
   ``FileSystemReader.read_data`` (whose plan's ``storage_data`` gives each item's file,
   offset and length) and ``FileSystem.create_stream``: the bytes a rank writes to and
-  reads from files are charged to its node's storage (:func:`install_storage_hooks`).
+  reads from files are charged to its node's storage (:func:`_save` and the entries
+  after it).
 * numpy's ``np.random.mtrand._rand._bit_generator`` is the legacy global generator; its
   ctypes view gives its raw Mersenne Twister words cheaply (:func:`numpy_rng_words`).
 """
@@ -102,6 +105,7 @@ import contextlib
 import functools
 import importlib.abc
 import os
+import pickle
 import sys
 import threading
 import warnings
@@ -116,8 +120,7 @@ from torch.utils.module_tracker import ModuleTracker
 
 TESTED_TORCH = "2.13"
 
-_original_world = c10d._world
-_original_init_process_group = dist.init_process_group
+_torch_init_process_group = dist.init_process_group   # torch's own, for the default group
 _warned_version = False
 
 
@@ -163,29 +166,33 @@ class _RankWorld(c10d._World):
         self._group_count = value
 
 
-class _ThreadLocalWorld:
-    """Forwards every attribute to the calling thread's ``_RankWorld``.
 
-    Threads that are not simulated ranks (the notebook's own thread) see torch's
-    original process-wide world, untouched.
+
+class _ThreadLocalWorld:
+    """Stands in for ``c10d._world`` during a run: forwards every attribute to the calling
+    rank thread's :class:`_RankWorld` (``registry()`` gives it, None outside a rank).
+
+    Threads that are not simulated ranks (the notebook's own thread, ``outside``) see
+    torch's process-wide world (``shared``), untouched.
     """
 
-    _local = threading.local()
-    outside = None   # during a run: the thread that started it (the notebook's)
+    def __init__(self, shared, registry):
+        object.__setattr__(self, "_shared", shared)
+        object.__setattr__(self, "_registry", registry)
+        object.__setattr__(self, "_outside", threading.get_ident())
 
-    @staticmethod
-    def _current():
-        world = getattr(_ThreadLocalWorld._local, "world", None)
+    def _current(self):
+        world = self._registry()
         if world is not None:
             return world
-        if _ThreadLocalWorld.outside not in (None, threading.get_ident()):
+        if self._outside != threading.get_ident():
             raise RuntimeError(
                 "torch.distributed was used from a thread that is not a rank (a thread a "
                 "rank started?). Every simulated rank is a thread with process groups of "
                 "its own, which other threads cannot see: call dist.get_rank() and the "
                 "collectives on the rank's own thread, and pass what a helper thread "
                 "needs (the rank, tensors) to it as arguments.")
-        return _original_world
+        return self._shared
 
     def __getattr__(self, name):
         return getattr(self._current(), name)
@@ -194,167 +201,336 @@ class _ThreadLocalWorld:
         setattr(self._current(), name, value)
 
 
-_installed = 0
-_install_lock = threading.Lock()
-_original_setattr_param = None
-_original_foreach_reduce = None
-_original_foreach_all_gather = None
-_original_storage_resize = torch.UntypedStorage.resize_
+# ------------------------------------------------------------------ the patch table
+class RunHooks(NamedTuple):
+    """What a run's patches report to and ask, the simulator's side of them (injected, so
+    that this module imports nothing from simcluster). Each is called on a rank thread.
+
+    Attributes:
+        registry: ``registry()`` -> the calling rank's process-group registry (from
+            :func:`rank_registry`), or None on a thread that is not a rank.
+        on_storage_resize: ``(storage, nbytes)``: FSDP2 freed or refilled an unsharded
+            parameter with ``UntypedStorage.resize_``, which bypasses the dispatcher.
+        on_parameter: ``(module, name, param)``: FSDP2 installed a sharded parameter
+            without ``register_parameter``.
+        on_init_process_group: ``(backend, kwargs)`` -> True when it has handled a rank
+            function's own ``dist.init_process_group`` call (see :func:`_init_process_group`).
+        on_sharded_gradients: ``([(parameter, gradient), ...])``: FSDP2 reduce-scattered
+            gradients (and moved those of offloaded parameters to the host).
+        allocating_as: ``(category)`` -> a ``with`` block in which new memory counts as
+            ``category``: DDP's buckets, FSDP2's all-gather and reduce-scatter buffers,
+            ``GradScaler``'s scale. Nested calls are counted.
+        on_io: ``(write, nbytes, path)``: the rank wrote or read a file (path None: a
+            file object without a name, or part of a file).
+        on_checkpoint: ``()``: the rank has saved a checkpoint (a ``torch.save`` to a file,
+            or a ``dcp.save`` whose metadata the coordinator has committed).
+        not_charged: a reusable ``with`` block in which the rank is charged nothing
+            (DTensor's replay of each op at the global shape).
+        on_forward_pre, on_forward_post, on_optimizer_pre, on_optimizer_post: torch's
+            global module and optimizer hooks (see :data:`HOOKS`); ``on_parameter`` is
+            also the global parameter-registration hook.
+    """
+
+    registry: object
+    on_storage_resize: object
+    on_parameter: object
+    on_init_process_group: object
+    on_sharded_gradients: object
+    allocating_as: object
+    on_io: object
+    on_checkpoint: object
+    not_charged: object
+    on_forward_pre: object
+    on_forward_post: object
+    on_optimizer_pre: object
+    on_optimizer_post: object
 
 
-def _fsdp_param_module():
-    from torch.distributed.fsdp._fully_shard import _fsdp_param
+class Patch(NamedTuple):
+    """One process-wide replacement a run makes: while the run is on,
+    ``owner.name = make(original, hooks)``; after it, ``owner.name = original`` again.
 
-    return _fsdp_param
+    ``owner`` is ``"module"`` or ``"module:Class"`` (an object for the few switches of
+    this module's own). ``make`` None: nothing is replaced, the value is only put back
+    after the run (torch changes it in every rank). ``imported_by``: the module is slow to
+    import and many runs never use it, so the entry is applied only once ``imported_by``
+    has been imported, at the start of the run or when a rank first imports it.
+    ``undo(replacement)``, if given, runs once the original is back.
+    """
 
-
-def _fsdp_param_group_module():
-    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
-
-    return _fsdp_param_group
-
-
-def _foreach_all_gather(original):
-    """FSDP2's ``foreach_all_gather``, whose input and output buffers (a flat copy of the
-    shards, and the unsharded flat buffer they are gathered into) count as communication
-    buffers, also when it runs in the backward pass."""
-
-    def foreach_all_gather(*args, **kwargs):
-        with _allocating_as("communication buffers"):
-            return original(*args, **kwargs)
-
-    foreach_all_gather.__doc__, foreach_all_gather.__wrapped__ = original.__doc__, original
-    return foreach_all_gather
+    owner: object
+    name: str
+    make: object
+    imported_by: str = None
+    undo: object = None
 
 
-_GradScaler = torch.amp.GradScaler
-_original_scaler_init = _GradScaler._lazy_init_scale_growth_tracker
+class Hook(NamedTuple):
+    """A global hook a run registers with torch's public API (``register``, a
+    ``"module:function"``, given the ``RunHooks`` field ``callback``) and removes after;
+    torch keeps it in the dict ``table``."""
+
+    register: str
+    callback: str
+    table: str
 
 
-def _scaler_init(scaler, device):
-    """``GradScaler``'s creation of its scale and growth tracker, which live as long as the
-    optimizer's state: they count as optimizer state."""
-    with _allocating_as("optimizer state"):
-        _original_scaler_init(scaler, device)
+class _CppSwitches:
+    """torch's C++ switches that the table turns on, as attributes (torch has no getter)."""
+
+    def __init__(self):
+        self._thread_isolation = False
+
+    @property
+    def thread_isolation(self):
+        """``_set_thread_isolation_mode``: each thread has its own C++ group-name registry,
+        which functional collectives (DTensor, FSDP2) resolve groups in."""
+        return self._thread_isolation
+
+    @thread_isolation.setter
+    def thread_isolation(self, on):
+        torch._C._distributed_c10d._set_thread_isolation_mode(on)
+        self._thread_isolation = on
 
 
-def _foreach_reduce(on_sharded_gradients):
-    """FSDP2's ``foreach_reduce``, whose buffers (the flat reduce-scatter input, the
-    output before it becomes the sharded gradients) count as communication buffers; then
-    ``on_sharded_gradients([(parameter, gradient), ...])`` hears of the sharded gradients
-    it made (views into the reduce-scatter's output, moved to the host for parameters with
-    ``CPUOffloadPolicy``)."""
-    original = _original_foreach_reduce
+SWITCHES = _CppSwitches()
 
-    def foreach_reduce(fsdp_params, *args, **kwargs):
-        with _allocating_as("communication buffers"):
-            result = original(fsdp_params, *args, **kwargs)
-        on_sharded_gradients([(p.sharded_param, p.sharded_param.grad) for p in fsdp_params])
+
+def _wrapped(replacement, original):
+    """``replacement``, carrying ``original``'s name and docstring (and ``__wrapped__``)."""
+    return functools.update_wrapper(replacement, original)
+
+
+def _resize(original, hooks):
+    """``UntypedStorage.resize_`` that tells accounting (FSDP2 frees and refills its
+    unsharded parameters with it, out of the dispatcher's sight)."""
+
+    def resize_(storage, nbytes):
+        result = original(storage, nbytes)
+        hooks.on_storage_resize(storage, nbytes)
         return result
 
-    foreach_reduce.__doc__, foreach_reduce.__wrapped__ = original.__doc__, original
-    return foreach_reduce
+    return resize_
 
 
-def install(on_storage_resize, on_parameter, on_init_process_group,
-            on_sharded_gradients=None, allocating_as=None):
-    """Make process-group state per-thread, and report what accounting cannot see.
+def _setattr_param(original, hooks):
+    """FSDP2's ``unsafe_setattr_param``: the sharded parameters it installs are parameters."""
 
-    Called when a run starts (importing simcluster changes nothing in torch). FSDP2 frees
-    and refills unsharded parameters with ``UntypedStorage.resize_``, which bypasses the
-    dispatcher, and installs sharded parameters without ``register_parameter``:
-    ``on_storage_resize(storage, nbytes)`` and ``on_parameter(module, name, param)`` hear
-    of both. ``dist.init_process_group`` first asks ``on_init_process_group(backend,
-    kwargs)``, which returns True when it has handled the call (see
-    :func:`_init_process_group`). After FSDP2 reduce-scatters gradients (and moves those
-    of parameters it offloads to the CPU), ``on_sharded_gradients([(parameter, gradient),
-    ...])`` hears of them. ``allocating_as(category)`` is a ``with`` block in which new
-    memory counts as ``category``: DDP's reducer makes its buckets in one
-    ("communication buffers", or "gradients" when the gradients are views into them),
-    FSDP2 its all-gather and reduce-scatter buffers ("communication buffers") and
-    ``GradScaler`` its scale ("optimizer state"). Nested calls are counted.
+    def unsafe_setattr_param(module, name, param):
+        original(module, name, param)
+        hooks.on_parameter(module, name, param)
+
+    return _wrapped(unsafe_setattr_param, original)
+
+
+def _allocating_as(category, original, hooks):
+    """``original``, with the memory it allocates counted as ``category``."""
+
+    def call(*args, **kwargs):
+        with hooks.allocating_as(category):
+            return original(*args, **kwargs)
+
+    return _wrapped(call, original)
+
+
+def _foreach_reduce(original, hooks):
+    """FSDP2's ``foreach_reduce``, whose buffers (the flat reduce-scatter input, the
+    output before it becomes the sharded gradients) count as communication buffers; then
+    accounting hears of the sharded gradients it made (views into the reduce-scatter's
+    output, moved to the host for parameters with ``CPUOffloadPolicy``)."""
+
+    def foreach_reduce(fsdp_params, *args, **kwargs):
+        with hooks.allocating_as("communication buffers"):
+            result = original(fsdp_params, *args, **kwargs)
+        hooks.on_sharded_gradients([(p.sharded_param, p.sharded_param.grad)
+                                    for p in fsdp_params])
+        return result
+
+    return _wrapped(foreach_reduce, original)
+
+
+_FSDP = "torch.distributed.fsdp._fully_shard."
+_FUNCOL = "torch.distributed._functional_collectives"
+_SCHEDULES = "torch.distributed.pipelining.schedules"
+_CHECKPOINT = "torch.distributed.checkpoint"
+_NN_MODULE = "torch.nn.modules.module"
+# torch.nn.modules.module's global forward and backward hook dicts (see _RankLocalHooks)
+_MODULE_HOOK_DICTS = ("_global_forward_pre_hooks", "_global_forward_hooks",
+                      "_global_forward_hooks_always_called",
+                      "_global_forward_hooks_with_kwargs", "_global_backward_pre_hooks",
+                      "_global_backward_hooks")
+# Collectives of picklable objects send a pickle's bytes and its length in tensors they
+# make themselves (from a buffer, which the fake mode would make a meta storage of) and
+# read back: they run with the fake mode set aside (pipelining sends its stage metadata so).
+_OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list", "gather_object",
+                       "recv_object_list", "scatter_object_list", "send_object_list")
+
+
+def patches():
+    """The patch table: every attribute of torch (and of the interpreter) a run replaces,
+    as :class:`Patch` entries. The module's docstring says why each is needed."""
+    return (
+        # per-thread process groups
+        Patch("torch.distributed.distributed_c10d", "_world",
+              lambda original, hooks: _ThreadLocalWorld(original, hooks.registry)),
+        Patch(SWITCHES, "thread_isolation", lambda original, hooks: True),
+        *(Patch(module, "init_process_group", _init_process_group)
+          for module in ("torch.distributed", "torch.distributed.distributed_c10d")),
+        Patch("sys", "excepthook", None),   # init_process_group prefixes it with "[rankN]"
+        # memory accounting: what the dispatcher does not see, or cannot label
+        Patch("torch:UntypedStorage", "resize_", _resize),
+        Patch(_FSDP + "_fsdp_param", "unsafe_setattr_param", _setattr_param),
+        Patch(_FSDP + "_fsdp_param_group", "foreach_all_gather",
+              functools.partial(_allocating_as, "communication buffers")),
+        Patch(_FSDP + "_fsdp_param_group", "foreach_reduce", _foreach_reduce),
+        Patch("torch.amp.grad_scaler:GradScaler", "_lazy_init_scale_growth_tracker",
+              functools.partial(_allocating_as, "optimizer state")),
+        # DDP's reducer, pipelining's warm-up and the object collectives inside
+        # sc.fake_tensors(): their integer bookkeeping stays real
+        Patch("torch.distributed", "_verify_params_across_processes",
+              lambda original, hooks: _with_real_bookkeeping(original)),
+        Patch("torch.distributed", "Reducer", _reducer),
+        Patch("torch._C._distributed_c10d:Reducer", "_rebuild_buckets", _rebuild_buckets),
+        Patch(_SCHEDULES + ":_PipelineSchedule", "_warmup_p2p",
+              lambda original, hooks: _with_real_bookkeeping(original),
+              imported_by=_SCHEDULES),
+        *(Patch(module, name, lambda original, hooks: _without_fake_mode(original))
+          for name in _OBJECT_COLLECTIVES
+          for module in ("torch.distributed", "torch.distributed.distributed_c10d")),
+        # DTensor and functional collectives on fake tensors
+        Patch(_FUNCOL, "_are_we_tracing", _are_we_tracing),
+        Patch("torch.distributed.tensor._sharding_prop:ShardingPropagator", "_fake_mode_lock",
+              lambda original, hooks: hooks.not_charged),
+        # module hooks registered inside a rank fire for that rank's modules only
+        *(Patch(_NN_MODULE, name, _rank_local_hooks, undo=_RankLocalHooks.clear_ranks)
+          for name in _MODULE_HOOK_DICTS),
+        # file I/O is charged to the node's storage
+        Patch("torch", "save", _save),
+        Patch("torch", "load", _load),
+        Patch(_CHECKPOINT + ".filesystem:_FileSystemWriter", "write_data", _write_data,
+              imported_by=_CHECKPOINT),
+        Patch(_CHECKPOINT + ".filesystem:FileSystemReader", "read_data", _read_data,
+              imported_by=_CHECKPOINT),
+        Patch(_CHECKPOINT + ".filesystem:FileSystem", "create_stream", _create_stream,
+              imported_by=_CHECKPOINT),
+        Patch(_CHECKPOINT + ".state_dict_saver", "_save_state_dict", _save_state_dict,
+              imported_by=_CHECKPOINT),
+        # a save in a background thread cannot take turns with the ranks: refused
+        *(Patch(module, "async_save", _async_save, imported_by=_CHECKPOINT)
+          for module in (_CHECKPOINT, _CHECKPOINT + ".state_dict_saver")),
+    )
+
+
+# The global hooks a run registers (torch's public API): accounting follows module calls,
+# parameter registration and optimizer steps.
+HOOKS = (
+    Hook(_NN_MODULE + ":register_module_forward_pre_hook", "on_forward_pre",
+         _NN_MODULE + ":_global_forward_pre_hooks"),
+    Hook(_NN_MODULE + ":register_module_forward_hook", "on_forward_post",
+         _NN_MODULE + ":_global_forward_hooks"),
+    Hook(_NN_MODULE + ":register_module_parameter_registration_hook", "on_parameter",
+         _NN_MODULE + ":_global_parameter_registration_hooks"),
+    Hook("torch.optim.optimizer:register_optimizer_step_pre_hook", "on_optimizer_pre",
+         "torch.optim.optimizer:_global_optimizer_pre_hooks"),
+    Hook("torch.optim.optimizer:register_optimizer_step_post_hook", "on_optimizer_post",
+         "torch.optim.optimizer:_global_optimizer_post_hooks"),
+)
+
+
+def resolve(owner, import_missing=True):
+    """The object ``owner`` names (``"module"`` or ``"module:Attr.Attr"``; an object
+    stands for itself); None if ``import_missing`` is False and it is not loaded yet."""
+    if not isinstance(owner, str):
+        return owner
+    module_name, _, path = owner.partition(":")
+    if import_missing:
+        obj = importlib.import_module(module_name)
+    else:
+        obj = sys.modules.get(module_name)
+    try:
+        for name in path.split(".") if path else ():
+            obj = getattr(obj, name)
+    except AttributeError:   # a module still loading
+        if import_missing:
+            raise
+        return None
+    return obj
+
+
+@contextlib.contextmanager
+def patched(hooks):
+    """A ``with`` block in which every entry of the patch table (:func:`patches`) and every
+    global hook of :data:`HOOKS` is in force, reporting to ``hooks`` (a :class:`RunHooks`).
+
+    Entered once per run attempt (on the notebook's thread). Leaving it, also by an
+    exception, puts every original back, in reverse order, and removes the hooks: a run
+    changes nothing in torch that outlives it. Importing simcluster changes nothing.
     """
-    global _installed, _original_setattr_param, _original_foreach_reduce, _allocating_as_hook
-    global _original_foreach_all_gather
-    with _install_lock:
-        if _installed == 0:
-            _allocating_as_hook = allocating_as
-            _GradScaler._lazy_init_scale_growth_tracker = _scaler_init
-            fsdp_param = _fsdp_param_module()
-            _original_setattr_param = fsdp_param.unsafe_setattr_param
+    with contextlib.ExitStack() as undo:
+        waiting = []   # entries whose module is not imported yet
 
-            def unsafe_setattr_param(module, name, param):
-                _original_setattr_param(module, name, param)
-                on_parameter(module, name, param)
+        def apply(patch, owner):
+            original = getattr(owner, patch.name)
+            replacement = original if patch.make is None else patch.make(original, hooks)
+            setattr(owner, patch.name, replacement)
+            undo.callback(_put_back, owner, patch.name, original, replacement, patch.undo)
 
-            fsdp_param.unsafe_setattr_param = unsafe_setattr_param
-            group = _fsdp_param_group_module()
-            _original_foreach_reduce = group.foreach_reduce
-            _original_foreach_all_gather = group.foreach_all_gather
-            group.foreach_all_gather = _foreach_all_gather(_original_foreach_all_gather)
-            if on_sharded_gradients is not None:
-                group.foreach_reduce = _foreach_reduce(on_sharded_gradients)
-            c10d._world = _ThreadLocalWorld()
-            _ThreadLocalWorld.outside = threading.get_ident()
-            torch._C._distributed_c10d._set_thread_isolation_mode(True)
+        def apply_imported():
+            for patch in list(waiting):
+                owner = resolve(patch.owner, import_missing=False)
+                if owner is not None and patch.imported_by in sys.modules:
+                    waiting.remove(patch)
+                    apply(patch, owner)
 
-            def resize_(storage, nbytes):
-                result = _original_storage_resize(storage, nbytes)
-                on_storage_resize(storage, nbytes)
-                return result
-
-            torch.UntypedStorage.resize_ = resize_
-            _set_init_process_group(_init_process_group(on_init_process_group))
-            _set_reducer_entry_points(_reducer_entry_points_with_real_bookkeeping())
-            _set_object_collectives({name: _without_fake_mode(function) for name, function
-                                     in _original_object_collectives.items()})
-            _functional_collectives_module()._are_we_tracing = _are_we_tracing
-            _set_rank_local_module_hooks(True)
-        _installed += 1
-        _patch_pipelining()
-        if _original_warmup_p2p is None and _patch_on_import not in sys.meta_path:
-            sys.meta_path.insert(0, _patch_on_import)
+        for patch in patches():
+            if patch.imported_by is None:
+                apply(patch, resolve(patch.owner))
+            else:
+                waiting.append(patch)
+        apply_imported()
+        if waiting:
+            finder = _PatchOnImport({p.imported_by for p in waiting}, apply_imported)
+            sys.meta_path.insert(0, finder)
+            undo.callback(sys.meta_path.remove, finder)
+        for hook in HOOKS:
+            handle = resolve(hook.register)(getattr(hooks, hook.callback))
+            undo.callback(handle.remove)
+        yield
 
 
-def uninstall():
-    """Undo :func:`install` once the last active run has finished."""
-    global _installed, _allocating_as_hook
-    with _install_lock:
-        _installed -= 1
-        if _installed == 0:
-            c10d._world = _original_world
-            _ThreadLocalWorld.outside = None
-            torch._C._distributed_c10d._set_thread_isolation_mode(False)
-            torch.UntypedStorage.resize_ = _original_storage_resize
-            _fsdp_param_module().unsafe_setattr_param = _original_setattr_param
-            _fsdp_param_group_module().foreach_reduce = _original_foreach_reduce
-            _fsdp_param_group_module().foreach_all_gather = _original_foreach_all_gather
-            _set_init_process_group(_original_init_process_group)
-            _set_reducer_entry_points(_original_reducer_entry_points)
-            _set_object_collectives(_original_object_collectives)
-            _functional_collectives_module()._are_we_tracing = _original_are_we_tracing
-            _set_rank_local_module_hooks(False)
-            _allocating_as_hook = None
-            _GradScaler._lazy_init_scale_growth_tracker = _original_scaler_init
-            _unpatch_pipelining()
-            if _patch_on_import in sys.meta_path:
-                sys.meta_path.remove(_patch_on_import)
+def _put_back(owner, name, original, replacement, undo):
+    setattr(owner, name, original)
+    if undo is not None:
+        undo(replacement)
 
 
-def _functional_collectives_module():
-    """``torch.distributed._functional_collectives`` (imported on first use: 0.06 s)."""
-    global _original_are_we_tracing
-    from torch.distributed import _functional_collectives as funcol
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """On ``sys.meta_path`` during a run: when one of the modules ``names`` is first
+    imported (inside a rank, even inside ``sc.fake_tensors()``), ``patch()`` runs as soon
+    as it has loaded and applies the entries that waited for it."""
 
-    if _original_are_we_tracing is None:
-        _original_are_we_tracing = funcol._are_we_tracing
-    return funcol
+    def __init__(self, names, patch):
+        self.names, self.patch = names, patch
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.names:
+            return None
+        for finder in sys.meta_path:
+            find = None if finder is self else getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None and spec.loader is not None:
+                load, patch = spec.loader.exec_module, self.patch
+
+                def exec_module(module):
+                    load(module)
+                    patch()
+
+                spec.loader.exec_module = exec_module   # this spec's own loader
+                return spec
+        return None
 
 
-_original_are_we_tracing = None   # torch's, once _functional_collectives is imported
-
-
-def _are_we_tracing():
+def _are_we_tracing(original, hooks):
     """torch's ``_functional_collectives._are_we_tracing``, but ``sc.fake_tensors()`` is
     not tracing.
 
@@ -364,12 +540,17 @@ def _are_we_tracing():
     the communication would then never overlap the compute that follows it, as it does
     on real tensors: a longer step. Torch's own answer is kept for real tracing.
     """
-    if not _is_sim_fake_mode(torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)):
-        return _original_are_we_tracing()
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    with unset_fake_temporarily():
-        return _original_are_we_tracing()
+    def are_we_tracing():
+        if not _is_sim_fake_mode(torch._C._get_dispatch_mode(
+                torch._C._TorchDispatchModeKey.FAKE)):
+            return original()
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return original()
+
+    return _wrapped(are_we_tracing, original)
 
 
 def _is_sim_fake_mode(mode):
@@ -387,19 +568,25 @@ class _RankLocalHooks(dict):
     such as ``CommDebugMode`` and ``ModTracker``, register them to follow that rank's
     modules; with ranks as threads, every rank's calls would reach every rank's tool
     (``CommDebugMode`` then stops with a ``KeyError`` naming another rank's module).
-    Hooks registered outside the ranks (before the run, or by the simulator itself) live
-    in torch's own dict and fire for everyone, as before.
+    Hooks registered outside the ranks (before the run, or by the simulator itself, on
+    the thread that started the run: ``outside``) live in torch's own dict and fire for
+    everyone, as before.
     """
 
     def __init__(self, shared):
         super().__init__()
         self.shared = shared          # torch's own dict
         self.ranks = {}               # thread id -> that rank thread's own hooks
+        self.outside = None           # the thread that started the run
+
+    def clear_ranks(self):
+        """Forget the hooks the ranks of a finished run registered."""
+        self.ranks.clear()
 
     def _own(self, create=False):
-        """This thread's own hooks (None on the thread that installed the run)."""
+        """This thread's own hooks (None on the thread that started the run)."""
         me = threading.get_ident()
-        if me == _ThreadLocalWorld.outside:
+        if me == self.outside:
             return None
         own = self.ranks.get(me)
         if own is None and create:
@@ -443,48 +630,37 @@ class _RankLocalHooks(dict):
         return self._view().items()
 
 
-# torch.nn.modules.module's global forward and backward hook dicts, each with its stand-in
-# (made once and kept: a hook's RemovableHandle holds a weak reference to it).
-_MODULE_HOOK_DICTS = ("_global_forward_pre_hooks", "_global_forward_hooks",
-                      "_global_forward_hooks_always_called",
-                      "_global_forward_hooks_with_kwargs", "_global_backward_pre_hooks",
-                      "_global_backward_hooks")
-_rank_local_hooks = {}
+# Each global module-hook dict's stand-in, made once and kept: a hook's RemovableHandle
+# holds a weak reference to the dict it was registered in.
+_rank_local_hook_dicts = {}
 
 
-def _set_rank_local_module_hooks(on):
-    """Swap torch's global module-hook dicts for :class:`_RankLocalHooks` (or back)."""
-    from torch.nn.modules import module
-
-    for name in _MODULE_HOOK_DICTS:
-        proxy = _rank_local_hooks.get(name)
-        if proxy is None:
-            proxy = _rank_local_hooks[name] = _RankLocalHooks(getattr(module, name))
-        proxy.ranks.clear()
-        setattr(module, name, proxy if on else proxy.shared)
+def _rank_local_hooks(original, hooks):
+    """The :class:`_RankLocalHooks` that stands in for torch's dict ``original``."""
+    proxy = _rank_local_hook_dicts.get(id(original))
+    if proxy is None or proxy.shared is not original:
+        proxy = _rank_local_hook_dicts[id(original)] = _RankLocalHooks(original)
+    proxy.clear_ranks()
+    proxy.outside = threading.get_ident()
+    return proxy
 
 
-def _init_process_group(in_simulated_rank):
+def _init_process_group(original, hooks):
     """``dist.init_process_group`` that a rank function may call as it would under torchrun.
 
-    ``in_simulated_rank(backend, kwargs)`` is called on every call; it returns True when it
-    has handled the call (the thread is a simulated rank whose default group already
-    exists), or False to fall through to torch's own function.
+    ``hooks.on_init_process_group(backend, kwargs)`` is called on every call; it returns
+    True when it has handled the call (the thread is a simulated rank whose default group
+    already exists), or False to fall through to torch's own function.
     """
 
     def init_process_group(backend=None, *args, **kwargs):
-        if in_simulated_rank(backend, kwargs):
+        if hooks.on_init_process_group(backend, kwargs):
             return None
-        return _original_init_process_group(backend, *args, **kwargs)
+        return original(backend, *args, **kwargs)
 
-    init_process_group.__doc__ = _original_init_process_group.__doc__
-    init_process_group.__wrapped__ = _original_init_process_group
+    init_process_group.__doc__ = original.__doc__
+    init_process_group.__wrapped__ = original
     return init_process_group
-
-
-def _set_init_process_group(function):
-    dist.init_process_group = function
-    c10d.init_process_group = function
 
 
 class _RealBookkeeping(TorchDispatchMode):
@@ -541,133 +717,36 @@ def _without_fake_mode(function):
     return functools.update_wrapper(call, function)
 
 
-_Reducer = torch._C._distributed_c10d.Reducer
-_original_reducer_entry_points = (dist._verify_params_across_processes, dist.Reducer,
-                                  _Reducer._rebuild_buckets)
+def _reducer(original, hooks):
+    """DDP's C++ ``Reducer``, with its bookkeeping kept real inside ``sc.fake_tensors()``
+    and its gradient buckets (made at construction) allocated as communication buffers,
+    or as gradients when the gradients are views into them
+    (``gradient_as_bucket_view=True``)."""
+    init = _with_real_bookkeeping(original.__init__)
 
-
-def _reducer_entry_points_with_real_bookkeeping():
-    """Replacements for :data:`_original_reducer_entry_points`: the same calls, with the
-    reducer's bookkeeping kept real inside ``sc.fake_tensors()``, and the reducer's
-    gradient buckets (made at construction, remade by ``_rebuild_buckets`` in the first
-    forward after a step) allocated as communication buffers, or as gradients when the
-    gradients are views into them (``gradient_as_bucket_view=True``)."""
-
-    init = _with_real_bookkeeping(_Reducer.__init__)
-    rebuild = _with_real_bookkeeping(_original_reducer_entry_points[2])
-
-    class Reducer(_Reducer):
+    class Reducer(original):
         def __init__(self, *args, **kwargs):
             # DDP passes gradient_as_bucket_view eighth: its buckets then hold the gradients
             views = args[7] if len(args) > 7 else kwargs.get("gradient_as_bucket_view", False)
             self._sim_bucket_category = "gradients" if views else "communication buffers"
-            with _allocating_as(self._sim_bucket_category):
+            with hooks.allocating_as(self._sim_bucket_category):
                 init(self, *args, **kwargs)
 
+    Reducer.__name__ = Reducer.__qualname__ = original.__name__
+    return Reducer
+
+
+def _rebuild_buckets(original, hooks):
+    """``Reducer._rebuild_buckets`` (the first forward after a step remakes the buckets),
+    with real bookkeeping and the buckets in the category the reducer was made with."""
+    rebuild = _with_real_bookkeeping(original)
+
     def rebuild_buckets(self):
-        with _allocating_as(getattr(self, "_sim_bucket_category", "communication buffers")):
+        with hooks.allocating_as(getattr(self, "_sim_bucket_category",
+                                         "communication buffers")):
             return rebuild(self)
 
-    Reducer.__name__ = Reducer.__qualname__ = _Reducer.__name__
-    return (_with_real_bookkeeping(_original_reducer_entry_points[0]), Reducer,
-            functools.update_wrapper(rebuild_buckets, rebuild))
-
-
-def _allocating_as(category):
-    """A ``with`` block in which the calling rank counts new memory as ``category``
-    (:func:`install`'s ``allocating_as``), or nothing outside a run."""
-    return contextlib.nullcontext() if _allocating_as_hook is None \
-        else _allocating_as_hook(category)
-
-
-_allocating_as_hook = None   # install()'s allocating_as while installed
-
-
-_original_warmup_p2p = None   # while patched: torch.distributed.pipelining's own
-_SCHEDULES = "torch.distributed.pipelining.schedules"
-
-
-def _patch_pipelining():
-    """During a run, once ``torch.distributed.pipelining`` is imported: its schedules'
-    warm-up keeps its integer tensors real inside ``sc.fake_tensors()``.
-
-    The first ``step()`` of a schedule runs a vote along the pipeline (``_warmup_p2p``):
-    each stage sends a one-element integer tensor made with ``torch.tensor``/``torch.zeros``
-    to the next, and reads the result with ``.item()``. Made under the fake mode, those
-    tensors have no value to read. Importing the module costs a second and imports
-    ``torch._dynamo``, so a run patches it only if it is imported: at the start of the
-    run, or as a rank imports it (:class:`_PatchOnImport`).
-    """
-    global _original_warmup_p2p
-    schedules = sys.modules.get(_SCHEDULES)
-    if schedules is None or _original_warmup_p2p is not None or not _installed \
-            or not hasattr(schedules, "_PipelineSchedule"):
-        return
-    _original_warmup_p2p = schedules._PipelineSchedule._warmup_p2p
-    schedules._PipelineSchedule._warmup_p2p = _with_real_bookkeeping(_original_warmup_p2p)
-
-
-def _unpatch_pipelining():
-    """Undo :func:`_patch_pipelining`."""
-    global _original_warmup_p2p
-    if _original_warmup_p2p is not None:
-        schedules = sys.modules[_SCHEDULES]
-        schedules._PipelineSchedule._warmup_p2p = _original_warmup_p2p
-        _original_warmup_p2p = None
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """On ``sys.meta_path`` during a run: when module ``name`` is first imported (inside
-    a rank, even inside ``sc.fake_tensors()``), ``patch()`` runs as soon as it has loaded
-    (pipelining's schedules, :func:`_patch_pipelining`; DCP's file system,
-    :func:`_patch_checkpoint`)."""
-
-    def __init__(self, name, patch):
-        self.name, self.patch = name, patch
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        for finder in sys.meta_path:
-            find = None if finder is self else getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None and spec.loader is not None:
-                load, patch = spec.loader.exec_module, self.patch
-
-                def exec_module(module):
-                    load(module)
-                    patch()
-
-                spec.loader.exec_module = exec_module   # this spec's own loader
-                return spec
-        return None
-
-
-_patch_on_import = _PatchOnImport(_SCHEDULES, lambda: _patch_pipelining())
-
-
-# Collectives of picklable objects send a pickle's bytes and its length in tensors they
-# make themselves (from a buffer, which the fake mode would make a meta storage of) and
-# read back: they run with the fake mode set aside (pipelining sends its stage metadata so).
-_OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list", "gather_object",
-                       "recv_object_list", "scatter_object_list", "send_object_list")
-_original_object_collectives = {name: getattr(c10d, name) for name in _OBJECT_COLLECTIVES}
-
-
-def _set_object_collectives(functions):
-    """Install ``{name: function}`` as ``dist.<name>`` (and in ``distributed_c10d``)."""
-    for name, function in functions.items():
-        setattr(dist, name, function)
-        setattr(c10d, name, function)
-
-
-def _set_reducer_entry_points(entry_points):
-    """Install ``(verify_params_across_processes, Reducer, Reducer._rebuild_buckets)``
-    where DDP looks them up."""
-    verify, reducer, rebuild = entry_points
-    dist._verify_params_across_processes = verify
-    dist.Reducer = reducer
-    _Reducer._rebuild_buckets = rebuild
+    return functools.update_wrapper(rebuild_buckets, rebuild)
 
 
 def fake_tensor_mode():
@@ -1000,21 +1079,21 @@ def fake_dispatch(func, args, kwargs):
     return _fake_cache.dispatch(func, args, kwargs)
 
 
-def enter_rank_thread():
-    """Give the calling thread its own, empty process-group registry."""
-    _ThreadLocalWorld._local.world = _RankWorld()
+
+
+def rank_registry():
+    """A fresh, empty process-group registry for the calling rank thread (what
+    ``RunHooks.registry`` gives torch on that thread)."""
     # Backward passes run on the rank's own thread, never on autograd worker threads
     # that would escape the scheduler.
     torch.autograd.set_multithreading_enabled(False).__enter__()
+    return _RankWorld()
 
 
-def leave_rank_thread():
-    """Destroy the calling thread's process groups and drop its registry."""
-    try:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    finally:
-        _ThreadLocalWorld._local.world = _original_world
+def destroy_rank_groups():
+    """Destroy the calling rank thread's process groups (its run is over)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def register_backend(name, creator):
@@ -1035,7 +1114,7 @@ def backend_options_fields(options):
 
 def init_default_group(rank, world_size, store):
     """Initialise the calling rank's default group on the ``sim`` backend."""
-    _original_init_process_group("sim", rank=rank, world_size=world_size, store=store)
+    _torch_init_process_group("sim", rank=rank, world_size=world_size, store=store)
 
 
 def reduce_op_name(op) -> str:
@@ -1175,19 +1254,6 @@ def dispatch_kind(cls):
     return SUBCLASS
 
 
-def set_sharding_propagation_context(context):
-    """Run DTensor's output-shape propagation inside ``context`` (None: torch's default).
-
-    For every op on DTensors, DTensor first replays the op on fake tensors of the
-    *global* shapes to learn the output's shape (``_propagate_tensor_meta_non_cached``),
-    then runs it on the local shards. Only the second is the rank's work. Torch wraps the
-    replay in ``ShardingPropagator._fake_mode_lock`` (a ``nullcontext`` unless a test sets
-    a lock): ``context``, a reusable context manager, takes that place.
-    """
-    from torch.distributed.tensor._sharding_prop import ShardingPropagator
-
-    ShardingPropagator._fake_mode_lock = (contextlib.nullcontext() if context is None
-                                          else context)
 
 
 def _shapes(value):
@@ -1250,7 +1316,7 @@ def set_dtensor_handlers(state):
 
     The table is edited in place (torch's ``loss_parallel()`` does so too) and replaced
     only if someone replaced it (context parallelism does). A run imports DTensor before
-    its ranks start (:func:`install` imports FSDP2), so no rank's state is None.
+    its ranks start (:func:`patched` imports FSDP2), so no rank's state is None.
     """
     dispatcher = _dtensor_dispatcher()
     if dispatcher is None or state is None:
@@ -1263,9 +1329,7 @@ def set_dtensor_handlers(state):
         table.update(entries)
 
 
-
 # ------------------------------------------------------------------ for storage
-_original_save, _original_load = torch.save, torch.load
 _in_checkpoint_io = threading.local()   # .depth > 0: inside DCP's reader or writer
 
 
@@ -1308,148 +1372,104 @@ def _file_bytes(f, target, write):
     return os.fstat(f.fileno()).st_size - position
 
 
-def install_storage_hooks(on_io, on_checkpoint):
-    """Charge file I/O done inside a rank: ``on_io(write, nbytes, path)`` hears of it;
-    ``on_checkpoint()`` hears that the rank has saved a checkpoint (a ``torch.save`` to a
-    file, or a ``dcp.save`` whose metadata the coordinator has committed).
+# File I/O inside a rank is charged to its node's storage (``hooks.on_io``), and a saved
+# checkpoint is reported (``hooks.on_checkpoint``), by these table entries:
+#
+# * ``torch.save`` and ``torch.load`` on a path or a file on disk (not on an in-memory
+#   buffer): the file's bytes, plus those of the fake tensors (which are saved as records
+#   of their shapes, :func:`_records_for_fakes`);
+# * ``torch.distributed.checkpoint``'s file-system writer and reader
+#   (``_FileSystemWriter.write_data``, ``FileSystemReader.read_data``): the bytes of each
+#   file, from the write results and the read plan's ``_StorageInfo`` (offset, length,
+#   relative path) — what ``dcp.save`` and ``dcp.load`` move, re-sharded or not; the
+#   ``torch.save``/``torch.load`` calls they make on their streams are not counted again;
+# * ``FileSystem.create_stream`` outside those two: the checkpoint's metadata file,
+#   written by the coordinator in ``finish`` and read in ``read_metadata``;
+# * ``state_dict_saver._save_state_dict``, the body of ``dcp.save``, which returns on
+#   every rank once the checkpoint is committed.
+#
+# Importing ``torch.distributed.checkpoint`` takes about a second, so its entries wait
+# until it is imported (``imported_by``).
+def _save(original, hooks):
+    def save(obj, f, *args, **kwargs):
+        target = _real_file(f) if _charged() else None
+        fake_bytes = {}
+        obj = _records_for_fakes(obj, fake_bytes)
+        try:
+            result = original(obj, f, *args, **kwargs)
+        except (AttributeError, TypeError, pickle.PicklingError) as error:
+            if "FakeTensorMode" not in str(error):
+                raise
+            raise TypeError(
+                "torch.save cannot write fake tensors (made inside sc.fake_tensors()) "
+                "held by this object: save plain containers of them instead, such as "
+                "model.state_dict() or optimizer.state_dict() (dicts, lists, tuples and "
+                "namedtuples of fake tensors are saved as records of their shapes)"
+            ) from None
+        if target is not None:
+            path, position = target
+            # a file object written from its start holds this save alone: name it, so
+            # that a crash during the write can tear it
+            nbytes = _file_bytes(f, target, True) + sum(fake_bytes.values())
+            hooks.on_io(True, nbytes, path if not position else None)
+            hooks.on_checkpoint()
+        return result
 
-    Patches, until the returned function is called:
-
-    * ``torch.save`` and ``torch.load`` on a path or a file on disk (not on an in-memory
-      buffer): the file's bytes, plus those of the fake tensors (which are saved as
-      records of their shapes, :func:`_records_for_fakes`);
-    * ``torch.distributed.checkpoint``'s file-system writer and reader
-      (``_FileSystemWriter.write_data``, ``FileSystemReader.read_data``): the bytes of
-      each file, from the write results and the read plan's ``_StorageInfo`` (offset,
-      length, relative path) — what ``dcp.save`` and ``dcp.load`` move, re-sharded or
-      not; the ``torch.save``/``torch.load`` calls they make on their streams are not
-      counted again;
-    * ``FileSystem.create_stream`` outside those two: the checkpoint's metadata file,
-      written by the coordinator in ``finish`` and read in ``read_metadata``;
-    * ``state_dict_saver._save_state_dict``, the body of ``dcp.save``, which returns on
-      every rank once the checkpoint is committed.
-
-    Importing ``torch.distributed.checkpoint`` takes about a second, so it is patched only
-    once imported: now, or when a rank first imports it (:class:`_PatchOnImport`).
-    """
-    global _on_io, _on_checkpoint
-    _on_io, _on_checkpoint = on_io, on_checkpoint
-    torch.save, torch.load = _save, _load
-    _patch_checkpoint()
-    if _original_checkpoint is None and _patch_checkpoint_on_import not in sys.meta_path:
-        sys.meta_path.insert(0, _patch_checkpoint_on_import)
-    return _uninstall_storage_hooks
-
-
-_on_io = _on_checkpoint = None   # during a run: the callbacks of install_storage_hooks
-_original_checkpoint = None   # DCP's originals (see _checkpoint_functions) while patched
-_CHECKPOINT = "torch.distributed.checkpoint"
-
-
-_patch_checkpoint_on_import = _PatchOnImport(_CHECKPOINT, lambda: _patch_checkpoint())
-
-
-def _uninstall_storage_hooks():
-    """Undo :func:`install_storage_hooks`."""
-    global _on_io, _on_checkpoint, _original_checkpoint
-    _on_io = _on_checkpoint = None
-    torch.save, torch.load = _original_save, _original_load
-    if _patch_checkpoint_on_import in sys.meta_path:
-        sys.meta_path.remove(_patch_checkpoint_on_import)
-    if _original_checkpoint is not None:
-        for (owner, name), original in zip(_checkpoint_functions(), _original_checkpoint):
-            setattr(owner, name, original)
-        _original_checkpoint = None
+    return _wrapped(save, original)
 
 
-def _checkpoint_functions():
-    """``[(owner, attribute name)]`` of the DCP functions a run wraps."""
-    filesystem = sys.modules[_CHECKPOINT + ".filesystem"]
-    return [(filesystem._FileSystemWriter, "write_data"),
-            (filesystem.FileSystemReader, "read_data"),
-            (filesystem.FileSystem, "create_stream"),
-            (sys.modules[_CHECKPOINT + ".state_dict_saver"], "_save_state_dict")]
+def _load(original, hooks):
+    def load(f, *args, **kwargs):
+        target = _real_file(f) if _charged() else None
+        fake_bytes = []
+        result = _fakes_for_records(original(f, *args, **kwargs), fake_bytes)
+        if target is not None:
+            hooks.on_io(False, _file_bytes(f, target, False) + sum(fake_bytes), target[0])
+        return result
 
-
-def _patch_checkpoint():
-    """Patch DCP's file-system writer and reader, and its save, if DCP is imported (its
-    package has finished loading) and a run is on."""
-    global _original_checkpoint
-    package = sys.modules.get(_CHECKPOINT)
-    if package is None or _original_checkpoint is not None or _on_io is None \
-            or not hasattr(package, "save"):
-        return
-    functions = _checkpoint_functions()
-    _original_checkpoint = tuple(getattr(owner, name) for owner, name in functions)
-    wrappers = (_write_data, _read_data, _create_stream, _save_state_dict)
-    for (owner, name), wrapper, original in zip(functions, wrappers, _original_checkpoint):
-        functools.update_wrapper(wrapper, original)
-        setattr(owner, name, wrapper)
-
-
-def _charge(write, nbytes, path):
-    if _on_io is not None:
-        _on_io(write, nbytes, path)
-
-
-def _save(obj, f, *args, **kwargs):
-    target = _real_file(f) if _charged() else None
-    fake_bytes = {}
-    obj = _records_for_fakes(obj, fake_bytes)
-    result = _original_save(obj, f, *args, **kwargs)
-    if target is not None:
-        path, position = target
-        # a file object written from its start holds this save alone: name it, so that
-        # a crash during the write can tear it
-        nbytes = _file_bytes(f, target, True) + sum(fake_bytes.values())
-        _charge(True, nbytes, path if not position else None)
-        if _on_checkpoint is not None:
-            _on_checkpoint()
-    return result
-
-
-def _load(f, *args, **kwargs):
-    target = _real_file(f) if _charged() else None
-    fake_bytes = []
-    result = _fakes_for_records(_original_load(f, *args, **kwargs), fake_bytes)
-    if target is not None:
-        _charge(False, _file_bytes(f, target, False) + sum(fake_bytes), target[0])
-    return result
+    return _wrapped(load, original)
 
 
 # A fake tensor (``sc.fake_tensors()``) has no data to save: ``torch.save`` writes this
 # record of it instead (plain types, which ``torch.load(weights_only=True)`` accepts) and
 # charges the bytes the tensor would take; ``torch.load`` makes a fake tensor of it again.
 _FAKE_RECORD = "__simcluster_fake_tensor__"
-
-
 def _records_for_fakes(obj, fake_bytes):
-    """``obj`` with every fake tensor in its dicts, lists and tuples replaced by a record;
-    ``fake_bytes`` gets ``{storage: bytes}`` of the fakes (shared storage counted once).
-    Returns ``obj`` itself when it holds no fake tensor."""
+    """``obj`` with every fake tensor in its dicts, lists and tuples (namedtuples too)
+    replaced by a record; ``fake_bytes`` gets ``{storage: bytes}`` of the fakes (shared
+    storage counted once). Returns ``obj`` itself when it holds no fake tensor.
+
+    As ``torch.save`` writes a view's whole storage, a record names its storage (by its
+    order in ``fake_bytes``) and the view's place in it, and views of one storage load as
+    views of one storage again."""
     if isinstance(obj, torch.Tensor):
         if not is_fake(obj):
             return obj
-        fake_bytes[storage_key(obj)] = obj.untyped_storage().nbytes()
+        storage = obj.untyped_storage()
+        key = storage_key(obj)
+        fake_bytes.setdefault(key, storage.nbytes())
         return {_FAKE_RECORD: True, "shape": list(obj.shape), "dtype": str(obj.dtype),
-                "requires_grad": obj.requires_grad}
+                "requires_grad": obj.requires_grad, "storage": list(fake_bytes).index(key),
+                "storage_bytes": storage.nbytes(), "stride": list(obj.stride()),
+                "offset": obj.storage_offset()}
     if isinstance(obj, dict):
         items = [(k, _records_for_fakes(v, fake_bytes)) for k, v in obj.items()]
         if all(new is obj[k] for k, new in items):
             return obj
         return {k: v for k, v in items}
-    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+    if type(obj) in (list, tuple) or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
         new = [_records_for_fakes(v, fake_bytes) for v in obj]
         if all(a is b for a, b in zip(new, obj)):
             return obj
-        return type(obj)(new)
+        return type(obj)(new) if type(obj) in (list, tuple) else type(obj)(*new)
     return obj
 
 
-def _fakes_for_records(obj, fake_bytes):
+def _fakes_for_records(obj, fake_bytes, storages=None):
     """``obj`` (just loaded) with every fake-tensor record made a fake tensor again;
-    ``fake_bytes`` gets their sizes. Raises if there are records outside
-    ``sc.fake_tensors()``, where no fake tensor can be made."""
+    ``fake_bytes`` gets the sizes of their storages (each once). Raises if there are
+    records outside ``sc.fake_tensors()``, where no fake tensor can be made."""
+    storages = {} if storages is None else storages   # storage number -> its fake base
     if isinstance(obj, dict):
         if obj.get(_FAKE_RECORD) is True:
             if not fake_mode_active():
@@ -1457,27 +1477,33 @@ def _fakes_for_records(obj, fake_bytes):
                     "this file holds fake tensors (saved inside sc.fake_tensors(), with "
                     "shapes but no data): load it inside `with sc.fake_tensors():` too")
             dtype = getattr(torch, obj["dtype"].removeprefix("torch."))
-            tensor = torch.empty(obj["shape"], dtype=dtype,
-                                 requires_grad=obj["requires_grad"])
-            fake_bytes.append(tensor.untyped_storage().nbytes())
-            return tensor
+            if "storage" not in obj:   # a record of an older save: the tensor alone
+                tensor = torch.empty(obj["shape"], dtype=dtype)
+                fake_bytes.append(tensor.untyped_storage().nbytes())
+                return tensor.requires_grad_(obj["requires_grad"])
+            base = storages.get(obj["storage"])
+            if base is None:
+                itemsize = torch.empty((), dtype=dtype).element_size()
+                base = storages[obj["storage"]] = torch.empty(
+                    obj["storage_bytes"] // itemsize, dtype=dtype)
+                fake_bytes.append(obj["storage_bytes"])
+            tensor = base.as_strided(obj["shape"], obj["stride"], obj["offset"])
+            return tensor.detach().requires_grad_(obj["requires_grad"])
         for k, v in obj.items():
-            new = _fakes_for_records(v, fake_bytes)
+            new = _fakes_for_records(v, fake_bytes, storages)
             if new is not v:
                 obj[k] = new
         return obj
     if isinstance(obj, list):
-        obj[:] = [_fakes_for_records(v, fake_bytes) for v in obj]
+        obj[:] = [_fakes_for_records(v, fake_bytes, storages) for v in obj]
     elif type(obj) is tuple:
-        return tuple(_fakes_for_records(v, fake_bytes) for v in obj)
+        return tuple(_fakes_for_records(v, fake_bytes, storages) for v in obj)
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_fakes_for_records(v, fake_bytes, storages) for v in obj))
     return obj
 
 
-functools.update_wrapper(_save, _original_save)
-functools.update_wrapper(_load, _original_load)
-
-
-def _charge_files(storage, lengths, write):
+def _charge_files(hooks, storage, lengths, write):
     """Charge ``[(relative path, bytes)]`` of a DCP reader or writer, one file at a time.
 
     If the rank dies (a crash fault raises) during a write, the files it had not started
@@ -1489,42 +1515,65 @@ def _charge_files(storage, lengths, write):
     paths = [(str(storage.fs.concat_path(storage.path, name)), n) for name, n in per_file.items()]
     for i, (path, nbytes) in enumerate(paths):
         try:
-            _charge(write, nbytes, path)
+            hooks.on_io(write, nbytes, path)
         except BaseException:
             for later, _ in paths[i + 1:] if write else ():
                 os.truncate(later, 0)
             raise
 
 
-def _write_data(self, plan, planner):
-    with _counted_by_checkpoint():
-        future = _original_checkpoint[0](self, plan, planner)
-    _charge_files(self, ((r.storage_data.relative_path, r.storage_data.length)
-                         for r in future.value()), True)
-    return future
+def _write_data(original, hooks):
+    def write_data(self, plan, planner):
+        with _counted_by_checkpoint():
+            future = original(self, plan, planner)
+        _charge_files(hooks, self, ((r.storage_data.relative_path, r.storage_data.length)
+                                    for r in future.value()), True)
+        return future
+
+    return _wrapped(write_data, original)
 
 
-def _read_data(self, plan, planner):
-    with _counted_by_checkpoint():
-        future = _original_checkpoint[1](self, plan, planner)
-    infos = (self.storage_data[item.storage_index] for item in plan.items)
-    _charge_files(self, ((i.relative_path, i.length) for i in infos), False)
-    return future
+def _read_data(original, hooks):
+    def read_data(self, plan, planner):
+        with _counted_by_checkpoint():
+            future = original(self, plan, planner)
+        infos = (self.storage_data[item.storage_index] for item in plan.items)
+        _charge_files(hooks, self, ((i.relative_path, i.length) for i in infos), False)
+        return future
+
+    return _wrapped(read_data, original)
 
 
-def _save_state_dict(*args, **kwargs):
-    result = _original_checkpoint[3](*args, **kwargs)
-    if _on_checkpoint is not None:
-        _on_checkpoint()
-    return result
+def _save_state_dict(original, hooks):
+    def save_state_dict(*args, **kwargs):
+        result = original(*args, **kwargs)
+        hooks.on_checkpoint()
+        return result
+
+    return _wrapped(save_state_dict, original)
 
 
-@contextlib.contextmanager
-def _create_stream(self, path, mode):
-    with _original_checkpoint[2](self, path, mode) as stream:
-        yield stream
-    if _charged():
-        _charge("w" in mode, os.path.getsize(path), os.path.abspath(os.fspath(path)))
+def _async_save(original, hooks):
+    def async_save(*args, **kwargs):
+        raise NotImplementedError(
+            "dcp.async_save is not simulated: it writes the checkpoint from a background "
+            "thread (or process) while the rank trains on, and the simulator's ranks are "
+            "threads that take turns, so that thread could never be scheduled. Use "
+            "dcp.save(state_dict, checkpoint_id=...), which the rank waits for (its bytes "
+            "are charged to the node's storage).")
+
+    return _wrapped(async_save, original)
+
+
+def _create_stream(original, hooks):
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        with original(self, path, mode) as stream:
+            yield stream
+        if _charged():
+            hooks.on_io("w" in mode, os.path.getsize(path), os.path.abspath(os.fspath(path)))
+
+    return _wrapped(create_stream, original)
 
 
 # ------------------------------------------------------------------ for numpy

@@ -41,16 +41,14 @@ reduce-scatter (``.to("cpu")``, also a no-op to torch) are handed to the host ac
 """
 
 import contextlib
-import threading
 from typing import NamedTuple
 
 import torch
 
+from . import context
 from ._torch_internals import (FAKE, SUBCLASS, DispatchMode, ModuleStack, dispatch_kind,
                                fake_dispatch, fake_mode_active, flop_formula, in_backward,
-                               install_storage_hooks, key_of_storage, on_side_stream,
-                               own_parameters, set_sharding_propagation_context,
-                               storage_key)
+                               key_of_storage, on_side_stream, own_parameters, storage_key)
 from .clock import CollectiveRecord, RankClock
 from .memory import MemoryAccount
 from .storage import NodeStorage
@@ -95,6 +93,7 @@ class RankAccounting(DispatchMode):
         self.in_optimizer_step = False   # what is allocated now is optimizer state
         self.host_step = False           # ... by an optimizer step that runs on the host
         self._paused = False     # True while the simulator computes a collective's result
+        self.not_charged = []    # the paused() blocks of NotCharged, innermost last
         self.allocating_as = None   # a category that overrides category() (see allocating_as)
         self.module_time = recorder.module_time[rank]
 
@@ -155,15 +154,20 @@ class RankAccounting(DispatchMode):
                 clock.wait_for_read(storage_key(t))
         if self.host.total or self.host_step or (kwargs and kwargs.get("pin_memory")):
             return self._dispatch_with_host(func, run, args, kwargs, inputs, timeless, counter)
-        # Nothing on the host: the device-only path, inlined (see _dispatch_with_host).
         out = run(func, args, kwargs)
-        if type(out) is torch.Tensor or isinstance(out, torch.Tensor):
-            outputs = [out]
-        else:
-            outputs = _tensors(out, []) if isinstance(out, (list, tuple)) else []
+        outputs = [out] if type(out) is torch.Tensor else _outputs(out)
         self._count_memory(outputs, self.memory)
-        if timeless:
-            return out
+        if not timeless:
+            self._charge(func, counter, args, kwargs, out, inputs, outputs, False)
+        return out
+
+    def _charge(self, func, counter, args, kwargs, out, inputs, outputs, on_host):
+        """Charge one op's roofline time to the clock: its FLOPs, and the bytes of its
+        ``inputs`` and ``outputs``, at the device's peaks for its dtype (an fp32 matmul at
+        the TF32 peak if the rank allows TF32), or at the host's with ``on_host``.
+
+        Every op that takes time comes here, on the device and on the host: keep it lean,
+        it runs for every op of every rank."""
         nbytes = 0
         for t in inputs:
             nbytes += t.numel() * t.element_size()
@@ -175,20 +179,15 @@ class RankAccounting(DispatchMode):
                 flops = counter(args, kwargs, out)
             except (TypeError, ValueError, RuntimeError):
                 flops = 0
-        dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
-        if flops and dtype is _F32 and func.overloadpacket in _TF32_OPS:
-            dtype = _fp32_matmul_dtype()
-        seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes, clock.now)
-        label = self.modules.innermost()
-        clock.flops += flops
-        seconds = clock.run_compute(seconds, label)
-        module_time = self.module_time
-        module_time[label] = module_time.get(label, 0.0) + seconds
-        return out
-
-    def _charge(self, seconds, flops, label):
-        """Run ``seconds`` of compute of ``flops`` FLOPs in ``label`` on the clock."""
-        clock = self.clock
+        clock, label = self.clock, self.modules.innermost()
+        if on_host:
+            seconds = self.recorder.cost.host_roofline(self.rank, flops, nbytes, clock.now)
+            label = f"host: {label}"
+        else:
+            dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
+            if flops and dtype is _F32 and func.overloadpacket in _TF32_OPS:
+                dtype = _fp32_matmul_dtype()
+            seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes, clock.now)
         clock.flops += flops
         seconds = clock.run_compute(seconds, label)
         module_time = self.module_time
@@ -218,16 +217,7 @@ class RankAccounting(DispatchMode):
             self.transfer(DEVICE_TO_HOST, from_device, outputs)
         elif not on_host and from_host:
             self.transfer(HOST_TO_DEVICE, from_host, outputs)
-        flops, nbytes, dtype = _work(counter, args, kwargs, out, inputs, outputs)
-        if flops and dtype is _F32 and func.overloadpacket in _TF32_OPS:
-            dtype = _fp32_matmul_dtype()
-        cost, label = self.recorder.cost, self.modules.innermost()
-        if on_host:
-            seconds = cost.host_roofline(self.rank, flops, nbytes, self.clock.now)
-            label = f"host: {label}"
-        else:
-            seconds = cost.roofline(self.rank, flops, dtype, nbytes, self.clock.now)
-        self._charge(seconds, flops, label)
+        self._charge(func, counter, args, kwargs, out, inputs, outputs, on_host)
         return out
 
     def transfer(self, direction, nbytes, outputs=(), wait=None):
@@ -257,12 +247,11 @@ class RankAccounting(DispatchMode):
             return
         storage = self.recorder.storage[self.recorder.spec.node_of(self.rank)]
         clock = self.clock
-        start, end = storage.transfer(clock.now, nbytes, write, self.rank, path)
-        self.recorder.storage_bytes[self.rank]["write" if write else "read"] += nbytes
-        if write and end > clock.deadline:
-            # the rank dies before the write ends: the file keeps what reached the disks
-            done = max(0.0, clock.deadline - start) / (end - start)
-            storage.tear(path, int(nbytes * done))
+        # A rank that dies before the transfer ends frees the array at its death, and a
+        # cut write leaves the file with what reached the disks (NodeStorage.transfer_until).
+        start, end, moved = storage.transfer_until(clock.now, nbytes, write, self.rank, path,
+                                                   until=clock.deadline)
+        self.recorder.storage_bytes[self.rank]["write" if write else "read"] += moved
         clock.wait_until(start, "wait for storage")
         clock.run_io(end, f"{'write' if write else 'read'} {_size(nbytes)}")
 
@@ -377,23 +366,6 @@ def _size(nbytes):
     return f"{nbytes} B"
 
 
-def _work(counter, args, kwargs, out, inputs, outputs):
-    """``(FLOPs, bytes read and written, dtype)`` of an op, for its roofline time."""
-    nbytes = 0
-    for t in inputs:
-        nbytes += t.numel() * t.element_size()
-    for t in outputs:
-        nbytes += t.numel() * t.element_size()
-    flops = 0
-    if counter is not None:
-        try:
-            flops = counter(args, kwargs, out)
-        except (TypeError, ValueError, RuntimeError):
-            flops = 0
-    dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
-    return flops, nbytes, dtype
-
-
 def _tensors(values, into):
     """Append the tensors among ``values`` (and inside lists/tuples in them) to ``into``."""
     for v in values:
@@ -442,17 +414,10 @@ def _op_info(func):
 
 
 # ------------------------------------------------ process-wide hooks, per rank
-_thread = threading.local()
-
-
 def current():
     """The calling rank thread's :class:`RankAccounting`, or None."""
-    return getattr(_thread, "accounting", None)
-
-
-def bind_thread(accounting):
-    """Make ``accounting`` the calling thread's accountant (None to unbind)."""
-    _thread.accounting = accounting
+    me = context.current()
+    return None if me is None else me.accounting
 
 
 @contextlib.contextmanager
@@ -534,11 +499,9 @@ def on_storage_io(write, nbytes, path):
 def on_checkpoint_saved():
     """The calling rank has saved a checkpoint: a crash after this loses only the work done
     since (``RestartRecord.lost_work``)."""
-    from .backend import current_world
-
-    world = current_world()
-    if world is not None and current() is not None:
-        world.note_checkpoint(current().rank)
+    me = context.current()
+    if me is not None and me.accounting is not None:
+        me.world.faults.note_checkpoint(me.rank)
 
 
 def on_storage_resize(storage, nbytes):
@@ -627,51 +590,18 @@ def _host_share(spec, rank):
                      f"(1/{node.devices} of {node.host.name})")
 
 
-class _NotCharged:
+class NotCharged:
     """A reusable ``with`` block in which the calling rank is charged nothing: DTensor's
     replay of each op at the global shape, which only learns the output's shape."""
 
     def __enter__(self):
         acc = current()
-        _thread.not_charged = getattr(_thread, "not_charged", [])
-        _thread.not_charged.append(None if acc is None else acc.paused())
-        if _thread.not_charged[-1] is not None:
-            _thread.not_charged[-1].__enter__()
+        if acc is not None:
+            block = acc.paused()
+            acc.not_charged.append(block)
+            block.__enter__()
 
     def __exit__(self, *exc):
-        block = _thread.not_charged.pop()
-        if block is not None:
-            block.__exit__(*exc)
-
-
-class _Removable:
-    """A hook handle for a setting of torch's: ``remove()`` restores the default."""
-
-    def __init__(self, undo):
-        self.remove = undo
-
-
-_hooks = []
-
-
-def install_hooks():
-    """Install the process-wide hooks that feed each rank's accountant."""
-    from torch.nn.modules import module as nn_module
-    from torch.optim import optimizer
-
-    set_sharding_propagation_context(_NotCharged())
-    _hooks.append(_Removable(lambda: set_sharding_propagation_context(None)))
-    _hooks.append(_Removable(install_storage_hooks(on_storage_io, on_checkpoint_saved)))
-    _hooks.extend([
-        nn_module.register_module_forward_pre_hook(on_forward_pre),
-        nn_module.register_module_forward_hook(on_forward_post),
-        nn_module.register_module_parameter_registration_hook(on_parameter),
-        optimizer.register_optimizer_step_pre_hook(on_optimizer_pre),
-        optimizer.register_optimizer_step_post_hook(on_optimizer_post),
-    ])
-
-
-def remove_hooks():
-    """Remove what :func:`install_hooks` installed."""
-    while _hooks:
-        _hooks.pop().remove()
+        acc = current()
+        if acc is not None:
+            acc.not_charged.pop().__exit__(*exc)

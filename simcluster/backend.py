@@ -9,18 +9,16 @@ scheduler, which knows what every rank is waiting for — so mismatches and dead
 explained instead of hanging.
 """
 
-import threading
 from collections import defaultdict, deque
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from . import accounting, collectives, validation
+from . import accounting, collectives, context, validation
 from ._torch_internals import (WorkBase, backend_options_fields, on_side_stream, reduce_op_name,
                                register_backend)
-from .errors import CollectiveMismatchError, DeadlockError, ProcessDied
-from .faults import DEFAULT_WATCHDOG_TIMEOUT_S, seconds
+from .errors import CollectiveMismatchError, DeadlockError
+from .faults import FaultState, seconds
 
 FLIGHT_RECORDER_LENGTH = 5
 
@@ -144,7 +142,7 @@ class SimWork(WorkBase):
         """
         self._world.scheduler.wait_until(self._finished, self._what)
         if self._pending.failed is not None:
-            self._world.die_waiting(self._clock, self._pending)
+            self._world.faults.die_waiting(self._clock, self._pending)
         if self._clock is not None:
             if on_side_stream():
                 self._ready_when_read()
@@ -182,7 +180,7 @@ class SimWork(WorkBase):
         # so hand out a future only once the work has completed.
         self._world.scheduler.wait_until(self._finished, self._what)
         if self._pending.failed is not None:
-            self._world.die_waiting(self._clock, self._pending)
+            self._world.faults.die_waiting(self._clock, self._pending)
         if self._clock is not None:
             self._ready_when_read()
         future = torch.futures.Future()
@@ -195,18 +193,12 @@ class SimWork(WorkBase):
         return self._group_ranks.index(self._pending.src)
 
 
-class Death(NamedTuple):
-    """How a rank's simulated process died (``SimWorld.deaths``)."""
-
-    time: float   # simulated seconds
-    cause: str    # the fault, e.g. "Crash(rank=3, at=2.0)", or the watchdog's message
-    crash: bool   # True: a fault killed it; False: its watchdog, waiting for a dead rank
-
-
 class SimWorld:
-    """Everything the ranks of one run share: groups, open collectives, mailboxes."""
+    """Everything the ranks of one run share: groups, open collectives, mailboxes, and
+    (in ``faults``, a :class:`~simcluster.faults.FaultState`) crashes and watchdogs.
+    ``stop_after_crash``: see :class:`~simcluster.faults.FaultState`."""
 
-    def __init__(self, scheduler, world_size, recorder=None):
+    def __init__(self, scheduler, world_size, recorder=None, stop_after_crash=None):
         self.scheduler = scheduler
         self.recorder = recorder  # simulated time and memory (None: accounting off)
         self.world_size = world_size
@@ -225,120 +217,29 @@ class SimWorld:
         self.calls = [[] for _ in range(world_size)]
         self.bytes_sent = [0] * world_size     # point-to-point payload bytes, per sender
         self.messages_sent = [0] * world_size  # point-to-point messages, per sender
-        self.deaths = {}   # rank -> Death, for the ranks whose process died
-        # Each rank's latest saved checkpoint (simulated seconds), for a restart's lost work.
-        self.checkpoints = [None] * world_size
-        # With a restart to come, torchrun's agent stops every surviving worker this many
-        # simulated seconds after a crash (before their watchdogs fire); None: no restart.
-        self.stop_after_crash = None
-        self.crash_times = {}   # rank -> when its crash fault strikes, this attempt
-        # Each rank's watchdog timeout in simulated seconds (dist.init_process_group's).
-        self.timeouts = [DEFAULT_WATCHDOG_TIMEOUT_S] * world_size
+        # crashes, deaths and watchdogs (simcluster.faults)
+        self.faults = FaultState(world_size, recorder, self.operations_waiting_for,
+                                 stop_after_crash)
 
-    # ------------------------------------------------------------------- faults
-    def schedule_crash(self, rank, t, cause):
-        """``rank``'s process dies at simulated time ``t`` (a fault named ``cause``)."""
-        self.crash_times[rank] = t
-        self.clock(rank).set_deadline(t, lambda: self.die(rank, t, cause, crash=True), "")
-
-    def note_checkpoint(self, rank):
-        """``rank`` has saved a checkpoint now (a ``torch.save`` to a file, or a committed
-        ``dcp.save``): a crash after this loses only the work done since
-        (``RestartRecord.lost_work``)."""
-        clock = self.clock(rank)
-        if clock is not None:
-            self.checkpoints[rank] = clock.end
-
-    def die(self, rank, t, cause, crash):
-        """``rank``'s process dies at ``t``: what waits for it fails; unwind the rank."""
-        if rank not in self.deaths:
-            self.deaths[rank] = Death(t, cause, crash)
-            if self.recorder is not None:
-                self.recorder.deaths.append((rank, t, crash))
-            if crash and self.stop_after_crash is not None:
-                self._stop_survivors(t + self.stop_after_crash, f"rank {rank} crashed")
-            self._fail_operations_of(rank)
-        raise ProcessDied()
-
-    def _stop_survivors(self, t, why):
-        """torchrun's agent stops every live worker at ``t`` to restart them all."""
-        label = f"stopped by torchrun to restart ({why})"
-        for r in range(self.world_size):
-            clock = self.clock(r)
-            if r not in self.deaths and clock is not None:
-                clock.set_deadline(t, lambda r=r, clock=clock: self.die(
-                    r, max(t, clock.now), label, crash=False), label)
-
-    def check_alive(self, rank):
-        """Called as ``rank`` starts an operation: it dies here if its time has come."""
-        clock = self.clock(rank)
-        if clock is not None and clock.now >= clock.deadline:
-            clock.die_at_deadline("")
-        if rank in self.deaths:   # it caught its own death and went on
-            raise ProcessDied()
-
-    def die_waiting(self, clock, what):
-        """The operation a rank waited for failed: its watchdog stops the rank."""
-        if clock is None:   # (faults need accounting: cluster.run refuses them without)
-            raise ProcessDied()
-        clock.die_at_deadline(f"waiting in {what}")
-
-    def _watch(self, rank, since, what, reason):
-        """``rank`` waits, since ``since``, for ``what``, which failed because of
-        ``reason``: its watchdog stops it ``timeout`` seconds after ``since``."""
-        clock = self.clock(rank)
-        if clock is None or rank in self.deaths:
-            return
-        timeout = self.timeouts[rank]
-        t = since + timeout
-        label = f"watchdog: {what} did not finish in {timeout:g} s ({reason})"
-        if self.stop_after_crash is not None and self.crash_times:
-            # a restart is to come: torchrun stops the rank first (see _stop_survivors)
-            stop = max(since, min(self.crash_times.values()) + self.stop_after_crash)
-            if stop < t:
-                t, label = stop, f"stopped by torchrun to restart ({reason})"
-        clock.set_deadline(t, lambda: self.die(rank, max(t, clock.now), label, crash=False),
-                           label)
-
-    def fail_collective(self, coll, reason):
-        """``coll`` can never complete: every member that joined it waits for its watchdog."""
-        coll.failed = reason
-        for group_rank, arrival in coll.arrivals.items():
-            self._watch(coll.group.ranks[group_rank], arrival, str(coll), reason)
-
-    def fail_message(self, msg, reason):
-        """A posted send or receive can never complete: its rank waits for its watchdog."""
-        msg.failed = reason
-        self._watch(msg.poster(), msg.posted, str(msg), reason)
-
-    def _fail_operations_of(self, rank):
-        """Everything that waits for dead ``rank`` to join it fails. (What it joined or
-        posted itself before it died stays: it may still complete before the death in
-        simulated time, which ``_dies_before`` decides once it would complete.)"""
-        reason = self.dead_reason([rank])
+    def operations_waiting_for(self, rank):
+        """The open operations that wait for ``rank`` to join them or post their other
+        side, as ``(collectives, messages)``; the messages are taken off their queues
+        (see :meth:`FaultState._fail_operations_of <simcluster.faults.FaultState>`)."""
+        collectives, messages = [], []
         for group in self.groups.values():
             if rank not in group.ranks:
                 continue
             member = group.ranks.index(rank)
-            for coll in group.open.values():
-                if coll.failed is None and member not in coll.args:
-                    self.fail_collective(coll, reason)
+            collectives += [coll for coll in group.open.values()
+                            if coll.failed is None and member not in coll.args]
         for queues in (self.sends, self.recvs):
             for (src, dst, _), posted in queues.items():
                 if rank in (src, dst):
                     waiting = [m for m in posted if m.poster() != rank]
                     for msg in waiting:
-                        self.fail_message(msg, reason)
                         posted.remove(msg)
-
-    def dead_reason(self, ranks):
-        """Why an operation among ``ranks`` can never complete (one of them died), or None."""
-        for r in ranks:
-            if r in self.deaths:
-                death = self.deaths[r]
-                return (f"rank {r} crashed at {seconds(death.time)}" if death.crash else
-                        f"rank {r} stopped at {seconds(death.time)} (its own watchdog)")
-        return None
+                    messages += waiting
+        return collectives, messages
 
     def collectives_called(self, rank):
         """The names of the collectives global ``rank`` has called, oldest first."""
@@ -416,8 +317,8 @@ class SimWorld:
         """Build the error that describes why no rank can move."""
         pending, waits = {}, {}
         for rank in range(self.world_size):
-            if rank in self.deaths:
-                death = self.deaths[rank]
+            if rank in self.faults.deaths:
+                death = self.faults.deaths[rank]
                 pending[rank] = f"died at {seconds(death.time)} ({death.cause})"
             elif self.scheduler.is_done(rank):
                 pending[rank] = "returned from its function"
@@ -537,7 +438,7 @@ class SimProcessGroup(dist.ProcessGroup):
         ``nbytes`` is the buffer size the cost model charges (see costmodel.OP_FAMILY).
         """
         group, world, me = self._group, self._world, self._group_rank
-        world.check_alive(self._global_rank)
+        world.faults.check_alive(self._global_rank)
         seq = group.next_seq[me]
         group.next_seq[me] += 1
         coll = group.open.get(seq)
@@ -552,12 +453,12 @@ class SimProcessGroup(dist.ProcessGroup):
         call_index = len(calls)
         calls.append((name, seq, group.label))
         if coll.failed is None:
-            reason = world.dead_reason([group.ranks[r] for r in range(len(group.ranks))
+            reason = world.faults.dead_reason([group.ranks[r] for r in range(len(group.ranks))
                                         if r not in coll.args])
             if reason is not None:   # a member died before joining: it never will
-                world.fail_collective(coll, reason)
+                world.faults.fail_collective(coll, reason)
         else:
-            world.fail_collective(coll, coll.failed)   # (starts this rank's watchdog)
+            world.faults.fail_collective(coll, coll.failed)   # (starts this rank's watchdog)
         if coll.failed is None and len(coll.args) == len(group.ranks):
             self._charge(coll, nbytes)   # fails it if a member dies before it ends
             if coll.failed is None:
@@ -590,9 +491,9 @@ class SimProcessGroup(dist.ProcessGroup):
         start = max(coll.arrivals.values())
         charge = recorder.cost.collective_time(coll.name, ranks, nbytes, at=start)
         coll.end = start + charge.seconds
-        reason = _dies_before(recorder, ranks, coll.end)
+        reason = self._world.faults.dies_before(ranks, coll.end)
         if reason is not None:
-            self._world.fail_collective(coll, reason)
+            self._world.faults.fail_collective(coll, reason)
             return
         label = f"{coll.name} #{coll.seq}"
         for r in ranks:
@@ -780,7 +681,7 @@ class SimProcessGroup(dist.ProcessGroup):
         validation.point_to_point("send", self._global_rank, tensors[0])
         world, me = self._world, self._global_rank
         dst = self._peer(dst, "send")
-        world.check_alive(me)
+        world.faults.check_alive(me)
         msg = _Message("send", me, dst, tag, tensors[0], world.posted(me))
         key = (me, dst, tag)
         world.messages_sent[me] += 1
@@ -788,8 +689,8 @@ class SimProcessGroup(dist.ProcessGroup):
         partner = world.recvs[key].popleft() if world.recvs[key] else None
         if partner is None and world.any_recvs[(dst, tag)]:
             partner = world.any_recvs[(dst, tag)].popleft()
-        if partner is None and dst in world.deaths:
-            world.fail_message(msg, world.dead_reason([dst]))
+        if partner is None and dst in world.faults.deaths:
+            world.faults.fail_message(msg, world.faults.dead_reason([dst]))
         elif partner is not None:
             self._deliver(msg, partner)
         else:
@@ -803,13 +704,13 @@ class SimProcessGroup(dist.ProcessGroup):
         validation.point_to_point("recv", self._global_rank, tensors[0])
         world, me = self._world, self._global_rank
         src = self._peer(src, "receive")
-        world.check_alive(me)
+        world.faults.check_alive(me)
         msg = _Message("recv", src, me, tag, tensors[0], world.posted(me))
         key = (src, me, tag)
         if world.sends[key]:
             self._deliver(world.sends[key].popleft(), msg)
-        elif src in world.deaths:
-            world.fail_message(msg, world.dead_reason([src]))
+        elif src in world.faults.deaths:
+            world.faults.fail_message(msg, world.faults.dead_reason([src]))
         else:
             world.recvs[key].append(msg)
         what = _Wait("recv", f"waiting in recv from rank {src} (tag {tag}, shape "
@@ -820,7 +721,7 @@ class SimProcessGroup(dist.ProcessGroup):
         """Post a receive from any rank of the group: the earliest posted send wins."""
         validation.point_to_point("recv", self._global_rank, tensors[0])
         world, me = self._world, self._global_rank
-        world.check_alive(me)
+        world.faults.check_alive(me)
         msg = _Message("recv", None, me, tag, tensors[0], world.posted(me))
         what = _Wait("recv", f"waiting in recv from any rank (tag {tag}): nobody sent one")
         work = SimWork(world, msg, tensors, what, world.clock(me), self._group.ranks)
@@ -859,10 +760,10 @@ class SimProcessGroup(dist.ProcessGroup):
             start = max(send.posted, recv.posted, sender.send_free, receiver.recv_free)
             send.end = recv.end = start + recorder.cost.p2p_time(send.src, recv.dst, nbytes,
                                                                  at=start)
-            reason = _dies_before(recorder, (send.src, recv.dst), send.end)
+            reason = self._world.faults.dies_before((send.src, recv.dst), send.end)
             if reason is not None:   # one side dies before the message is through
-                self._world.fail_message(send, reason)
-                self._world.fail_message(recv, reason)
+                self._world.faults.fail_message(send, reason)
+                self._world.faults.fail_message(recv, reason)
                 return
         with torch.no_grad(), accounting.paused():
             collectives.copy_bytes(send.tensor, recv.tensor)
@@ -871,17 +772,6 @@ class SimProcessGroup(dist.ProcessGroup):
             sender.run_comm(start, send.end, f"send {send.src}->{recv.dst}", lane="send")
             receiver.run_comm(start, send.end, f"recv {send.src}->{recv.dst}", lane="recv")
             recorder.add_traffic(send.src, recv.dst, nbytes)
-
-
-def _dies_before(recorder, ranks, end):
-    """Why an operation among ``ranks`` ending at ``end`` never completes: one of them
-    dies before (a crash fault, or its watchdog). None if all live to see it end."""
-    for r in ranks:
-        clock = recorder.clocks[r]
-        if clock.deadline < end:
-            how = "was stopped by its watchdog" if clock.deadline_label else "crashed"
-            return f"rank {r} {how} at {seconds(clock.deadline)}"
-    return None
 
 
 def _tag_as_communication(tensors):
@@ -905,17 +795,10 @@ class _LazyText:
 
 
 # ------------------------------------------------------------ backend registration
-_thread = threading.local()
-
-
-def bind_thread(world):
-    """Tell the sim backend which run the calling rank thread belongs to."""
-    _thread.world = world
-
-
 def current_world():
     """The :class:`SimWorld` of the calling rank thread, or None outside a run."""
-    return getattr(_thread, "world", None)
+    me = context.current()
+    return None if me is None else me.world
 
 
 def create_process_group(options, pg_options=None):

@@ -11,16 +11,16 @@ backend, so ordinary ``torch.distributed`` code runs unchanged.
 import dataclasses
 import datetime
 import os
-import sys
 import threading
 
 import torch.distributed as dist
 
-from . import _torch_internals, backend, spec, validation
+from . import _torch_internals, backend, context, spec, validation
 from . import accounting as _accounting
 from . import faults as _faults
+from .context import RankContext
 from .costmodel import CostModel
-from .errors import DeadlockError, RankCrashedError, SimulationError
+from .errors import DeadlockError, SimulationError
 from .report import Run
 from .scheduler import RankScheduler
 
@@ -160,7 +160,7 @@ class Cluster:
             if recorder is None:
                 cost = CostModel(cluster.spec, algorithms)
                 cost.speed_factor.update(speed_factor or {})
-                cost.link_factor.update(link_factor or {})
+                cost.link_factor.update(_faults.on_alive_nodes(link_factor, alive_nodes))
                 _faults.slow_down(faults, cost, world_size, alive_nodes)
                 recorder = (_accounting.Recorder(cluster.spec, world_size, cost)
                             if accounting else None)
@@ -174,9 +174,10 @@ class Cluster:
                 restart_delay if attempt < max_restarts else None)
             run = Run(cluster, world_size, results, world)
             run.restarts = list(restarts)
-            if not world.deaths:
+            if not world.faults.deaths:
                 return run
-            record, dead_nodes = _failure(world, run, scheduled, attempt, start, alive_nodes)
+            record, dead_nodes = _faults.failure(world.faults, run, scheduled, attempt, start,
+                                                 alive_nodes)
             last = attempt == max_restarts
             shrink = min_world_size is not None and dead_nodes
             if shrink:
@@ -185,11 +186,11 @@ class Cluster:
                 smaller = sum(1 for r in range(world_size)
                               if cluster.spec.node_of(r) in left)
                 if smaller < min_world_size:
-                    raise _crashed(record, run, restarts, (
+                    raise _faults.crashed(record, run, restarts, (
                         f"Only {smaller} rank(s) are left on the surviving nodes, fewer than "
                         f"min_world_size={min_world_size}, so the job cannot go on."))
             if last:
-                raise _crashed(record, run, restarts, (
+                raise _faults.crashed(record, run, restarts, (
                     f"That is failure {len(restarts) + 1}, one more than "
                     f"max_restarts={max_restarts} allows: allow more restarts, or make each "
                     "one lose less work (checkpoint more often)." if max_restarts else
@@ -216,57 +217,46 @@ class Cluster:
         after a crash (None: they wait for their watchdogs)."""
         results = [None] * world_size
         scheduler = RankScheduler(world_size, lambda: world.explain_deadlock(), timeout)
-        world = backend.SimWorld(scheduler, world_size, recorder)
-        world.stop_after_crash = stop_after_crash
+        world = backend.SimWorld(scheduler, world_size, recorder, stop_after_crash)
         scheduled = _faults.crashes(faults, start, world_size, self.spec, alive_nodes)
         for rank, fault in scheduled.items():
-            world.schedule_crash(rank, fault.at, str(fault))
+            world.faults.schedule_crash(rank, fault.at, str(fault))
+
+        def rank_context(rank):
+            mode = _accounting.RankAccounting(rank, recorder) if recorder else None
+            return RankContext(rank, world, mode, _torch_internals.rank_registry())
 
         def rank_main(rank):
-            _torch_internals.enter_rank_thread()
-            backend.bind_thread(world)
-            mode = _accounting.RankAccounting(rank, recorder) if recorder else None
-            _accounting.bind_thread(mode)
+            mode = context.current().accounting
             try:
                 if mode is not None:
                     mode.__enter__()
                 try:
                     _torch_internals.init_default_group(rank, world_size, world.store)
                     result = fn(*args, **kwargs)
-                    if rank not in world.deaths:   # (a dead rank that caught its death)
+                    if rank not in world.faults.deaths:   # (a dead rank that caught its death)
                         results[rank] = result
                 except BaseException:
                     # A dead rank unwinds with ProcessDied, which torch may have wrapped
                     # on the way (a C++ caller): its death is known, whatever the type.
-                    if rank not in world.deaths:
+                    if rank not in world.faults.deaths:
                         raise
                 finally:
                     if mode is not None:
                         mode.__exit__(None, None, None)
                         recorder.memories[rank].close()
             finally:
-                _accounting.bind_thread(None)
-                _torch_internals.leave_rank_thread()
-                backend.bind_thread(None)
+                _torch_internals.destroy_rank_groups()
 
-        # init_process_group prefixes sys.excepthook with "[rankN]" in every rank: keep
-        # the notebook's own hook.
-        excepthook = sys.excepthook
-        _torch_internals.install(_accounting.on_storage_resize, _accounting.on_parameter,
-                                 _learner_init_process_group, _accounting.on_sharded_gradients,
-                                 _accounting.allocating_as)
-        _accounting.install_hooks()
-        try:
-            scheduler.run(rank_main)
-        except DeadlockError:
-            # After a crash, survivors may wait for each other where no watchdog sees the
-            # dead rank (a receive from any source): the crash is what went wrong.
-            if not world.deaths:
-                raise
-        finally:
-            _accounting.remove_hooks()
-            _torch_internals.uninstall()
-            sys.excepthook = excepthook
+        # Every process-wide change of the attempt is in force in this block only.
+        with _torch_internals.patched(_RUN_HOOKS):
+            try:
+                scheduler.run(rank_main, rank_context)
+            except DeadlockError:
+                # After a crash, survivors may wait for each other where no watchdog sees
+                # the dead rank (a receive from any source): the crash is what went wrong.
+                if not world.faults.deaths:
+                    raise
         return world, results, scheduled
 
 
@@ -287,45 +277,6 @@ def _second_run_refused():
             "Wait for it to return, then run again.")
 
 
-def _failure(world, run, scheduled, attempt, start, alive_nodes):
-    """The :class:`~simcluster.faults.RestartRecord` of a failed attempt, and the original
-    indices of the nodes a NodeCrash took down."""
-    crashed = {r: d for r, d in world.deaths.items() if d.crash} or world.deaths
-    rank = min(crashed, key=lambda r: (crashed[r].time, r))
-    death = crashed[rank]
-    # The latest checkpoint saved in this attempt (a torch.save to a file, or a dcp.save
-    # once committed; a write the crash cut short never counts). Another rank may finish
-    # one after the crash, before its watchdog fires: then no work is lost.
-    resume = max((t for t in world.checkpoints if t is not None and t >= start),
-                 default=start)
-    node = alive_nodes[run.cluster.spec.node_of(rank)]
-    dead_nodes = {alive_nodes[run.cluster.spec.node_of(r)] for r, d in world.deaths.items()
-                  if d.crash and isinstance(scheduled.get(r), _faults.NodeCrash)}
-    record = _faults.RestartRecord(
-        time=death.time, rank=rank, node=node, cause=death.cause,
-        lost_work=max(0.0, death.time - resume), attempt=attempt,
-        world_size=world.world_size, detected=run.elapsed)
-    return record, dead_nodes
-
-
-def _crashed(record, run, restarts, advice):
-    """The :class:`RankCrashedError` that ends a run after the failure ``record``."""
-    stopped = sorted(r for r, d in run._deaths.items() if not d.crash)
-    waited = ""
-    if stopped:
-        timeouts = sorted({run._timeouts[r] for r in stopped})
-        waited = (f" {_faults.rank_list(stopped).capitalize()} waited for it until their "
-                  f"watchdog timeout ({' / '.join(f'{t:g}' for t in timeouts)} s, set by "
-                  "dist.init_process_group(timeout=...)) and stopped; the run ended at "
-                  f"{_faults.seconds(record.detected)}.")
-    message = (f"rank {record.rank} (node {record.node}) crashed at "
-               f"{_faults.seconds(record.time)} of simulated time ({record.cause}), in attempt "
-               f"{record.attempt}.{waited} {advice} "
-               "The partial run is in .run: .run.timeline() shows the crash and the wait.")
-    return RankCrashedError(record.rank, record.node, record.time, record.cause, run,
-                            restarts + [record], message)
-
-
 def _learner_init_process_group(backend_name, kwargs):
     """Accept a rank function's own ``dist.init_process_group(...)`` inside a run."""
     world = backend.current_world()
@@ -335,13 +286,13 @@ def _learner_init_process_group(backend_name, kwargs):
                 'the "sim" backend only works inside a simulated run: call your function '
                 "with cluster.run(fn, world_size=...) instead of calling it directly.")
         return False
-    rank = world.scheduler.rank
+    rank = context.current().rank
     timeout = kwargs.get("timeout")
     if timeout is not None:
         if not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() <= 0:
             raise ValueError(f"rank {rank}: init_process_group(timeout={timeout!r}) must be "
                              "a positive datetime.timedelta")
-        world.timeouts[rank] = timeout.total_seconds()
+        world.faults.timeouts[rank] = timeout.total_seconds()
     for key, actual in (("world_size", world.world_size), ("rank", rank)):
         wanted = kwargs.get(key, -1)
         if wanted not in (-1, None, actual):
@@ -351,3 +302,21 @@ def _learner_init_process_group(backend_name, kwargs):
         _torch_internals.init_default_group(rank, world.world_size, world.store)
     return True
 
+
+
+# What the run's patches report to (see simcluster._torch_internals.RunHooks).
+_RUN_HOOKS = _torch_internals.RunHooks(
+    registry=lambda: getattr(context.current(), "registry", None),
+    on_storage_resize=_accounting.on_storage_resize,
+    on_parameter=_accounting.on_parameter,
+    on_init_process_group=_learner_init_process_group,
+    on_sharded_gradients=_accounting.on_sharded_gradients,
+    allocating_as=_accounting.allocating_as,
+    on_io=_accounting.on_storage_io,
+    on_checkpoint=_accounting.on_checkpoint_saved,
+    not_charged=_accounting.NotCharged(),
+    on_forward_pre=_accounting.on_forward_pre,
+    on_forward_post=_accounting.on_forward_post,
+    on_optimizer_pre=_accounting.on_optimizer_pre,
+    on_optimizer_post=_accounting.on_optimizer_post,
+)

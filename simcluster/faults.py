@@ -28,11 +28,33 @@ What a fault does:
 
 After a crash ``cluster.run`` raises :class:`~simcluster.RankCrashedError`, or, given
 ``max_restarts``, restarts every rank as torchrun does: see :class:`RestartRecord`.
+
+One crash, start to end, in this module (with the call sites in brackets):
+
+1. :func:`crashes` picks the crash each rank of an attempt meets first, and
+   :meth:`FaultState.schedule_crash` makes it the deadline of the rank's clock
+   [``cluster.Cluster._attempt``].
+2. The clock stops compute and idle waits at the deadline and calls
+   :meth:`FaultState.die` [``clock.RankClock``], which records a :class:`Death`, fails
+   every operation that waits for the rank (:meth:`FaultState.fail_collective`,
+   :meth:`FaultState.fail_message`), and raises ``ProcessDied`` to unwind the rank's thread.
+3. An operation that would end after a member's deadline fails instead of completing
+   (:meth:`FaultState.dies_before`); every rank that waits on a failed operation gets a
+   watchdog deadline (:meth:`FaultState.watch`), and dies in turn when its clock reaches
+   it (:meth:`FaultState.die_waiting`) [``backend``: collectives, messages, ``SimWork``].
+4. The attempt ends; :func:`failure` makes its :class:`RestartRecord`, and either the run
+   restarts (``restart_delay`` later; with one to come, :meth:`FaultState.die` stops the
+   survivors then) or :func:`crashed` makes the :class:`~simcluster.RankCrashedError`
+   [``cluster.Cluster._run``].
 """
 
 import math
 from dataclasses import dataclass
 from numbers import Real
+from typing import NamedTuple
+
+from .errors import ProcessDied, RankCrashedError
+from .scheduler import run_no_more_code
 
 # NCCL's watchdog timeout in torch 2.x: ``dist.init_process_group(timeout=...)`` defaults
 # to 10 minutes for NCCL (torch.distributed.constants.default_pg_nccl_timeout).
@@ -343,6 +365,15 @@ def seconds(t):
     return f"{t:.6g} s"
 
 
+def on_alive_nodes(link_factor, alive_nodes):
+    """``cluster.run``'s ``link_factor`` (keys: the cluster's original node indices, or
+    ``"network"``) for an attempt on the nodes ``alive_nodes``: each factor stays with its
+    node after an elastic shrink renumbered them, and a lost node's factor is dropped."""
+    return {(key if key == "network" else alive_nodes.index(key)): factor
+            for key, factor in (link_factor or {}).items()
+            if key == "network" or key in alive_nodes}
+
+
 def slow_down(faults, cost, world_size, alive_nodes):
     """Put the stragglers, degraded links and lossy nodes of ``faults`` into the cost model
     ``cost`` of an attempt with ``world_size`` ranks on the cluster's nodes ``alive_nodes``
@@ -357,3 +388,187 @@ def slow_down(faults, cost, world_size, alive_nodes):
             cost.link_windows.setdefault(key, []).append((fault.start, fault.end, fault.factor))
         elif isinstance(fault, PacketLoss) and fault.node in alive_nodes:
             cost.packet_loss[alive_nodes.index(fault.node)] = (fault.rate, fault.rto)
+
+
+# ------------------------------------------------------- crashes, watchdogs, restarts
+class Death(NamedTuple):
+    """How a rank's simulated process died (``FaultState.deaths``)."""
+
+    time: float   # simulated seconds
+    cause: str    # the fault, e.g. "Crash(rank=3, at=2.0)", or the watchdog's message
+    crash: bool   # True: a fault killed it; False: its watchdog, waiting for a dead rank
+
+
+class FaultState:
+    """The crashes, deaths and watchdogs of one run attempt (``SimWorld.faults``).
+
+    A crash is a deadline on the rank's clock (:meth:`schedule_crash`); the clock calls
+    :meth:`die` when it reaches it. An operation a dead rank never joins fails, and the
+    ranks waiting on it get a watchdog deadline (:meth:`watch`). ``recorder`` gives the
+    clocks (None: accounting off, and no faults); ``waiting_for(rank)`` gives the open
+    operations of the world that wait for ``rank`` to join or post its side, as
+    ``(collectives, messages)``, and takes those messages off their queues.
+    """
+
+    def __init__(self, world_size, recorder, waiting_for, stop_after_crash=None):
+        self.world_size, self.recorder = world_size, recorder
+        self._waiting_for = waiting_for
+        # With a restart to come, torchrun's agent stops every surviving worker this many
+        # simulated seconds after a crash (before their watchdogs fire); None: no restart.
+        self.stop_after_crash = stop_after_crash
+        self.deaths = {}   # rank -> Death, for the ranks whose process died
+        self.crash_times = {}   # rank -> when its crash fault strikes, this attempt
+        # Each rank's latest saved checkpoint (simulated seconds), for a restart's lost work.
+        self.checkpoints = [None] * world_size
+        # Each rank's watchdog timeout in simulated seconds (dist.init_process_group's).
+        self.timeouts = [DEFAULT_WATCHDOG_TIMEOUT_S] * world_size
+
+    def clock(self, rank):
+        return self.recorder.clocks[rank] if self.recorder else None
+
+    def schedule_crash(self, rank, t, cause):
+        """``rank``'s process dies at simulated time ``t`` (a fault named ``cause``)."""
+        self.crash_times[rank] = t
+        self.clock(rank).set_deadline(t, lambda: self.die(rank, t, cause, crash=True), "")
+
+    def note_checkpoint(self, rank):
+        """``rank`` has saved a checkpoint now (a ``torch.save`` to a file, or a committed
+        ``dcp.save``): a crash after this loses only the work done since
+        (``RestartRecord.lost_work``)."""
+        clock = self.clock(rank)
+        if clock is not None:
+            self.checkpoints[rank] = clock.end
+
+    def die(self, rank, t, cause, crash):
+        """``rank``'s process dies at ``t``: what waits for it fails; unwind the rank."""
+        if rank not in self.deaths:
+            self.deaths[rank] = Death(t, cause, crash)
+            if self.recorder is not None:
+                self.recorder.deaths.append((rank, t, crash))
+            if crash and self.stop_after_crash is not None:
+                self._stop_survivors(t + self.stop_after_crash, f"rank {rank} crashed")
+            self._fail_operations_of(rank)
+        run_no_more_code()   # no except, finally or with exit of the rank's own runs
+        raise ProcessDied()
+
+    def _stop_survivors(self, t, why):
+        """torchrun's agent stops every live worker at ``t`` to restart them all."""
+        label = f"stopped by torchrun to restart ({why})"
+        for r in range(self.world_size):
+            clock = self.clock(r)
+            if r not in self.deaths and clock is not None:
+                clock.set_deadline(t, lambda r=r, clock=clock: self.die(
+                    r, max(t, clock.now), label, crash=False), label)
+
+    def check_alive(self, rank):
+        """Called as ``rank`` starts an operation: it dies here if its time has come."""
+        clock = self.clock(rank)
+        if clock is not None and clock.now >= clock.deadline:
+            clock.die_at_deadline("")
+        if rank in self.deaths:   # it caught its own death and went on
+            raise ProcessDied()
+
+    def die_waiting(self, clock, what):
+        """The operation a rank waited for failed: its watchdog stops the rank."""
+        if clock is None:   # (faults need accounting: cluster.run refuses them without)
+            raise ProcessDied()
+        clock.die_at_deadline(f"waiting in {what}")
+
+    def watch(self, rank, since, what, reason):
+        """``rank`` waits, since ``since``, for ``what``, which failed because of
+        ``reason``: its watchdog stops it ``timeout`` seconds after ``since``."""
+        clock = self.clock(rank)
+        if clock is None or rank in self.deaths:
+            return
+        timeout = self.timeouts[rank]
+        t = since + timeout
+        label = f"watchdog: {what} did not finish in {timeout:g} s ({reason})"
+        if self.stop_after_crash is not None and self.crash_times:
+            # a restart is to come: torchrun stops the rank first (see _stop_survivors)
+            stop = max(since, min(self.crash_times.values()) + self.stop_after_crash)
+            if stop < t:
+                t, label = stop, f"stopped by torchrun to restart ({reason})"
+        clock.set_deadline(t, lambda: self.die(rank, max(t, clock.now), label, crash=False),
+                           label)
+
+    def fail_collective(self, coll, reason):
+        """``coll`` can never complete: every member that joined it waits for its watchdog."""
+        coll.failed = reason
+        for group_rank, arrival in coll.arrivals.items():
+            self.watch(coll.group.ranks[group_rank], arrival, str(coll), reason)
+
+    def fail_message(self, msg, reason):
+        """A posted send or receive can never complete: its rank waits for its watchdog."""
+        msg.failed = reason
+        self.watch(msg.poster(), msg.posted, str(msg), reason)
+
+    def _fail_operations_of(self, rank):
+        """Everything that waits for dead ``rank`` to join it fails. (What it joined or
+        posted itself before it died stays: it may still complete before the death in
+        simulated time, which :meth:`dies_before` decides once it would complete.)"""
+        reason = self.dead_reason([rank])
+        collectives, messages = self._waiting_for(rank)
+        for coll in collectives:
+            self.fail_collective(coll, reason)
+        for msg in messages:
+            self.fail_message(msg, reason)
+
+    def dead_reason(self, ranks):
+        """Why an operation among ``ranks`` can never complete (one of them died), or None."""
+        for r in ranks:
+            if r in self.deaths:
+                death = self.deaths[r]
+                return (f"rank {r} crashed at {seconds(death.time)}" if death.crash else
+                        f"rank {r} stopped at {seconds(death.time)} (its own watchdog)")
+        return None
+
+    def dies_before(self, ranks, end):
+        """Why an operation among ``ranks`` ending at ``end`` never completes: one of them
+        dies before (a crash fault, or its watchdog). None if all live to see it end."""
+        for r in ranks:
+            clock = self.recorder.clocks[r]
+            if clock.deadline < end:
+                how = "was stopped by its watchdog" if clock.deadline_label else "crashed"
+                return f"rank {r} {how} at {seconds(clock.deadline)}"
+        return None
+
+
+def failure(faults, run, scheduled, attempt, start, alive_nodes):
+    """The :class:`RestartRecord` of a failed attempt (its :class:`FaultState`
+    ``faults``, its partial ``run``, the crashes ``scheduled`` for it), and the original
+    indices of the nodes a NodeCrash took down."""
+    crashed_ranks = {r: d for r, d in faults.deaths.items() if d.crash} or faults.deaths
+    rank = min(crashed_ranks, key=lambda r: (crashed_ranks[r].time, r))
+    death = crashed_ranks[rank]
+    # The latest checkpoint saved in this attempt (a torch.save to a file, or a dcp.save
+    # once committed; a write the crash cut short never counts). Another rank may finish
+    # one after the crash, before its watchdog fires: then no work is lost.
+    resume = max((t for t in faults.checkpoints if t is not None and t >= start),
+                 default=start)
+    node = alive_nodes[run.cluster.spec.node_of(rank)]
+    dead_nodes = {alive_nodes[run.cluster.spec.node_of(r)] for r, d in faults.deaths.items()
+                  if d.crash and isinstance(scheduled.get(r), NodeCrash)}
+    record = RestartRecord(
+        time=death.time, rank=rank, node=node, cause=death.cause,
+        lost_work=max(0.0, death.time - resume), attempt=attempt,
+        world_size=faults.world_size, detected=run.elapsed)
+    return record, dead_nodes
+
+
+def crashed(record, run, restarts, advice):
+    """The :class:`~simcluster.RankCrashedError` that ends a run after the failure
+    ``record`` (``advice``: what to change)."""
+    stopped = sorted(r for r, d in run._deaths.items() if not d.crash)
+    waited = ""
+    if stopped:
+        timeouts = sorted({run._timeouts[r] for r in stopped})
+        waited = (f" {rank_list(stopped).capitalize()} waited for it until their "
+                  f"watchdog timeout ({' / '.join(f'{t:g}' for t in timeouts)} s, set by "
+                  "dist.init_process_group(timeout=...)) and stopped; the run ended at "
+                  f"{seconds(record.detected)}.")
+    message = (f"rank {record.rank} (node {record.node}) crashed at "
+               f"{seconds(record.time)} of simulated time ({record.cause}), in attempt "
+               f"{record.attempt}.{waited} {advice} "
+               "The partial run is in .run: .run.timeline() shows the crash and the wait.")
+    return RankCrashedError(record.rank, record.node, record.time, record.cause, run,
+                            restarts + [record], message)

@@ -90,8 +90,8 @@ class Run:
         self.messages_sent = list(world.messages_sent)
         self.recorder = world.recorder
         self.restarts = []
-        self._deaths = dict(world.deaths)         # this attempt's dead ranks (backend.Death)
-        self._timeouts = list(world.timeouts)     # each rank's watchdog timeout, seconds
+        self._deaths = dict(world.faults.deaths)  # this attempt's dead ranks (faults.Death)
+        self._timeouts = list(world.faults.timeouts)  # each rank's watchdog timeout, seconds
 
     def __repr__(self):
         return f"<Run of {self.world_size} ranks on {self.cluster.spec.name}>"
@@ -112,7 +112,9 @@ class Run:
         """``[(rank, simulated time, crashed), ...]``: every rank whose process died, by
         a fault (``crashed``) or by its watchdog while it waited for a dead rank, over
         every attempt (since the last elastic shrink), in the order they died."""
-        return list(self._need_accounting().deaths)
+        # Ranks take turns in wall-clock order, not simulated-time order: a rank that
+        # computes alone until it dies late is recorded before one that died early.
+        return sorted(self._need_accounting().deaths, key=lambda death: death[1])
 
     @property
     def collectives(self):

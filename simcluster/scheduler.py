@@ -23,6 +23,7 @@ import ctypes
 import functools
 import inspect
 import linecache
+import os
 import random
 import re
 import sys
@@ -35,6 +36,7 @@ import torch
 
 from ._torch_internals import (cpu_stream, default_cpu_stream, dtensor_handlers,
                                numpy_rng_words, set_cpu_stream, set_dtensor_handlers)
+from .context import RankContext, bound, current
 from .errors import RankError, SimulationError, SimulationTimeout
 
 # Unseeded ranks start from fixed seeds (torch's historical default, and 0), so that even
@@ -159,7 +161,6 @@ class RankScheduler:
         self._waiting_for = [None] * world_size
         self._process = [None] * world_size
         self._threads = []
-        self._local = threading.local()
         self.current = None
         self.failure = None
         self.aborting = False
@@ -176,7 +177,8 @@ class RankScheduler:
     @property
     def rank(self):
         """The global rank of the calling thread (None outside a rank)."""
-        return getattr(self._local, "rank", None)
+        me = current()
+        return None if me is None else me.rank
 
     def waiting_for(self, rank):
         """What ``rank`` is waiting for now, or None if it is running or done."""
@@ -268,8 +270,14 @@ class RankScheduler:
             first.add_note(f"Later, while the run was being stopped: {error}")
 
     # ------------------------------------------------------------------ for the run
-    def run(self, target):
-        """Run ``target(rank)`` on every rank; raise the run's failure, if any."""
+    def run(self, target, context=None):
+        """Run ``target(rank)`` on every rank; raise the run's failure, if any.
+
+        ``context(rank)`` makes the rank's :class:`~simcluster.context.RankContext`, on
+        the rank's thread once it first holds the baton (default: one that knows only its
+        rank); it is bound while ``target`` runs (:func:`simcluster.context.bound`).
+        """
+        self._context = context or RankContext
         _unsilence_if_done()
         live_numpy = [None]
         self._process = [_ProcessState(live_numpy) for _ in range(self.world_size)]
@@ -421,7 +429,6 @@ class RankScheduler:
 
     # -------------------------------------------------------------------- internals
     def _rank_main(self, rank, target):
-        self._local.rank = rank
         self._cpu_clocks[rank] = _thread_cpu_clock()
         self._go[rank].wait()
         self._go[rank].clear()
@@ -429,12 +436,13 @@ class RankScheduler:
             return
         self._take_over(rank)
         try:
-            try:
-                self._in_learner_code[rank] = True
-                if not self.aborting:
-                    target(rank)
-            finally:
-                self._leave_learner_code(rank)
+            with bound(self._context(rank)):
+                try:
+                    self._in_learner_code[rank] = True
+                    if not self.aborting:
+                        target(rank)
+                finally:
+                    self._leave_learner_code(rank)
         except Abort:
             pass
         except BaseException as exc:  # noqa: BLE001 — any failure is reported, not raised here
@@ -445,6 +453,7 @@ class RankScheduler:
                 self.failure = cause if cause is not None else RankError(rank, exc)
                 self.aborting = True
         finally:
+            _end_of_dead_rank()
             self._state[rank] = DONE
             self._waiting_for[rank] = None
             self._hand_over(rank)
@@ -490,6 +499,65 @@ class RankScheduler:
             if state == READY or self.aborting or self._ready_when[rank]():
                 return rank
         return None
+
+
+# ------------------------------------------------------- how a dead rank stops
+# A rank whose simulated process dies (a crash fault, its watchdog, torchrun's stop) must
+# run no more of its code: after SIGKILL, a lost node or a SIGTERM without a handler, no
+# ``except``, ``finally`` or ``with`` exit of the process runs, and its files keep what
+# they held. Python cannot unwind a thread without running its handlers, and a thread
+# that is never resumed keeps its stack (the learner's tensors) until the kernel ends. So
+# the dying rank unwinds under a trace function (CPython's C-level PyEval_SetTrace) that
+# fails every line event of the frames that were on its stack when it died, except the
+# simulator's own: each handler of those frames fails at its first line, before it runs,
+# and the exception goes on up. The simulator's frames (the rank's bookkeeping: its
+# memory, its process groups, the hand-over) run as usual, the thread ends, and its stack
+# is freed. A line event of a traced frame fires before the line runs, and a C trace
+# function that returns -1 is not switched off (a Python one, sys.settrace's, would be).
+_SIM_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TRACE_LINE = 2   # PyTrace_LINE
+_TRACEFUNC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p,
+                               ctypes.c_int, ctypes.c_void_p)
+_dead_frames = threading.local()   # .ids: addresses of the frames a dead rank must not run
+
+
+def _fail_dead_lines(obj, frame, what, arg):
+    """The trace function of a dying rank: -1 (the line does not run; the interpreter
+    raises SystemError there) for every line of a frame that was on its stack at death."""
+    if what == _TRACE_LINE and frame in _dead_frames.ids:
+        return -1
+    return 0
+
+
+_fail_dead_lines_c = _TRACEFUNC(_fail_dead_lines)
+try:
+    _set_trace = ctypes.pythonapi.PyEval_SetTrace
+    _set_trace.argtypes, _set_trace.restype = [ctypes.c_void_p, ctypes.py_object], None
+except AttributeError:   # not CPython: a dead rank unwinds as an exception, handlers run
+    _set_trace = None
+
+
+def run_no_more_code():
+    """The calling rank's process has died: from here on none of its own code runs, only
+    the simulator's. Call it just before raising the exception that unwinds the rank."""
+    if _set_trace is None or getattr(_dead_frames, "ids", None):
+        return
+    frames, frame = [], sys._getframe(1)
+    while frame is not None and frame.f_code is not RankScheduler._rank_main.__code__:
+        if not frame.f_code.co_filename.startswith(_SIM_DIR):
+            frames.append(frame)
+        frame = frame.f_back
+    # (held, so that no later frame can take the address of one that has ended)
+    _dead_frames.frames = frames
+    _dead_frames.ids = {id(frame) for frame in frames}
+    _set_trace(ctypes.cast(_fail_dead_lines_c, ctypes.c_void_p), None)
+
+
+def _end_of_dead_rank():
+    """The dead rank's frames are gone: stop tracing its thread."""
+    if getattr(_dead_frames, "ids", None):
+        _set_trace(None, None)
+        _dead_frames.ids = _dead_frames.frames = None
 
 
 def _simulation_error_in(exc):

@@ -15,7 +15,9 @@ time when it is idle uses the gap. So the node never moves more than its bandwid
 ``k·n / bandwidth`` after they started — the same total as if they shared the bandwidth
 evenly (the last rank finishes then; earlier ranks in the hand-over order sooner). Nodes
 have separate arrays. A rank that crashes while it writes leaves the file torn: the real
-file is cut to the bytes that reached the disks before the crash.
+file is cut to the bytes that reached the disks before the crash, the array is free from
+the crash on (the next rank's transfer need not wait for the rest), and only those bytes
+are counted as written.
 
 Not modelled: the copy from the GPU to the host before a write (the tensors' PCIe
 crossing), the page cache (every byte goes to or comes from the disks), file-system
@@ -24,6 +26,7 @@ metadata and latency per file.
 
 import bisect
 import errno
+import math
 import os
 
 
@@ -56,8 +59,16 @@ class NodeStorage:
         Raises ``OSError(ENOSPC)`` when a write would fill the storage beyond its
         capacity, as a full disk does.
         """
+        begin, end, _ = self.transfer_until(start, nbytes, write, rank, path)
+        return begin, end
+
+    def transfer_until(self, start, nbytes, write, rank, path=None, until=math.inf):
+        """:meth:`transfer`, cut short at simulated time ``until`` (the rank dies then):
+        the array is busy, and bytes are counted, only until then. Returns ``(begin, end,
+        moved)``: ``end`` is when the whole transfer would have ended, ``moved`` the bytes
+        moved by ``min(end, until)``; a cut write leaves ``path`` at ``moved`` bytes."""
+        key = path if path is not None else ("unnamed", rank, len(self.files))
         if write:
-            key = path if path is not None else ("unnamed", rank, len(self.files))
             used = self.used - self.files.get(key, 0) + nbytes
             if used > self.spec.capacity:
                 raise OSError(errno.ENOSPC, (
@@ -66,28 +77,33 @@ class NodeStorage:
                     f"{nbytes:,} bytes would need {used:,}. Delete old checkpoints "
                     "(keep the last few) or write fewer bytes (a sharded checkpoint, "
                     "no optimizer state for evaluation)."))
+        seconds = nbytes / (self.spec.write_bandwidth if write else self.spec.read_bandwidth)
+        begin, end, done = self._occupy(start, seconds, until)
+        if done < seconds:   # cut short
+            nbytes = int(nbytes * done / seconds)
+            if write:
+                self._tear(path, nbytes)
+        if write:
             self.files[key] = nbytes
             self.bytes_written += nbytes
-            seconds = nbytes / self.spec.write_bandwidth
         else:
             self.bytes_read += nbytes
-            seconds = nbytes / self.spec.read_bandwidth
-        return self._occupy(start, seconds)
+        return begin, end, nbytes
 
-    def tear(self, path, nbytes):
-        """A write to ``path`` was cut short (its rank crashed): the real file keeps its
-        first ``nbytes``, as a file a process died while writing does."""
-        if path is None:
-            return
-        if os.path.exists(path):
+    @staticmethod
+    def _tear(path, nbytes):
+        """A write to ``path`` was cut short (its rank died): the real file keeps at most
+        its first ``nbytes``, as a file a process died while writing does. (Never longer
+        than it is: a fake tensor's bytes are counted, but only its record is written.)"""
+        if path is not None and os.path.exists(path) and os.path.getsize(path) > nbytes:
             os.truncate(path, nbytes)
-        self.files[path] = nbytes
 
-    def _occupy(self, t, seconds):
-        """Use the first ``seconds`` of idle time from ``t`` on; return when that time
-        begins and when it ends."""
+    def _occupy(self, t, seconds, until=math.inf):
+        """Use the first ``seconds`` of idle time from ``t`` on, but none after ``until``;
+        return when that time begins, when it would end, and how much of it was used."""
         starts, ends = self._starts, self._ends
         pieces = []
+        wanted = seconds
         i = bisect.bisect_right(ends, t)   # the first busy span ending after t
         while seconds > 0:
             if i < len(starts) and starts[i] <= t:
@@ -99,9 +115,15 @@ class NodeStorage:
             pieces.append((t, t + used))
             t += used
             seconds -= used
+        done = 0.0
         for a, b in pieces:
-            self._mark_busy(a, b)
-        return (pieces[0][0] if pieces else t), t
+            b = min(b, until)
+            if b > a:
+                self._mark_busy(a, b)
+                done += b - a
+        if t <= until:
+            done = wanted   # (not cut: exactly what was asked, without rounding)
+        return (pieces[0][0] if pieces else t), t, done
 
     def _mark_busy(self, start, end):
         """Add ``[start, end)`` to the busy spans, merging neighbours."""

@@ -1,11 +1,12 @@
-"""workbook.aggregation: what lesson 02 and its lab import — no answers, and the
+"""workbook.lesson02_gradient_aggregation.demos:
+what lesson 02 and its lab import — no answers, and the
 workbook's own methods runnable by name only through the measuring functions."""
 
 import pytest
 import torch
 
 import simcluster as sc
-from workbook import aggregation as agg
+from workbook.lesson02_gradient_aggregation import demos as agg
 
 CLUSTER = sc.Cluster.preset("hetero-11")   # ranks 0-3 on node 0, 4-7 on node 1
 

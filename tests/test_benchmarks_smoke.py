@@ -77,6 +77,14 @@ def test_bench_fake_dispatch_quick():
         assert row["torch"] > 0 and row["sim"] > 0
 
 
+def test_bench_scheduling_quick():
+    from benchmarks import bench_scheduling
+
+    r = bench_scheduling.main(quick=True, verbose=False)
+    assert len(r["rows"]) == 8 and all(row["jobs_per_s"] > 0 for row in r["rows"])
+    assert r["goal_met"] == (r["slowest_s"] < bench_scheduling.GOAL_S)
+
+
 def test_bench_serving_quick():
     from benchmarks import bench_serving
 

@@ -43,6 +43,17 @@ def test_a_budget_names_the_formula_the_busiest_rank_and_the_ratio(kind, message
     checking.budget(Case(4, 8), kind, per_rank, 96 / checking.TOLERANCE[kind], "f", "h", "a")
 
 
+def test_the_bytes_tolerance_admits_rounded_chunks_and_rejects_a_step_too_many():
+    """A correct ring all-reduce of n = 64 on p = 5 ranks sends chunks of 13 elements, not
+    12.8: its busiest rank sends 2(p-1)·13 = 104, 1.016× the 2(p-1)/p·n budget. A ring with
+    one step too many in a phase sends (2p-1)/p·n: 1.07× the budget at p = 8."""
+    checking.budget(Case(5, 64), "bytes", [104] * 5, 2 * 4 / 5 * 64, "2(p-1)/p·n", "h", "a ring")
+    p, n = 8, 64
+    with pytest.raises(Failure, match=r"1\.07× that"):
+        checking.budget(Case(p, n), "bytes", [(2 * p - 1) * n / p] * p, 2 * (p - 1) / p * n,
+                        "2(p-1)/p·n", "h", "a ring")
+
+
 def reference(tensor):
     tensor += 1
 

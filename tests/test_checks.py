@@ -1,4 +1,5 @@
-"""workbook.checks: every check passes the reference solution, and reports each kind of
+"""workbook.lesson02_gradient_aggregation.checks:
+every check passes the reference solution, and reports each kind of
 mistake — wrong values, deadlock, exception, infinite loop, collective instead of
 point-to-point, wrong dtype, modified input, too many bytes — as one exact ❌ line."""
 
@@ -11,11 +12,12 @@ import torch.distributed as dist
 
 import simcluster as sc
 
-from workbook import aggregation as A
+from workbook.lesson02_gradient_aggregation import demos as A
 from _check_helpers import learner_namespace, line
-from workbook import checking, checks
-from workbook.lesson02 import _reference as R
-from workbook.lesson02 import checks as checks_02
+from workbook import checking
+from workbook.lesson02_gradient_aggregation import checks
+from workbook.lesson02_gradient_aggregation import _reference as R
+from workbook.lesson02_gradient_aggregation import checks as checks_02
 
 ALL = "world sizes 1, 2, 3, 4, 5, 8, sizes 1, 6, 13, 64"
 
@@ -1140,10 +1142,13 @@ def test_every_check_refuses_the_workbooks_own_answer(capsys, check, references)
 
 def test_the_lab_and_lesson_modules_hold_no_answer():
     import workbook
-    from workbook import aggregation
+    from workbook import models
+    from workbook.lesson02_gradient_aggregation import demos, lab
 
+    # the answers, with the parameter server lesson 10's demos share
     answers = {v for k, v in vars(R).items() if callable(v) and not k.startswith("_")
-               and getattr(v, "__module__", None) == R.__name__}
-    for module in (aggregation, checks, checking, workbook):
+               and getattr(v, "__module__", None) in (R.__name__, "workbook._parameter_server")}
+    assert R.ParameterServer in answers
+    for module in (demos, lab, models, checks, checking, workbook):
         exposed = [k for k, v in vars(module).items() if any(v is a for a in answers)]
         assert not exposed, f"{module.__name__} exposes {exposed}"

@@ -206,7 +206,7 @@ def test_comm_debug_mode_counts_each_ranks_own_collectives():
 def _comm_debug_mode_on_a_tensor_parallel_block():
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from workbook.tensorparallel import Block, tp_plan
+    from workbook.models import Block, tp_plan
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     model = parallelize_module(Block(), mesh, tp_plan())

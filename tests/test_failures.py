@@ -1,4 +1,5 @@
-"""workbook.failures: the checkpoint-interval formulas and simulation, FEC arithmetic,
+"""workbook.lesson10_failure_handling.demos:
+the checkpoint-interval formulas and simulation, FEC arithmetic,
 differential snapshots and the parameter-server recovery flow that lesson 10 runs."""
 
 import math
@@ -7,8 +8,8 @@ import pytest
 import torch
 
 import simcluster as sc
-from workbook import aggregation as agg
-from workbook import failures as fail
+from workbook import models as agg
+from workbook.lesson10_failure_handling import demos as fail
 
 
 @pytest.mark.parametrize("mtbf_min, paper_min", [(24 * 60, 117), (6 * 60, 57), (15, 9.1)])

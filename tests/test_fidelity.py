@@ -206,6 +206,21 @@ def test_multi_nic_ring_reaches_the_sum_of_a_nodes_nics(nodes):
         f"{bus_bandwidth / 1e9:.1f} GB/s"
 
 
+@pytest.mark.parametrize("ranks, nics", [([0, 8], 1), ([0, 1, 8, 9], 2), (list(range(16)), 8)])
+def test_a_node_gives_a_group_only_the_nics_of_its_ranks_in_it(ranks, nics):
+    """NCCL gives each local rank at most one channel's NIC: a data-parallel group with
+    one rank per node (as in 3D parallelism) leaves each node through one NIC, not eight,
+    so a 1 GiB ring all-reduce reaches one NIC's bus bandwidth (25 GB/s x 0.95)."""
+    cluster = sc.Cluster.preset("dgx-a100", nodes=2)
+    p, n = len(ranks), GiB
+    seconds, algorithm, _ = sc.costmodel.CostModel(cluster.spec, {"all_reduce": "ring/Simple"}) \
+        .collective_time("all_reduce", ranks, n)
+    assert algorithm == "ring"
+    bus_bandwidth = 2 * (p - 1) / p * n / seconds
+    assert bus_bandwidth == pytest.approx(nics * 25e9 * 0.95, rel=0.03), \
+        f"{bus_bandwidth / 1e9:.1f} GB/s"
+
+
 def test_a_flat_ring_through_one_nic_is_a_teaching_algorithm():
     """Forced, one ring crossing the network on every step through one NIC: Thakur with
     InfiniBand numbers, several times slower than NCCL's rings, and never the default."""
@@ -263,6 +278,18 @@ def test_network_latency_is_charged_only_on_steps_that_cross_nodes():
     assert seconds == pytest.approx((6.6 + 28 * 2.0 + 2 * 2.7) * US + 8 / (22.5e9 * 16 / 30),
                                     rel=REL)
     assert seconds < (6.6 + 30 * 2.7) * US
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_a_ring_all_gather_or_reduce_scatter_crosses_the_network_once_per_node_boundary(op):
+    """Half an all-reduce: a 16-rank ring all-gather (or reduce-scatter) has 15 steps, and
+    1 of them crosses between the 2 nodes (NCCL's nInterSteps is 2(nNodes-1) for
+    all-reduce only); the other 14 pay NVLink's hop (the AMD host's 2 us network post)."""
+    cluster = sc.Cluster.preset("dgx-a100", nodes=2)
+    seconds, algorithm, protocol = _charge(cluster, op, 16, 8, {op: "ring/LL"})
+    assert (algorithm, protocol) == ("ring", "LL")
+    assert seconds == pytest.approx((6.6 + 14 * 2.0 + 1 * 2.7) * US + 8 / (22.5e9 * 16 / 15),
+                                    rel=REL)
 
 
 def test_intel_hosts_post_network_sends_faster_than_amd_ones():

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import simcluster as sc
-from simcluster import _torch_internals, accounting
+from simcluster import _torch_internals, accounting, context
 from simcluster.clock import ClockEvent, RankClock
 
 # Runs in a fresh interpreter: what does `import simcluster` change?
@@ -43,6 +43,83 @@ def test_importing_simcluster_patches_nothing_and_skips_dynamo():
         "import simcluster changed (init_process_group, c10d.init_process_group, "
         f"c10d._world, UntypedStorage.resize_): {probe['changed']}")
     assert not probe["dynamo"], "import simcluster imported torch._dynamo (1-4 s)"
+
+
+# ------------------------------------------------------------------ the patch table
+def _table_values():
+    """The value now of every attribute in the patch table, and of every global hook dict
+    of HOOKS whether it holds the run's callback."""
+    from simcluster.cluster import _RUN_HOOKS
+
+    values = [getattr(_torch_internals.resolve(p.owner), p.name)
+              for p in _torch_internals.patches()]
+    hooks = [getattr(_RUN_HOOKS, h.callback) in _torch_internals.resolve(h.table).values()
+             for h in _torch_internals.HOOKS]
+    return values, hooks
+
+
+def _table_inside_a_rank():
+    dist.barrier()
+    return _table_values()
+
+
+def _where(patch):
+    owner = patch.owner if isinstance(patch.owner, str) else type(patch.owner).__name__
+    return f"{owner}.{patch.name}"
+
+
+def test_every_entry_of_the_patch_table_is_in_force_during_a_run_and_undone_after():
+    # The entries that wait for a slow import apply at once when it is imported already.
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.pipelining.schedules  # noqa: F401
+
+    table = _torch_internals.patches()
+    before, hooks_before = _table_values()
+    during, hooks_during = sc.Cluster.preset("dgx-a100").run(
+        _table_inside_a_rank, world_size=2).results[0]
+    after, hooks_after = _table_values()
+    for patch, old, new, back in zip(table, before, during, after):
+        assert back is old, f"{_where(patch)} is not restored after the run"
+        if patch.make is not None:
+            assert new is not old, f"{_where(patch)} is not patched during the run"
+    assert hooks_before == hooks_after == [False] * len(_torch_internals.HOOKS)
+    assert hooks_during == [True] * len(_torch_internals.HOOKS)
+
+
+def test_the_patch_table_is_undone_when_the_run_fails():
+    table = _torch_internals.patches()
+    before, _ = _table_values()
+    with pytest.raises(sc.RankError):
+        sc.Cluster.preset("dgx-a100").run(_raise_on_rank_one, world_size=2)
+    after, hooks = _table_values()
+    for patch, old, back in zip(table, before, after):
+        assert back is old, f"{_where(patch)} is not restored after a failed run"
+    assert hooks == [False] * len(_torch_internals.HOOKS)
+
+
+def _raise_on_rank_one():
+    dist.barrier()
+    if dist.get_rank() == 1:
+        raise ValueError("boom")
+    dist.barrier()
+
+
+def test_every_rank_reads_its_own_context():
+    run = sc.Cluster.preset("dgx-a100").run(_my_context, world_size=3)
+    assert [r[0] for r in run.results] == [0, 1, 2]
+    assert all(same_world and own_accounting for _, same_world, own_accounting, _ in run.results)
+    registries = [registry for *_, registry in run.results]   # (kept alive by the results)
+    assert len({id(r) for r in registries}) == 3   # one registry per rank
+    assert context.current() is None   # the notebook's thread is no rank
+
+
+def _my_context():
+    from simcluster import backend
+
+    me = context.current()
+    return (me.rank, backend.current_world() is me.world,
+            accounting.current() is me.accounting and me.accounting.rank == me.rank,
+            me.registry)
 
 
 def _init_again():

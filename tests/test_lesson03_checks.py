@@ -11,8 +11,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import simcluster as sc
 
 from _check_helpers import learner_namespace, line
-from workbook import checking, checks
-from workbook.lesson03 import _reference as R
+from workbook import checking
+from workbook.lesson03_data_parallel import checks
+from workbook.lesson03_data_parallel import _reference as R
 
 NAMES = {checks.check_average_gradients: "average gradients",
          checks.check_allreduce_in_buckets: "all-reduce in buckets",

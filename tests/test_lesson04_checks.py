@@ -10,8 +10,9 @@ import torch
 import torch.distributed as dist
 
 from _check_helpers import learner_namespace, line
-from workbook import checking, checks, modelparallel
-from workbook.lesson04 import _reference as R
+from workbook import checking
+from workbook.lesson04_model_parallel import checks, demos
+from workbook.lesson04_model_parallel import _reference as R
 
 NAMES = {checks.check_forward_backward: "forward and backward across stages",
          checks.check_balance: "balance stages",
@@ -49,7 +50,7 @@ def test_reference_passes(capsys, check, answer, text):
 
 @pytest.mark.parametrize("check, reference", [
     (checks.check_forward_backward, R.forward_backward),
-    (checks.check_forward_backward, modelparallel.naive_split_step),
+    (checks.check_forward_backward, demos.naive_split_step),
     (checks.check_balance, R.balance),
     (checks.check_boundary_bytes, R.boundary_bytes),
 ])
@@ -70,8 +71,9 @@ def test_an_unwritten_exercise_says_so(capsys):
 
 def test_the_lab_does_not_import_the_answers():
     # What the lab imports must not load the answers nor the lesson's naive split.
-    code = ("import sys, workbook.checks; print(sorted(m for m in ('workbook.lesson04._reference',"
-            " 'workbook.modelparallel') if m in sys.modules))")
+    code = ("import sys, workbook.lesson04_model_parallel.checks, workbook.lesson04_model_parallel.lab; print(sorted("
+            "m for m in ('workbook.lesson04_model_parallel._reference', 'workbook.lesson04_model_parallel.demos') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"

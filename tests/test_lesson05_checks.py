@@ -10,9 +10,10 @@ import torch
 import torch.distributed as dist
 
 from _check_helpers import learner_namespace, line
-from workbook import checking, checks, schedules
-from workbook.lesson05 import _reference as R
-from workbook.lesson05 import checks as lesson05
+from workbook import checking
+from workbook.lesson05_pipeline_parallel import checks, demos
+from workbook.lesson05_pipeline_parallel import _reference as R
+from workbook.lesson05_pipeline_parallel import checks as lesson05
 from workbook.pipeline import bubble_formula
 
 NAMES = {checks.check_gpipe: "GPipe",
@@ -58,7 +59,7 @@ def test_reference_passes(capsys, check, answer, text):
 
 @pytest.mark.parametrize("check, reference", [
     (checks.check_gpipe, R.gpipe),
-    (checks.check_gpipe, schedules.gpipe),
+    (checks.check_gpipe, demos.gpipe),
     (checks.check_1f1b, R.one_f_one_b),
     (checks.check_interleaved_bubble, R.interleaved_bubble),
     (checks.check_interleaved_bubble, bubble_formula),   # what the lab could import
@@ -75,7 +76,7 @@ def test_the_lessons_gpipe_is_refused_too(capsys):
     that supplies them is the lesson's answer, not the learner's."""
     def gpipe(stage, inputs, targets, loss_fn, shape):
         rank, p = dist.get_rank(), dist.get_world_size()
-        schedules.gpipe(stage, inputs, targets, shape, rank - 1 if rank else None,
+        demos.gpipe(stage, inputs, targets, shape, rank - 1 if rank else None,
                         rank + 1 if rank < p - 1 else None, loss_fn)
 
     expect(capsys, checks.check_gpipe, gpipe,

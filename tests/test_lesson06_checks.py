@@ -12,8 +12,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from _check_helpers import learner_namespace, line
-from workbook import checking, checks
-from workbook.lesson06 import _reference as R
+from workbook import checking
+from workbook.lesson06_tensor_parallel import checks
+from workbook.lesson06_tensor_parallel import _reference as R
 
 NAMES = {checks.check_conjugate_operators: "conjugate operators f and g",
          checks.check_parallel_linears: "parallel linear layers",
@@ -104,10 +105,10 @@ def test_a_subclass_of_the_reference_operator_is_refused(capsys):
 
 
 def test_what_the_lab_imports_holds_no_answer():
-    """The lab imports workbook.checks, workbook.quiz and the checks' models: none of
+    """The lab imports its checks, workbook.quiz and the lab's models: none of
     them may load the reference answers."""
-    code = ("import sys, workbook.checks, workbook.quiz, workbook.lesson06.checks; "
-            "print('workbook.lesson06._reference' in sys.modules)")
+    code = ("import sys, workbook.quiz, workbook.lesson06_tensor_parallel.checks, workbook.lesson06_tensor_parallel.lab; "
+            "print('workbook.lesson06_tensor_parallel._reference' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)
     assert result.stdout.strip() == "False"
@@ -219,7 +220,7 @@ def test_operator_mistakes(capsys, short_timeout, answers, message):
 
 def test_the_sum_in_the_identity_pass_is_named_past_world_size_1(capsys, monkeypatch):
     """With t = 1 a sum changes no value; from t = 2 on the check says what came out."""
-    from workbook.lesson06 import checks as lesson
+    from workbook.lesson06_tensor_parallel import checks as lesson
 
     monkeypatch.setattr(lesson, "WORLD_SIZES", (2,))
     expect(capsys, checks.check_conjugate_operators, (Copy_sums_in_forward, ReduceFromTP),
@@ -324,7 +325,7 @@ def test_parallel_linear_mistakes(capsys, answers, message):
 
 
 def test_a_column_layer_without_copy_has_a_partial_input_gradient(capsys, monkeypatch):
-    from workbook.lesson06 import checks as lesson
+    from workbook.lesson06_tensor_parallel import checks as lesson
 
     monkeypatch.setattr(lesson, "WORLD_SIZES", (2,))
     _, text = line(capsys, checks.check_parallel_linears,

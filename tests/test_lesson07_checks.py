@@ -11,9 +11,11 @@ import torch
 
 import simcluster as sc
 from _check_helpers import fails, learner_namespace, line, write_learner
-from workbook import checking, checks
-from workbook.lesson07 import _reference as R
-from workbook.lesson07.checks import FIT_CASES, fit_psi, fit_time, my_shard, shard_size
+from workbook import checking
+from workbook.lesson07_zero_fsdp import checks
+from workbook.lesson07_zero_fsdp import _reference as R
+from workbook.lesson07_zero_fsdp.checks import FIT_CASES
+from workbook.lesson07_zero_fsdp.lab import fit_psi, fit_time, my_shard, shard_size
 
 MINE = learner_namespace(R, R.ZeRO1Adam, R.ZeRO2Adam, R.ZeRO3Linear, R.zero_memory_gb,
                          R.fit_settings)

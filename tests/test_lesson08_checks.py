@@ -14,11 +14,13 @@ import torch
 
 import simcluster as sc
 from _check_helpers import fails, learner_namespace, line, write_learner
-from workbook import checking, checks
-from workbook.lesson08 import _reference as R
-from workbook.lesson08.checks import (CHECKPOINT_CAPS, FIT_MEMORY, MiB, _measured,
-                                      measure_checkpoints,
-                                      profile_blocks, run_fit, train_plain)
+from workbook import checking
+from workbook.lesson08_memory_and_precision import checks
+from workbook.lesson08_memory_and_precision import _reference as R
+from workbook.lesson08_memory_and_precision.checks import _measured
+from workbook.lesson08_memory_and_precision.lab import (CHECKPOINT_CAPS, FIT_MEMORY, MiB,
+                                                        measure_checkpoints, profile_blocks,
+                                                        run_fit, train_plain)
 
 MINE = learner_namespace(R, R.bytes_per_parameter, R.LossScaler, R.peak_activations,
                          R.choose_checkpoints, R.fit)
@@ -74,7 +76,7 @@ def _precision_helper(*args):
     return 16
 
 
-_precision_helper.__module__ = "workbook.precision"
+_precision_helper.__module__ = "workbook.lesson08_memory_and_precision.demos"
 
 
 @pytest.mark.parametrize("check", [checks.check_bytes_per_parameter,
@@ -89,7 +91,7 @@ def test_a_function_calling_the_lessons_helpers_is_refused(capsys):
 
     helper = _precision_helper
     fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
-          "uses the lesson's own helpers (workbook.precision)")
+          "uses the lesson's own helpers (workbook.lesson08_memory_and_precision.demos), not yours")
 
 
 # ------------------------------------------------------------ bytes per parameter

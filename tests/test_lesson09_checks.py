@@ -9,10 +9,12 @@ import torch.distributed as dist
 
 from _check_helpers import fails, learner_namespace, line
 from simcluster import planner
-from workbook import checking, checks
-from workbook.lesson09 import _reference as R
-from workbook.lesson09.checks import (LAYOUT_CAPS_GIB, LLAMA_7B, GiB, _fastest,
-                                      describe_layout, eq3, layout_cluster)
+from workbook import checking
+from workbook.lesson09_3d_parallelism import checks
+from workbook.lesson09_3d_parallelism import _reference as R
+from workbook.lesson09_3d_parallelism.checks import _fastest, eq3
+from workbook.lesson09_3d_parallelism.lab import (LAYOUT_CAPS_GIB, LLAMA_7B, GiB, describe_layout,
+                                                  layout_cluster)
 
 MINE = learner_namespace(R, R.build_groups, R.model_flops, R.choose_layout,
                          R.pipeline_bubble)

@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 
 from _check_helpers import learner_namespace, line
-from workbook import checks
-from workbook.lesson10 import _reference as R
-from workbook.lesson10 import checks as C
-from workbook.lesson10 import job
+from workbook.lesson10_failure_handling import _reference as R
+from workbook.lesson10_failure_handling import checks
+from workbook.lesson10_failure_handling import checks as C
+from workbook.lesson10_failure_handling import lab as job
 
 NAMES = {checks.check_resume: "checkpoint and resume",
          checks.check_find_straggler: "find the straggler",
@@ -71,7 +71,7 @@ def test_the_reference_itself_is_refused(capsys, check, reference):
 
 
 def test_lesson_demos_are_refused(capsys):
-    from workbook import failures
+    from workbook.lesson10_failure_handling import demos as failures
 
     for demo in (failures.daly_interval, lambda d, m: failures.daly_interval(d, m)):
         starts(capsys, checks.check_checkpoint_interval, demo,

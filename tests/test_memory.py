@@ -12,7 +12,9 @@ import torch.nn as nn
 
 import simcluster as sc
 from simcluster import accounting
-from simcluster.memory import CATEGORIES
+from simcluster.accounting import HostShare
+from simcluster.clock import RankClock
+from simcluster.memory import CATEGORIES, MemoryAccount
 
 GiB, MiB = 2**30, 2**20
 F32 = 4  # bytes per float32 element
@@ -252,6 +254,24 @@ def _oom_names_categories():
     model = nn.Linear(65536, 65536 * 4, device="meta")  # 64 GiB of parameters
     torch.empty(20 * GiB, dtype=torch.uint8, device="meta")
     return model
+
+
+def test_refilling_a_freed_storage_beyond_capacity_is_out_of_memory():
+    """FSDP2 frees an unsharded parameter with ``resize_(0)`` after its forward and
+    refills it with ``resize_(n)`` for the backward: the refill needs ``n`` free bytes,
+    on top of what is in use by then."""
+    account = MemoryAccount(0, HostShare("a 1000-byte device", 1000, "a test device"),
+                            RankClock())
+    parameter, activations = torch.UntypedStorage(600), torch.UntypedStorage(500)
+    account.allocate(1, 600, "parameters", parameter)
+    account.resize(1, 0, parameter)                  # resharded: 0 bytes
+    account.allocate(2, 500, "activations", activations)
+    account.resize(1, 400, parameter)                # 900 of 1000: fits
+    assert (account.total, account.in_use["parameters"]) == (900, 400)
+    with pytest.raises(sc.OutOfMemoryError) as error:
+        account.resize(1, 600, parameter)            # 200 more: 1100 of 1000
+    assert error.value.requested == 200
+    assert account.total == 900                      # the failed refill took nothing
 
 
 def test_out_of_memory_message_names_the_categories_in_use(node):

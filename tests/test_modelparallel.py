@@ -1,4 +1,5 @@
-"""workbook.modelparallel, the lesson 04 demonstration: the naive split on fake tensors
+"""workbook.lesson04_model_parallel.demos,
+the lesson 04 demonstration: the naive split on fake tensors
 fits where one GPU does not, keeps one GPU busy at a time, and its transfers and layer
 times are read correctly from the ranks' clocks."""
 
@@ -7,7 +8,7 @@ import functools
 import pytest
 
 import simcluster as sc
-from workbook import modelparallel as mp
+from workbook.lesson04_model_parallel import demos as mp
 from workbook import pipeline
 
 SMALL = functools.partial(mp.big_mlp, width=4096, depth=8)   # 134 M parameters

@@ -83,6 +83,53 @@ def test_pinning_beyond_the_host_share_raises_out_of_memory():
     assert "host memory of n0" in message and "Offload less" in message
 
 
+# ------------------------------------------- the roofline with host memory held
+M = 1024   # a 1024 x 1024 fp32 matmul: compute-bound at fp32, memory-bound in TF32
+
+
+def _device_op_times():
+    """Simulated seconds of an fp32 matmul (TF32 allowed) and of an add, on the device."""
+    a, b = torch.ones(M, M), torch.ones(M, M)
+    times = []
+    for op in (torch.mm, torch.add):
+        start = sc.now()
+        op(a, b)
+        times.append(sc.now() - start)
+    return times
+
+
+def _with_and_without_host_memory():
+    torch.set_float32_matmul_precision("high")
+    without = _device_op_times()
+    held = torch.ones(16, pin_memory=True)   # the rank now holds host memory  # noqa: F841
+    return without, _device_op_times()
+
+
+def test_a_device_op_costs_the_same_while_the_rank_holds_host_memory(node):
+    """Holding pinned memory sends every op through the host-aware dispatch; an op on
+    device tensors still takes its device roofline: the TF32 peak for an fp32 matmul the
+    rank allows TF32 for, its output's bytes for an add."""
+    without, with_host = node.run(_with_and_without_host_memory, world_size=1).results[0]
+    assert with_host == pytest.approx(without, rel=1e-9)
+    matmul, add = without
+    a100 = node.spec.device_of(0)
+    assert matmul == pytest.approx(2 * M**3 / a100.flops_for("tf32"), rel=1e-9)
+    assert add == pytest.approx(3 * M * M * F32 / a100.hbm_bandwidth, rel=1e-9)
+
+
+def _host_add():
+    a, b = torch.ones(N, pin_memory=True), torch.ones(N, pin_memory=True)
+    start = sc.now()
+    a.add_(b)   # on host tensors: the host's CPUs run it
+    return sc.now() - start
+
+
+def test_an_op_on_host_tensors_takes_the_hosts_roofline_of_its_inputs_and_outputs(node):
+    seconds = node.run(_host_add, world_size=1).results[0]
+    _, host_bytes_per_s, _ = node.spec.host_share(0)
+    assert seconds == pytest.approx(3 * N * F32 / host_bytes_per_s, rel=1e-9)   # a, b read; a written
+
+
 # ------------------------------------------------------ FSDP2 CPUOffloadPolicy
 def _fsdp(offload, fake=False, steps=2, mp=False, accumulate=1):
     """FSDP2 on an MLP of ``LAYERS`` equal layers, Adam; returns memory per account at the

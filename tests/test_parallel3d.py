@@ -3,7 +3,7 @@
 import pytest
 
 import simcluster as sc
-from workbook import parallel3d as p3
+from workbook.lesson09_3d_parallelism import demos as p3
 
 TWO_NODES = {"nodes": [{"devices": 4, "count": 2}]}     # 2 nodes x 4 GPUs: 8 ranks
 

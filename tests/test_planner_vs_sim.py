@@ -3,9 +3,9 @@
 Three layouts of 8 simulated A100s (two 4-GPU nodes), tp x pp x dp in {2x2x2, 1x4x2,
 4x1x2}: a 4-layer GPT of hidden 8,192 (64 heads, 2,048 tokens, vocabulary 512; 3.2 B
 parameters), bf16 with mixed-precision Adam, 8 micro-batches of 2 sequences per replica,
-on fake tensors, run by :func:`workbook.parallel3d.train_step` (TP with
+on fake tensors, run by :func:`workbook.lesson09_3d_parallelism.demos.train_step` (TP with
 ``parallelize_module``, FSDP2 over dp keeping the step's gathered layers, torch's 1F1B),
-measured on its second step (:func:`workbook.parallel3d.cross_check`). The planner
+measured on its second step (:func:`workbook.lesson09_3d_parallelism.demos.cross_check`). The planner
 predicts the same layout with ``efficiency=planner.ROOFLINE`` (every kernel at the
 device's peak, as the simulator charges them), ``recompute="none"`` and ``zero=1``
 (during a step FSDP2 under a pipeline holds whole parameters and gradients and a shard of
@@ -29,7 +29,7 @@ What agrees, and what does not:
 import pytest
 
 import simcluster as sc
-from workbook import parallel3d as p3
+from workbook.lesson09_3d_parallelism import demos as p3
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,5 @@
-"""workbook.precision, lesson 08's helpers: the GPT and its checkpointing modes compute the
+"""workbook.lesson08_memory_and_precision.demos,
+lesson 08's helpers: the GPT and its checkpointing modes compute the
 same gradients as the plain model; one measured step counts model states, activations
 and time as the formulas say; the number formats; fp16 gradients that underflow and
 GradScaler's skipped steps."""
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 import simcluster as sc
-from workbook import precision as P
+from workbook.lesson08_memory_and_precision import demos as P
 
 SMALL = dict(layers=3, hidden=32, heads=4, seq=16, batch=4)
 

@@ -12,7 +12,7 @@ from workbook import labs, progress
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A stand-in for workbook.checks: one line, ✅ or ❌, and a learner's error is reported.
+# A stand-in for a lesson's checks: one line, ✅ or ❌, and a learner's error is reported.
 FAKE_CHECK = '''\
 def check(name, test):
     try:

@@ -1,12 +1,14 @@
-"""workbook.schedules (lesson 05's demos) and workbook.pipeline.bubble_uneven."""
+"""workbook.lesson05_pipeline_parallel.demos
+(lesson 05's demos) and workbook.pipeline.bubble_uneven."""
 
 import matplotlib
 import pytest
 import torch
 
 import simcluster as sc
-from workbook import dataparallel as dp
-from workbook import pipeline, schedules
+from workbook import models as dp
+from workbook import pipeline
+from workbook.lesson05_pipeline_parallel import demos as schedules
 
 matplotlib.use("Agg")
 

@@ -1,4 +1,5 @@
-"""workbook.tensorparallel (lesson 06's measurements) and the simulator behaviour it relies
+"""workbook.lesson06_tensor_parallel.demos
+(lesson 06's measurements) and the simulator behaviour it relies
 on: DTensor tensor parallelism charged at the local shard's size, the communication and
 activation memory of one layer against the published formulas (docs/reference-numbers.md,
 "Tensor-parallel communication" and "Activation memory")."""
@@ -9,7 +10,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import simcluster as sc
-from workbook import tensorparallel as tp
+from workbook.lesson06_tensor_parallel import demos as tp
 
 SMALL = {"hidden": 64, "heads": 8, "seq": 32, "batch": 2}
 TRAINING = {"dtype": torch.bfloat16, "dropout": 0.1, **SMALL}

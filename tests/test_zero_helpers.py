@@ -1,11 +1,12 @@
-"""workbook.zero: the ZeRO stages as torch spells them, measured on the simulated cluster,
+"""workbook.lesson07_zero_fsdp.demos:
+the ZeRO stages as torch spells them, measured on the simulated cluster,
 against the ZeRO paper's formula (docs/reference-numbers.md, "ZeRO")."""
 
 import pytest
 import torch
 
 import simcluster as sc
-from workbook import zero
+from workbook.lesson07_zero_fsdp import demos as zero
 
 N = 4
 

@@ -24,6 +24,7 @@ learner's plain function on one simulated rank, so that one that never returns i
 """
 
 import functools
+import importlib
 import inspect
 import math
 import threading
@@ -37,6 +38,14 @@ TIMEOUT = 10.0            # wall-clock seconds one run without accounting may ta
 ACCOUNTING_TIMEOUT = 120.0  # the first run with a clock in a process warms torch up
 WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 SIZES = (1, 6, 13, 64)
+# How far above a budget a learner's answer may go before it counts as another algorithm.
+# bytes: a correct ring's busiest rank sends up to ~2 % more than 2(p-1)/p·n when n does
+# not divide by p (its chunks are rounded: 13 elements, not 12.8, at p = 5, n = 64), while
+# the nearest wrong answer, a ring with one step too many, sends (2p-1)/(2p-2) of it:
+# 1.07× at p = 8. 1.05 lies between (tests/test_checking.py). messages: counts are exact.
+# memory, time: a correct answer may keep a temporary more, or order its sends otherwise,
+# than the reference; what these budgets catch (a whole copy where a shard belongs, a
+# ring whose steps run one link at a time) costs twice as much or more.
 TOLERANCE = {"bytes": 1.05, "messages": 1.0, "memory": 1.25, "time": 1.25}
 
 PASS, FAIL = "✅", "❌"
@@ -128,7 +137,7 @@ def _uses(candidate, reference):
              *(candidate.__defaults__ or ()), *(candidate.__kwdefaults__ or {}).values()]
     modules = [v for v in named if inspect.ismodule(v)]
     return any(v is reference for v in named) or any(
-        getattr(m, name, None) is reference for m in modules for name in found.unbound)
+        getattr(m, name, None) is reference for m in modules for name in code.co_names)
 
 
 # ----------------------------------------------------------------- formatting
@@ -461,6 +470,65 @@ def time_budget(case, run, reference_run, hint, reference_name="reference"):
         raise Failure(f"{case}: took {seconds(elapsed)} of simulated time, "
                       f"{elapsed / ref_time:.2f}× the {reference_name}'s {seconds(ref_time)}",
                       hint)
+
+
+def within_best(where, mine, best, tolerance, what, best_what, hint, show=seconds):
+    """The judgment of a choice that works but may be slower than the best one (a cut, a
+    set of ZeRO settings, blocks to checkpoint, a 3D layout): fail if ``mine`` seconds are
+    more than ``tolerance`` × ``best``, as ``"{where}: {what} {mine}, 1.12× {best_what}"``
+    (``mine`` written by ``show``); else return ``mine / best``, for the ✅ line's worst
+    ratio."""
+    if mine > best * tolerance:
+        raise Failure(f"{where}: {what} {show(mine)}, {mine / best:.2f}× {best_what}", hint)
+    return mine / best
+
+
+def answers(checks_module):
+    """``_reference = answers(__name__)`` in a lesson's checks module: a function that
+    imports the lesson's reference answers (the ``_reference`` module beside it) when a
+    check calls it. Checks call it inside their functions only, so importing a lesson's
+    checks never loads its answers."""
+    package = checks_module.rpartition(".")[0]
+    return lambda: importlib.import_module(f"{package}._reference")
+
+
+def close_within(rtol=1e-5, atol=1e-7):
+    """``close(expected, got)`` for :func:`first_difference`: element-wise ``isclose``. The
+    default allows float32 rounding of a sum taken in another order; a lesson whose sums
+    are longer (a split matmul, Adam's square roots) passes its own tolerance."""
+    return lambda e, g: torch.isclose(e, g, rtol=rtol, atol=atol)
+
+
+# how near a wrong result must be to a multiple of the right one to be called that multiple
+SCALE = {"rtol": 1e-4, "atol": 1e-6}
+OWN_TEXT = "the gradient is still this rank's own (not averaged)"
+
+
+def compare_scaled(at, expected, got, parts, hints, own=None, close=None,
+                   theirs="the reference", holder="the reference",
+                   summed="the sum, not the mean"):
+    """Fail at the first element of ``got`` that differs from ``expected`` (bitwise, or by
+    ``close``), and say how a mean over ``parts`` (ranks, micro-batches) went wrong:
+
+    * ``got`` is still ``own``, this rank's own gradient: never combined (``hints["own"]``);
+    * ``parts`` × ``expected``: the sum, not the mean (``hints["times"]``);
+    * 1/``parts`` of it: divided once too often (``hints["over"]``);
+    * anything else: ``hints["values"]``.
+
+    ``theirs`` names the expected value (``"DDP's"``), ``holder`` who has it (``"DDP"``)."""
+    diff = first_difference(expected, got, close)
+    if diff is None:
+        return
+    i, e, g = diff
+    if parts > 1 and own is not None and torch.equal(got, own):
+        key, what = "own", OWN_TEXT
+    elif parts > 1 and torch.allclose(got, expected * parts, **SCALE):
+        key, what = "times", f"{parts}× {theirs} ({summed})"
+    elif parts > 1 and torch.allclose(got * parts, expected, **SCALE):
+        key, what = "over", f"1/{parts} of {theirs}"
+    else:
+        key, what = "values", f"differs from {theirs}"
+    raise Failure(f"{at}: {what}: element {i} is {num(g)}, {holder} has {num(e)}", hints[key])
 
 
 # ----------------------------------------------------------- a lock that cannot hang

@@ -1,49 +1,25 @@
-"""Every lab's exercise checks, in one place: ``from workbook import checks``.
+"""Deprecated alias: every lab's checks in one module (``from workbook import checks``);
+remove after release 0.2.
 
-A check takes the learner's function (or class), runs it — on the simulated cluster where
-it is distributed code — and prints one ✅/❌ line (the protocol is in
-:mod:`workbook.checking`). Each lesson keeps its checks and its reference answers in its
-own package (``workbook.lessonNN``); this module gathers the checks the labs call.
+Each lesson now keeps its checks in its own package, and a lab imports them from there
+(``from workbook.lesson03_data_parallel import checks``). This module re-exports every
+lesson's ``check_*`` functions so that a lab edited before the upgrade still runs.
 """
 
-from workbook.lesson02.checks import (check_fp16_allreduce, check_halving_doubling_allreduce,
-                                      check_hierarchical_allreduce, check_int8_quantization,
-                                      check_local_sgd, check_naive_allreduce,
-                                      check_parameter_server, check_ring_allreduce,
-                                      check_topk_error_feedback, check_tree_allreduce)
-from workbook.lesson03.checks import (check_accumulation, check_allreduce_in_buckets,
-                                      check_average_gradients, check_distributed_trainer,
-                                      check_overlapped_ddp)
-from workbook.lesson04.checks import (check_balance, check_boundary_bytes,
-                                      check_forward_backward)
-from workbook.lesson05.checks import (check_1f1b, check_gpipe, check_interleaved_bubble,
-                                      check_pick_m_v)
-from workbook.lesson06.checks import (check_conjugate_operators, check_megatron_mlp,
-                                      check_parallel_linears, check_sequence_parallel)
-from workbook.lesson07.checks import (check_fit_settings, check_zero1, check_zero2,
-                                      check_zero3, check_zero_memory)
-from workbook.lesson08.checks import (check_bytes_per_parameter, check_checkpointing,
-                                      check_fit, check_loss_scaler)
-from workbook.lesson09.checks import (check_build_groups, check_choose_layout,
-                                      check_model_flops, check_pipeline_bubble)
-from workbook.lesson10.checks import (check_checkpoint_interval, check_find_straggler,
-                                      check_recovery, check_resume)
+import importlib
 
-__all__ = ["check_fp16_allreduce", "check_halving_doubling_allreduce",
-           "check_hierarchical_allreduce", "check_int8_quantization", "check_local_sgd",
-           "check_naive_allreduce", "check_parameter_server", "check_ring_allreduce",
-           "check_topk_error_feedback", "check_tree_allreduce",
-           "check_accumulation", "check_allreduce_in_buckets", "check_average_gradients",
-           "check_distributed_trainer", "check_overlapped_ddp",
-           "check_balance", "check_boundary_bytes", "check_forward_backward",
-           "check_1f1b", "check_gpipe", "check_interleaved_bubble", "check_pick_m_v",
-           "check_conjugate_operators", "check_megatron_mlp", "check_parallel_linears",
-           "check_sequence_parallel",
-           "check_fit_settings", "check_zero1", "check_zero2", "check_zero3",
-           "check_zero_memory",
-           "check_bytes_per_parameter", "check_checkpointing", "check_fit",
-           "check_loss_scaler",
-           "check_build_groups", "check_choose_layout", "check_model_flops",
-           "check_pipeline_bubble",
-           "check_checkpoint_interval", "check_find_straggler", "check_recovery",
-           "check_resume"]
+_LESSONS = ("lesson02_gradient_aggregation", "lesson03_data_parallel",
+            "lesson04_model_parallel", "lesson05_pipeline_parallel",
+            "lesson06_tensor_parallel", "lesson07_zero_fsdp",
+            "lesson08_memory_and_precision", "lesson09_3d_parallelism",
+            "lesson10_failure_handling")
+
+__all__ = []
+for _lesson in _LESSONS:
+    _checks = importlib.import_module(f"workbook.{_lesson}.checks")
+    for _name in dir(_checks):
+        _value = getattr(_checks, _name)
+        # the lesson's own checks, not the protocol's helpers it imports (check_outputs)
+        if _name.startswith("check_") and getattr(_value, "__module__", "") == _checks.__name__:
+            globals()[_name] = _value
+            __all__.append(_name)

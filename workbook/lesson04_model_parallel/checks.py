@@ -1,0 +1,328 @@
+"""The checks of lab 04 (model parallelism, the naive split), on the protocol of
+:mod:`workbook.checking`.
+
+* :func:`check_forward_backward` runs the learner's stage function on 1–4 ranks, a small
+  real MLP whose layers change width (so a buffer of the wrong shape is caught) cut at
+  different places, and compares the loss and every parameter's gradient with the same
+  model run whole in one process.
+* :func:`check_balance` hands the learner per-layer forward times measured on the
+  simulator (calling the learner's function on a simulated rank, so that a search that
+  never ends is stopped), streams micro-batches through the stages the learner's cut
+  makes (fake tensors, :func:`.demos.stream_forward`) and compares the
+  simulated time with the best cut's.
+* :func:`check_boundary_bytes` compares the learner's count of the bytes crossing each
+  boundary with the traffic the simulator measured between the stages.
+
+The reference answers (:mod:`._reference`) and the lesson's module
+(:mod:`workbook.lesson04_model_parallel.demos`) are imported inside the checks only.
+"""
+
+import functools
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import simcluster as sc
+from workbook import pipeline
+from workbook.checking import (Failure, answers, call, check, close_within,
+                               first_difference, listed, mse, num, raised, refuse_reference,
+                               seconds, simulate, within_best)
+from workbook.lesson04_model_parallel.lab import FEATURES, batch, in_shapes, make_model
+
+# (world size, boundaries) of check_forward_backward; stages start at a Linear, a ReLU
+# and a Tanh, and the widths change at every Linear
+SPLITS = ((1, []), (2, [3]), (3, [2, 5]), (4, [1, 4, 6]))
+
+HINTS = {
+    "requires_grad": "a received activation is a new leaf tensor: call x.requires_grad_() "
+                     "right after dist.recv(x, ...), or backward leaves x.grad as None and "
+                     "there is no gradient to send back.",
+    "no_grad": "every stage but the last receives the gradient of its output from rank "
+               "r + 1 and calls out.backward(grad); then every stage but the first sends "
+               "x.grad to rank r − 1.",
+    "loss": "the last rank computes loss = loss_fn(out, y), calls loss.backward() and "
+            "returns the loss; the other ranks return None.",
+    "values": "print each rank's activation after forward on world size 2, and compare "
+              "with the whole model's layers run one by one.",
+    "collective": "move activations and gradients with dist.send / dist.recv only.",
+    "no_messages": "ranks are threads here, but on a real cluster they share no memory: "
+                   "send the activation forward and its gradient back.",
+}
+
+
+_reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+def _lesson():
+    """The lesson's module, imported only while a check runs (its functions are refused)."""
+    from workbook.lesson04_model_parallel import demos
+    return demos
+
+
+def _where(p, boundaries):
+    return f"world size {p}" + (f", cut before layers {listed(boundaries)}" if boundaries
+                                else "")
+
+
+# ------------------------------------------------------- exercise 1: forward and backward
+
+
+def _whole_model(seed):
+    """Loss and gradients of the model run whole in one process."""
+    model = make_model(seed)
+    x, y = batch(seed=seed + 1)
+    loss = mse(model(x), y)
+    loss.backward()
+    return loss.detach(), {name: param.grad for name, param in model.named_parameters()}
+
+
+def _stage_body(fn, p, boundaries, seed):
+    def body():
+        rank = dist.get_rank()
+        stages = pipeline.split(make_model(seed), p, boundaries)
+        x, y = batch(seed=seed + 1)
+        shape = in_shapes(stages, x)[rank]
+        before = x.clone()
+        loss = fn(stages[rank], shape, x if rank == 0 else None,
+                  y if rank == p - 1 else None, mse)
+        return {"loss": loss.detach().clone() if isinstance(loss, torch.Tensor) else loss,
+                "grads": {name: None if q.grad is None else q.grad.clone()
+                          for name, q in stages[rank].named_parameters()},
+                "x_changed": not torch.equal(before, x),
+                "collectives": len(sc.collectives_called())}
+
+    return body
+
+
+def _run_stages(fn, p, boundaries, seed):
+    where = _where(p, boundaries)
+    try:
+        return simulate(sc.Cluster.preset("dgx-a100"), _stage_body(fn, p, boundaries, seed),
+                        p, lambda rank: where)
+    except Failure as failure:
+        # x.grad was None: handed to dist.send ("... of type torch.Tensor") or read
+        if "NoneType" in failure.what or "of type torch.Tensor" in failure.what:
+            raise Failure(failure.what, HINTS["requires_grad"]) from None
+        raise
+
+
+_close = close_within()     # float32 rounding of sums in another order
+
+
+def _compare_stages(where, run, p, seed):
+    expected_loss, expected = _whole_model(seed)
+    for rank, result in enumerate(run.results):
+        if result["collectives"]:
+            raise Failure(f"{where}: rank {rank} called a collective", HINTS["collective"])
+        if rank == 0 and result["x_changed"]:
+            raise Failure(f"{where}: rank 0 changed its input x", "leave x as it is: compute "
+                          "with it, don't write into it.")
+    if p > 1 and sum(run.messages_sent) == 0:
+        raise Failure(f"{where}: no rank sent a message", HINTS["no_messages"])
+    last = run.results[p - 1]["loss"]
+    if not isinstance(last, torch.Tensor):
+        raise Failure(f"{where}: the last rank returned {last!r}, not the loss", HINTS["loss"])
+    if not torch.isclose(last, expected_loss, rtol=1e-5, atol=1e-7):
+        raise Failure(f"{where}: the loss is {num(last)}, the whole model's is "
+                      f"{num(expected_loss)}", HINTS["values"])
+    for rank, result in enumerate(run.results):
+        for name, grad in result["grads"].items():
+            at = f"{where}: rank {rank}, gradient of {name}"
+            if grad is None:
+                raise Failure(f"{at} is None (this stage did not run backward)",
+                              HINTS["no_grad"])
+            if grad.shape != expected[name].shape:
+                raise Failure(f"{at} has shape {tuple(grad.shape)}, expected "
+                              f"{tuple(expected[name].shape)}", HINTS["values"])
+            diff = first_difference(expected[name], grad, _close)
+            if diff is not None:
+                i, e, g = diff
+                raise Failure(f"{at}, element {i}: expected {num(e)}, got {num(g)}",
+                              HINTS["values"])
+
+
+@check("forward and backward across stages")
+def check_forward_backward(fn):
+    """``fn(stage, in_shape, x, y, loss_fn)`` on every rank: the loss on the last rank and
+    every stage's gradients equal the whole model's, on world sizes 1–4 and two seeds."""
+    refuse_reference(fn, _reference().forward_backward)
+    refuse_reference(fn, _lesson().naive_split_step)
+    for seed in (0, 10):
+        for p, boundaries in SPLITS:
+            run = _run_stages(fn, p, boundaries, seed)
+            _compare_stages(_where(p, boundaries), run, p, seed)
+    return ("loss and gradients equal the whole model's on world sizes "
+            f"{listed(p for p, _ in SPLITS)}, activations of 6 different widths")
+
+
+# ------------------------------------------------------------- exercise 2: balance
+
+UNIT_WIDTH, UNIT_BATCH = 2048, 4096   # a block of hidden k·2048 costs k units
+MICRO_BATCHES = 4
+BALANCE_TOLERANCE = 1.03               # the learner's cut may be 3 % slower than the best
+BALANCE_HINT = ("the slowest stage sets the pace of the stream: choose the cut whose largest "
+                "stage sum is smallest (try every cut, or binary-search the largest stage "
+                "time and cut greedily under it).")
+# (name, cost of each layer in units, stages): a language model with a heavy head, a
+# heavy first layer, uneven layers where cutting at the running average goes wrong
+PROFILES = (("language model (heavy head)", (1,) * 8 + (4,), 3),
+            ("language model (heavy head)", (1,) * 8 + (4,), 4),
+            ("heavy first and last layers", (4, 1, 1, 1, 1, 1, 1, 4), 3),
+            ("uneven layers", (2, 3, 1, 3, 2, 4, 1, 1, 3, 2), 4))
+
+
+def profile_model(units):
+    """A meta-device stack whose layer ``i`` is two ``Linear`` of hidden
+    ``units[i]·UNIT_WIDTH`` (an MLP block without its activation, which costs little):
+    its compute is proportional to ``units[i]``."""
+    with torch.device("meta"):
+        return nn.Sequential(*[nn.Sequential(nn.Linear(UNIT_WIDTH, k * UNIT_WIDTH),
+                                             nn.Linear(k * UNIT_WIDTH, UNIT_WIDTH))
+                               for k in units])
+
+
+@functools.cache
+def measured_layer_times(units):
+    """Forward seconds of each layer of :func:`profile_model`, measured on one rank."""
+    mp = _lesson()
+    run = sc.Cluster.preset("dgx-a100").run(
+        mp.stream_forward, world_size=1, args=(functools.partial(profile_model, units), 1,
+                                               UNIT_BATCH))
+    times = mp.layer_times(run)
+    return tuple(times[i] for i in range(len(units)))
+
+
+def _stream(units, p, boundaries, where):
+    """Simulated seconds of :data:`MICRO_BATCHES` streamed through the cut stages."""
+    mp = _lesson()
+    run = simulate(sc.Cluster.preset("dgx-a100"), mp.stream_forward, p, lambda rank: where,
+                   accounting=True, args=(functools.partial(profile_model, units),
+                                          MICRO_BATCHES, UNIT_BATCH, boundaries))
+    return run.elapsed
+
+
+@functools.cache
+def _best(units, p):
+    cut = _reference().balance(measured_layer_times(units), p)
+    return cut, _stream(units, p, cut, "the best cut")
+
+
+def _stage_sums(times, p, cut):
+    edges = [0, *cut, len(times)]
+    return [sum(times[a:b]) for a, b in zip(edges, edges[1:])]
+
+
+def _valid_cut(where, cut, n, p):
+    """The learner's answer as a list of ints, or the Failure saying what is wrong."""
+    hint = (f"return the {p - 1} indices of the layers where stages 1 … {p - 1} start, "
+            f"increasing, each between 1 and {n - 1} (layer 0 always starts stage 0).")
+    try:
+        cut = [int(b) for b in cut]
+    except (TypeError, ValueError):
+        raise Failure(f"{where}: returned {cut!r}, not a list of layer indices", hint) from None
+    if len(cut) != p - 1 or cut != sorted(set(cut)) or (cut and not 0 < cut[0] <= cut[-1] < n):
+        raise Failure(f"{where}: returned {cut}, which does not cut {n} layers into {p} "
+                      "non-empty stages", hint)
+    return cut
+
+
+def _call_with_time_limit(fn, times, p, where):
+    """``fn(times, p)`` on one simulated rank, so that a search that never ends is stopped
+    (after ``checking.TIMEOUT`` seconds) and reported; an exception becomes the ❌ line."""
+
+    def body():
+        try:
+            return True, fn(times, p)
+        except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
+            return False, error
+
+    returned, value = simulate(sc.Cluster.preset("dgx-a100"), body, 1,
+                               lambda rank: where).results[0]
+    if not returned:
+        raise raised(f"{where}: balance", value, "read the message above; call "
+                     "balance(layer_times, p) yourself on a short list to see the whole "
+                     "traceback.")
+    return value
+
+
+@check("balance stages")
+def check_balance(fn):
+    """``fn(layer_times, p)`` returns where to cut; the stream of micro-batches through the
+    learner's stages is within 3 % of the best cut's simulated time, on several profiles."""
+    refuse_reference(fn, _reference().balance)
+    worst = 0.0
+    for name, units, p in PROFILES:
+        times = measured_layer_times(units)
+        where = f"{name}, {len(units)} layers, p = {p}"
+        cut = _valid_cut(where, _call_with_time_limit(fn, list(times), p, where), len(units), p)
+        best_cut, best = _best(units, p)
+        mine = _stream(units, p, cut, where)
+        stages = ", ".join(seconds(s) for s in _stage_sums(times, p, cut))
+        worst = max(worst, within_best(
+            where, mine, best, BALANCE_TOLERANCE,
+            f"your cut {cut} makes stages of {stages}; {MICRO_BATCHES} micro-batches took",
+            f"the best cut {best_cut}'s {seconds(best)}", BALANCE_HINT))
+    return (f"within {worst - 1:.1%} of the best cut's simulated time on {len(PROFILES)} "
+            "profiles (p = 3, 4)")
+
+
+# ------------------------------------------------------ exercise 3: bytes on the link
+
+# (world size, boundaries, rows, dtype) of check_boundary_bytes
+BYTE_CASES = ((2, [2], 5, torch.float32), (3, [2, 5], 7, torch.bfloat16),
+              (4, [1, 3, 6], 3, torch.float64), (4, [2, 4, 7], 16, torch.float32))
+
+
+def _measured_bytes(p, boundaries, rows, dtype):
+    """Bytes the reference sends across each boundary (both directions), measured."""
+    ref = _reference()
+
+    def body():
+        rank = dist.get_rank()
+        stages = pipeline.split(make_model(0, dtype), p, boundaries)
+        x, y = batch(rows, dtype=dtype)
+        ref.forward_backward(stages[rank], in_shapes(stages, x)[rank], x, y, mse)
+
+    traffic = sc.Cluster.preset("dgx-a100").run(body, world_size=p).traffic
+    return [traffic.get((i, i + 1), 0) + traffic.get((i + 1, i), 0) for i in range(p - 1)]
+
+
+@check("bytes across boundaries")
+def check_boundary_bytes(fn):
+    """``fn(stages, in_shape)`` returns the bytes crossing each boundary in one forward and
+    backward step; compared with the simulator's measured traffic."""
+    refuse_reference(fn, _reference().boundary_bytes)
+    for p, boundaries, rows, dtype in BYTE_CASES:
+        dtype_text = str(dtype).replace("torch.", "")
+        where = f"{_where(p, boundaries)}, {rows} rows of {dtype_text}"
+        expected = _measured_bytes(p, boundaries, rows, dtype)
+        stages = pipeline.split(make_model(0, dtype), p, boundaries)
+        got = call("boundary_bytes", fn, stages, (rows, FEATURES))
+        try:
+            got = [int(b) for b in got]
+        except (TypeError, ValueError):
+            raise Failure(f"{where}: returned {got!r}, not a list of byte counts",
+                          "return one number per boundary: a list of len(stages) - 1 "
+                          "ints.") from None
+        if len(got) != p - 1:
+            raise Failure(f"{where}: returned {len(got)} numbers for {p - 1} boundaries",
+                          "one number per boundary between consecutive stages: "
+                          "len(stages) - 1 of them.")
+        for i, (e, g) in enumerate(zip(expected, got)):
+            if e == g:
+                continue
+            size = torch.empty((), dtype=dtype).element_size()
+            if 2 * g == e:
+                hint = ("that is the forward activation only: backward sends its gradient "
+                        "back across the same boundary, with the same shape and dtype.")
+            elif g * size == e:
+                hint = "count bytes, not elements: multiply by the element size."
+            else:
+                hint = ("the activation leaving stage i is the output of its last layer: "
+                        "run the stages one after another on a tensor of in_shape and "
+                        "look at the shapes and dtype.")
+            raise Failure(f"{where}: boundary {i} (stage {i} → {i + 1}): the simulator "
+                          f"measured {num(e)} bytes, you said {num(g)}", hint)
+    return (f"bytes per boundary equal the measured traffic on {len(BYTE_CASES)} splits "
+            "(float32, bfloat16, float64)")

@@ -1,0 +1,376 @@
+"""The checks of lab 05 (pipeline parallelism), on the protocol of :mod:`workbook.checking`.
+
+A schedule (GPipe, 1F1B) is run as ``schedule(stage, inputs, targets, loss_fn, shape)`` on
+every rank (the lab documents it) and judged twice:
+
+* **values**, on a small real MLP (``workbook.models.mlp``, 8 wide, cut into ``p``
+  stages by ``workbook.pipeline.split``) for several ``(p, m)``: every stage's gradients
+  equal those of the whole model run in one process on the whole batch;
+* **time and memory**, on a large model under ``sc.fake_tensors()`` (shapes without
+  values: 8192 wide, micro-batches of 1,024 rows, two layers per stage, so each stage's
+  compute takes milliseconds and a message between stages about 1 % of that): the bubble
+  measured by ``workbook.pipeline.bubble`` must be within ``BUBBLE_TOLERANCE`` of wall time
+  of ``workbook.pipeline.bubble_formula``, and the activations each stage holds at its
+  peak, counted in micro-batches, must be GPipe's ``m`` or at most 1F1B's ``p - rank``.
+  Memory is read from the simulator (``sc.memory_in_use()``) after each forward of a
+  stage.
+
+The reference answers (:mod:`._reference`) are imported inside the checks only.
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import simcluster as sc
+from workbook.checking import (Failure, answers, check, close_within, collectives_so_far,
+                               compare_scaled, first_difference, listed, mse, num, raised,
+                               refuse_reference, simulate)
+from workbook.models import mlp
+from workbook.pipeline import bubble, bubble_formula, split
+from workbook.lesson05_pipeline_parallel.lab import _cluster, _micro_batches_held, _timing_body
+
+WIDTH, DEPTH, ROWS = 8, 4, 2           # the real model: 4 × (Linear(8, 8) + ReLU), 2 rows
+VALUE_CASES = ((1, 3), (2, 1), (2, 4), (3, 5), (4, 8))          # (p, m)
+TIMING_CASES = ((2, 4), (4, 8))
+BUBBLE_TOLERANCE = 0.02                # of wall time
+HELD_SLACK = 0.5                       # micro-batches: what a stage may keep beyond its share
+
+
+_reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+def _case(p, m):
+    return f"p = {p}, m = {m}"
+
+
+# ------------------------------------------------------------------ the values
+
+
+def _data(p, m):
+    """``(x, y)``: ``m`` micro-batches of ``ROWS`` rows, the same on every rank."""
+    g = torch.Generator().manual_seed(1_000 * p + m)
+    return torch.randn(m * ROWS, WIDTH, generator=g), torch.randn(m * ROWS, WIDTH, generator=g)
+
+
+def _expected_gradients(p, m):
+    """Per stage, ``[(name, gradient)]`` of the whole model on the whole batch, one
+    process: the mean loss over every row, which is the mean of the micro-batches' losses."""
+    model = mlp(WIDTH, DEPTH)
+    x, y = _data(p, m)
+    mse(model(x), y).backward()
+    return [list(stage.named_parameters()) for stage in split(model, p)]
+
+
+def _values_body(fn, p, m):
+    """What every rank runs: its stage of the real MLP, its micro-batches, the schedule."""
+
+    def body():
+        rank = dist.get_rank()
+        stage = split(mlp(WIDTH, DEPTH), p)[rank]
+        x, y = _data(p, m)
+        inputs = list(x.chunk(m)) if rank == 0 else [None] * m
+        targets = list(y.chunk(m)) if rank == p - 1 else [None] * m
+        fn(stage, inputs, targets, mse, (ROWS, WIDTH))
+        _, names = collectives_so_far()
+        return {"grads": [None if q.grad is None else q.grad.clone()
+                          for q in stage.parameters()],
+                "collectives": names}
+
+    return body
+
+
+SCHEDULE_HINTS = {
+    "exception": "read the message above. Only the first rank's inputs and the last "
+                 "rank's targets hold tensors (the others hold None): the other stages "
+                 "receive their input with dist.recv, and make it want its gradient "
+                 "(x.requires_grad_()) so that backward fills x.grad to send back.",
+    "timeout": "look for a loop whose bounds never end (over range(m), m = len(inputs)).",
+}
+CLOSE = dict(rtol=1e-4, atol=1e-6)
+
+
+GRADIENT_HINTS = {
+    "times": "divide each micro-batch's loss by m before its backward: the batch's loss is "
+             "the mean of the micro-batches'.",
+    "over": "divide each micro-batch's loss by m once, on the last stage only.",
+    "values": "backward of a micro-batch needs the gradient of the same micro-batch: every "
+              "stage must send and receive the micro-batches' gradients in the same order. "
+              "Print what each rank sends and receives on p = 2, m = 2.",
+}
+
+
+def _compare_gradients(where, run, expected, m):
+    """Fail at the first rank and parameter whose gradient differs from the reference."""
+    close = close_within(**CLOSE)
+    for rank, result in enumerate(run.results):
+        if result["collectives"]:
+            raise Failure(f"{where}: rank {rank} called {result['collectives'][-1]}, a "
+                          "collective",
+                          "pass activations and gradients between neighbouring stages with "
+                          "point-to-point operations only (dist.send, dist.recv, dist.isend, "
+                          "dist.irecv, dist.batch_isend_irecv).")
+        for (name, param), got in zip(expected[rank], result["grads"]):
+            at = f"{where}: rank {rank}, {name}"
+            if got is None:
+                raise Failure(f"{at}: the gradient is None",
+                              "every stage must run backward on each of its micro-batches: "
+                              "the last from its loss, the others from the gradient the next "
+                              "stage sends back (output.backward(grad)).")
+            compare_scaled(at, param.grad, got, m, GRADIENT_HINTS, close=close,
+                           holder="the single-process model",
+                           summed="the sum over the micro-batches, not their mean")
+
+
+def _check_values(fn):
+    """Run ``fn`` on every value case; fail at the first wrong gradient."""
+    for p, m in VALUE_CASES:
+        where = _case(p, m)
+        run = simulate(_cluster(), _values_body(fn, p, m), p, lambda rank: where,
+                       SCHEDULE_HINTS)
+        if p > 1 and sum(run.messages_sent) == 0:
+            raise Failure(f"{where}: no rank sent a point-to-point message",
+                          "ranks are threads here, but on a real cluster they share no "
+                          "memory: send the activations and gradients with send/recv.")
+        _compare_gradients(where, run, _expected_gradients(p, m), m)
+
+
+# ------------------------------------------------------------- time and memory
+
+
+def _timing_runs(fn):
+    """``[(p, m, run)]`` of ``fn`` on the timing cases, under fake tensors."""
+    runs = []
+    for p, m in TIMING_CASES:
+        where = f"{_case(p, m)}, fake tensors"
+        hints = {**SCHEDULE_HINTS,
+                 "exception": "this run uses fake tensors (shapes without values, to time a "
+                              "model of 8192 × 8192 layers): your schedule must not read "
+                              "values (.item(), print, if on a tensor). Read the message "
+                              "above."}
+        runs.append((p, m, simulate(_cluster(), _timing_body(fn, p, m), p, lambda r: where,
+                                    hints, accounting=True)))
+    return runs
+
+
+def _held(p, m, run):
+    """Micro-batches of activations each rank held at its peak; every stage must have
+    run one forward per micro-batch (through its module, where the hook counts them)."""
+    for rank, (_, forwards) in enumerate(run.results):
+        if forwards != m:
+            raise Failure(f"{_case(p, m)}, fake tensors: stage {rank} was called {forwards} "
+                          f"time(s); expected once per micro-batch ({m})",
+                          "call this rank's stage as stage(x) once for each micro-batch.")
+    return _micro_batches_held(run)
+
+
+def _check_bubble(p, m, run, hint):
+    """The measured bubble is within ``BUBBLE_TOLERANCE`` of wall time of the formula."""
+    measured, formula = bubble(run), bubble_formula(p, m)
+    if abs(measured - formula) > BUBBLE_TOLERANCE:
+        raise Failure(f"{_case(p, m)}, fake tensors: the stages idle {measured:.1%} of the "
+                      f"wall time; the formula (p - 1)/(m + p - 1) gives {formula:.1%}", hint)
+    return measured, formula
+
+
+def _bubbles_text(measured):
+    return ", ".join(f"{_case(p, m)}: {got:.1%} (formula {want:.1%})"
+                     for p, m, got, want in measured)
+
+
+def _held_text(p, m, held):
+    return (f"stages held {' / '.join(f'{h:.0f}' for h in held)} micro-batches of activations "
+            f"(p = {p}, m = {m})")
+
+
+# ------------------------------------------------------------ exercise 1: GPipe
+
+
+def _gpipe_references():
+    """The GPipes a learner could import instead of writing one: the lab's answer and the
+    lesson's own (which takes its neighbours' ranks too, so a wrapper would fit)."""
+    from workbook.lesson05_pipeline_parallel import demos as schedules
+    return _reference().gpipe, schedules.gpipe
+
+
+@check("GPipe")
+def check_gpipe(fn):
+    """``fn(stage, inputs, targets, loss_fn, shape)`` on every rank: gradients equal the
+    single-process model's for several ``(p, m)``; on the fake-tensor timing model every
+    stage holds all ``m`` micro-batches' activations at its peak, and the bubble is within
+    2 % of wall time of ``(p - 1)/(m + p - 1)``."""
+    for reference in _gpipe_references():
+        refuse_reference(fn, reference)
+    _check_values(fn)
+    measured = []
+    for p, m, run in _timing_runs(fn):
+        held = _held(p, m, run)
+        for rank, h in enumerate(held):
+            if h < m - HELD_SLACK:
+                raise Failure(f"{_case(p, m)}, fake tensors: stage {rank} held at most "
+                              f"{h:.1f} micro-batches of activations; GPipe holds all "
+                              f"{m}",
+                              "GPipe runs the forward of every micro-batch, then the backward "
+                              "of every micro-batch, on every stage (the last one too): keep "
+                              "each micro-batch's input and output until its backward.")
+        measured.append((p, m, *_check_bubble(
+            p, m, run, "every stage must start a micro-batch's forward as soon as its input "
+                       "arrives, and send its output on at once; then all the backwards.")))
+    return (f"gradients equal the single-process model's on (p, m) {listed(VALUE_CASES)}; "
+            f"bubble {_bubbles_text(measured)}; {_held_text(p, m, held)}")
+
+
+# ------------------------------------------------------------- exercise 2: 1F1B
+
+
+@check("1F1B")
+def check_1f1b(fn):
+    """``fn(stage, inputs, targets, loss_fn, shape)`` on every rank: gradients as for
+    GPipe; on the fake-tensor timing model stage ``r`` holds at most ``p - r``
+    micro-batches' activations (a schedule that is GPipe in disguise holds ``m``), and the
+    bubble is GPipe's, within 2 % of wall time."""
+    refuse_reference(fn, _reference().one_f_one_b)
+    _check_values(fn)
+    measured = []
+    for p, m, run in _timing_runs(fn):
+        held = _held(p, m, run)
+        for rank, h in enumerate(held):
+            allowed = min(m, p - rank)
+            if h > allowed + HELD_SLACK:
+                raise Failure(f"{_case(p, m)}, fake tensors: stage {rank} held "
+                              f"{h:.1f} micro-batches of activations; 1F1B holds at most "
+                              f"p - rank = {allowed}",
+                              "start backward early: stage r runs p - r - 1 warm-up "
+                              "forwards, then one forward and one backward in turn, and "
+                              "drops each micro-batch's tensors once its backward is done.")
+        measured.append((p, m, *_check_bubble(
+            p, m, run, "stage r runs p - r - 1 warm-up forwards before its first backward "
+                       "(with fewer, the stages wait for each other), and posts each send "
+                       "together with the receive that follows it (dist.batch_isend_irecv).")))
+    return (f"gradients equal the single-process model's on (p, m) {listed(VALUE_CASES)}; "
+            f"bubble {_bubbles_text(measured)}; {_held_text(p, m, held)}")
+
+
+# ---------------------------------------------------- exercise 3: interleaved bubble
+
+
+def _call(where, fn, *args):
+    """``fn(*args)`` for a function that runs outside the cluster; an exception becomes
+    the ❌ line."""
+    try:
+        return fn(*args)
+    except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
+        raise raised(where, error, "read the message above; call your function on these "
+                                   "arguments yourself to see the whole traceback.") from None
+
+
+BUBBLE_GRID = [(p, m, v) for p in (1, 2, 4, 8) for m in (1, 4, 8, 16, 32) for v in (1, 2, 4)]
+
+
+@check("interleaved bubble")
+def check_interleaved_bubble(fn):
+    """``fn(p, m, v)``: the bubble of interleaved 1F1B as a fraction of wall time, on
+    ``p`` ∈ {1, 2, 4, 8}, ``m`` ∈ {1, 4, 8, 16, 32}, ``v`` ∈ {1, 2, 4}."""
+    refuse_reference(fn, _reference().interleaved_bubble)
+    refuse_reference(fn, bubble_formula)
+    for p, m, v in BUBBLE_GRID:
+        where = f"p = {p}, m = {m}, v = {v}"
+        got = _call(f"interleaved_bubble({p}, {m}, {v})", fn, p, m, v)
+        want = bubble_formula(p, m, v)
+        try:
+            ok = abs(float(got) - want) <= 1e-9
+        except (TypeError, ValueError):
+            raise Failure(f"{where}: returned {got!r}, not a number",
+                          "return the fraction as a float (0.25 for 25 %).") from None
+        if ok:
+            continue
+        got = float(got)
+        if v > 1 and abs(got - (p - 1) / (m + p - 1)) <= 1e-9:
+            hint = "that is 1F1B's bubble: with v chunks each slot is v times shorter."
+        elif p > 1 and abs(got - (p - 1) / (v * m)) <= 1e-9:
+            hint = ("(p - 1)/(v·m) is the bubble relative to the ideal time (the papers' "
+                    "ratio); as a fraction of the wall time, divide by the whole: "
+                    "ideal v·m plus bubble p - 1, in chunk slots.")
+        elif abs(got - 100 * want) <= 1e-7:
+            hint = "return a fraction (0.25), not a percentage (25)."
+        else:
+            hint = ("count in chunk slots: each stage computes v·m of them, and the "
+                    "pipeline fills and drains in p - 1.")
+        raise Failure(f"{where}: returned {num(got)}, expected {num(want)}", hint)
+    return f"right on {len(BUBBLE_GRID)} cases of p ∈ {{1, 2, 4, 8}}, m up to 32, v ∈ {{1, 2, 4}}"
+
+
+# ----------------------------------------------------------- exercise 4: pick (m, v)
+
+
+# (p, batch, layers_per_stage, bubble_target, memory_cap GB, sample_bytes MB)
+GB, MB = 10**9, 10**6
+PICK_CASES = (
+    (4, 64, 6, 0.30, 4 * GB, 100 * MB),     # memory needs m = 8; then 1F1B is enough
+    (4, 64, 6, 0.30, 8_500 * MB, 100 * MB), # m = 4 needs chunks: v = 2 holds too much, v = 3 fits
+    (8, 256, 4, 0.10, 48 * GB, 100 * MB),   # memory needs m = 16; the bubble then v = 4
+    (8, 512, 8, 0.05, 16 * GB, 50 * MB),    # memory needs m = 32; the bubble then v = 8
+    (4, 32, 4, 0.01, 80 * GB, 10 * MB),     # none: m = 32, v = 4 still idles 2.3 %
+    (8, 64, 4, 0.30, 1 * GB, 200 * MB),     # none: even micro-batches of one sample are too big
+    (4, 16, 2, 0.10, 2 * GB, 400 * MB),     # none: the bubble needs v = 2, whose extra
+)                                           #   activations only v = 1 leaves room for
+
+
+def _pick_where(case):
+    p, batch, layers, target, cap, sample = case
+    return (f"pick_m_v(p={p}, batch={batch}, layers_per_stage={layers}, "
+            f"bubble_target={target}, memory_cap={num(cap / GB)} GB, "
+            f"sample_bytes={num(sample / MB)} MB)")
+
+
+@check("pick (m, v)")
+def check_pick_m_v(fn):
+    """``fn(p, batch, layers_per_stage, bubble_target, memory_cap, sample_bytes)``: the
+    fewest micro-batches, then the fewest chunks, meeting both limits, or None; on cases
+    where the bubble, the memory, both or neither decide, three of them infeasible."""
+    ref = _reference()
+    refuse_reference(fn, ref.pick_m_v)
+    for case in PICK_CASES:
+        where = _pick_where(case)
+        p, batch, layers, target, cap, sample = case
+        got = _call(where, fn, *case)
+        want = ref.pick_m_v(*case)
+        if isinstance(got, list):
+            got = tuple(got)
+        if got == want:
+            continue
+        if want is not None and got is None:
+            raise Failure(f"{where}: returned None, but (m, v) = {want} fits",
+                          "try every m that is a multiple of p and divides the batch, and "
+                          "every v that divides layers_per_stage.")
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise Failure(f"{where}: returned {got!r}, expected a pair (m, v) or None",
+                          "return (m, v), or None when nothing fits.")
+        m, v = got
+        if m % p or batch % m or layers % v:
+            raise Failure(f"{where}: returned (m, v) = {got}: m must be a multiple of p "
+                          "that divides the batch and v must divide layers_per_stage",
+                          "loop over m in range(p, batch + 1, p) and keep those with "
+                          "batch % m == 0; v over the divisors of layers_per_stage.")
+        b = ref.interleaved_bubble(p, m, v)
+        if b > target:
+            raise Failure(f"{where}: (m, v) = {got} idles {b:.1%} of the wall time, above "
+                          f"the target {target:.0%}", "check the bubble with your "
+                          "interleaved_bubble(p, m, v).")
+        memory = ref.micro_batches_held(p, v) * (batch // m) * sample
+        if memory > cap:
+            raise Failure(f"{where}: (m, v) = {got} holds {num(memory / GB)} GB of "
+                          f"activations on the first stage, above the cap",
+                          "the first stage holds p micro-batches (1F1B), p + (p - 1)/v with "
+                          "v ≥ 2 chunks, each of batch/m samples × sample_bytes.")
+        m, v = want
+        better = "fewer micro-batches" if m < got[0] else "as many micro-batches, fewer chunks"
+        raise Failure(f"{where}: returned {got}; expected {want}, which fits too with "
+                      f"{better} (bubble {ref.interleaved_bubble(p, m, v):.1%}, "
+                      f"{num(ref.micro_batches_held(p, v) * (batch // m) * sample / GB)} GB)",
+                      "among the (m, v) that fit, take the smallest m, then the smallest v; "
+                      "1F1B (v = 1) holds p micro-batches.")
+    feasible = sum(ref.pick_m_v(*c) is not None for c in PICK_CASES)
+    return (f"right on {len(PICK_CASES)} cases ({feasible} feasible, "
+            f"{len(PICK_CASES) - feasible} infeasible)")

@@ -1,0 +1,506 @@
+"""The checks of lab 07 (ZeRO stages 1–3 and FSDP2), on the protocol of
+:mod:`workbook.checking`, and the helpers the lab gives the learner.
+
+The shard layout (:func:`shard_size`, :func:`my_shard`) is FSDP2's, flattened: a
+parameter is flattened, padded with zeros to a multiple of the world size N, and rank r
+holds chunk r. :class:`ShardedLinear` holds the shards of an ``nn.Linear`` and computes
+with the learner's ZeRO-3 function.
+
+* :func:`check_zero1` trains a small real MLP with the learner's ``ZeRO1Adam`` on world
+  sizes 1–4 (its 197 parameters divide by none of 2, 3, 4), gradients averaged by the
+  check as DDP would, and compares every parameter with ``torch.optim.Adam`` in one
+  process; then it measures the memory the optimizer keeps on the simulator: at most
+  (× 1.25) 1/N of what ``torch.optim.Adam`` keeps.
+* :func:`check_zero2` does the same with ``ZeRO2Adam``, which gets each rank's own
+  gradients; it also measures the gradients held at the end of backward (1/N of the
+  model's) and the bytes each rank sends per step, against 2·(N−1)/N·4Ψ.
+* :func:`check_zero3` runs a three-layer MLP of :class:`ShardedLinear` layers with the
+  learner's autograd function and compares outputs and gradient shards with the whole
+  model in one process; then the peak memory of forward and backward against the
+  reference's (one layer gathered at a time).
+* :func:`check_zero_memory` compares the learner's memory formula with the ZeRO paper's
+  table and the reference.
+* :func:`check_fit_settings` runs the learner's choice of torch settings (DDP,
+  ``ZeroRedundancyOptimizer``, ``fully_shard`` with ``reshard_after_forward`` and
+  ``CPUOffloadPolicy``) for models that do not fit with DDP, on fake tensors, and
+  compares the simulated step time with the fastest settings that fit.
+
+The reference answers (:mod:`._reference`) are imported inside the checks only.
+"""
+
+import functools
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import simcluster as sc
+from workbook.checking import (Failure, answers, budget, check, close_within,
+                               first_difference, listed, mse, num, on_a_rank,
+                               refuse_reference, seconds, simulate, within_best)
+from workbook.lesson07_zero_fsdp.lab import (FIT_BLOCKS, FIT_WORLD, ShardedLinear, fit_psi,
+                                             fit_time, shard_size)
+
+WORLD_SIZES = (1, 2, 3, 4)
+MEMORY_WORLD_SIZES = (2, 4)
+STEPS = 3
+LR = 1e-2
+BATCH = 4
+
+
+_reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+# ------------------------------------------------------------- the shard layout
+
+
+# ------------------------------------------------------------- models and data
+
+
+def small_model(seed=0):
+    """6 → 16 → 5 with Tanh: 197 parameters, a prime number."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 5))
+
+
+def wide_model(seed=0):
+    """64 → 257 → 63 with Tanh: 32,959 parameters, for memory and bytes."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 257), nn.Tanh(), nn.Linear(257, 63))
+
+
+def batch(model, rank, step):
+    """``(x, y)`` of rank ``rank`` at step ``step``: different on every rank and step."""
+    first, last = model[0], model[-1]
+    g = torch.Generator().manual_seed(1_000 * step + rank)
+    return (torch.randn(BATCH, first.in_features, generator=g),
+            torch.randn(BATCH, last.out_features, generator=g))
+
+
+def _params(model):
+    return sum(q.numel() for q in model.parameters())
+
+
+def _in_use():
+    return sum(sc.memory_in_use().values())
+
+
+# Adam divides by a square root: near-zero moments amplify rounding of the gradient sum
+_close = close_within(atol=1e-6)
+
+
+# ------------------------------------------------------------- exercises 1 and 2: Adam
+
+
+def _unsharded(make_model, p, steps):
+    """Parameters after ``steps`` steps of ``torch.optim.Adam`` in one process on the mean
+    of the ranks' losses (so on the mean of their gradients)."""
+    model = make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    for step in range(steps):
+        losses = [mse(model(x), y) for x, y in (batch(model, r, step) for r in range(p))]
+        (sum(losses) / p).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [q.detach() for q in model.parameters()]
+
+
+def _train_body(cls, make_model, steps, average, measure):
+    """On every rank: train with ``cls(model.parameters(), lr=LR)``; ``average``: the
+    check all-reduces the gradients first (ZeRO-1 is handed averaged gradients)."""
+
+    def body():
+        rank, p = dist.get_rank(), dist.get_world_size()
+        model = make_model()
+        data = [batch(model, rank, step) for step in range(steps)]
+        base = _in_use() if measure else 0
+        optimizer = cls(model.parameters(), lr=LR)
+        kept = held = 0
+        for x, y in data:
+            before = _in_use() if measure else 0
+            mse(model(x), y).backward()
+            if measure:
+                held = _in_use() - before
+            if average:
+                for q in model.parameters():
+                    dist.all_reduce(q.grad)
+                    q.grad /= p
+            optimizer.step()
+            for q in model.parameters():
+                q.grad = None
+            if measure:
+                kept = _in_use() - base
+        return {"params": [q.detach().clone() for q in model.parameters()],
+                "kept": kept, "held": held}
+
+    return body
+
+
+def _where(p, model):
+    return f"world size {p}, {_params(model):,} parameters"
+
+
+def _run_training(cls, make_model, p, steps, average, measure=False):
+    where = _where(p, make_model())
+    return simulate(sc.Cluster.preset("dgx-a100"),
+                    _train_body(cls, make_model, steps, average, measure), p,
+                    lambda rank: where, accounting=measure), where
+
+
+def _compare_parameters(run, where, expected, names, steps):
+    for rank, result in enumerate(run.results):
+        for name, e, g in zip(names, expected, result["params"]):
+            at = f"{where}: rank {rank}, {name} after {steps} steps"
+            if g.shape != e.shape:
+                raise Failure(f"{at} has shape {tuple(g.shape)}, expected {tuple(e.shape)}",
+                              "write the gathered values back into the parameter itself "
+                              "(q.data.copy_(full[:q.numel()].view_as(q))).")
+            diff = first_difference(e, g, _close)
+            if diff is not None:
+                i, ev, gv = diff
+                unchanged = torch.equal(g, _initial_params()[name])
+                hint = ("that parameter did not change: all-gather every rank's updated "
+                        "chunk and copy it into the parameter (q.data.copy_(...))."
+                        if unchanged else
+                        "compare with torch.optim.Adam on world size 1 first; then check "
+                        "that every rank updates its own chunk (my_shard) and that the "
+                        "gathered tensor is cut back to q.numel() elements.")
+                raise Failure(f"{at}, element {i}: torch.optim.Adam gives {num(ev)}, "
+                              f"yours {num(gv)}", hint)
+
+
+def _initial_params():
+    return {name: q.detach() for name, q in small_model().named_parameters()}
+
+
+@functools.cache
+def _adam_kept(make_model):
+    """Bytes ``torch.optim.Adam`` keeps between steps, measured on one rank."""
+    run, _ = _run_training(torch.optim.Adam, make_model, 1, 2, True, measure=True)
+    return run.results[0]["kept"]
+
+
+def _check_values(cls, average):
+    names = [name for name, _ in small_model().named_parameters()]
+    for p in WORLD_SIZES:
+        run, where = _run_training(cls, small_model, p, STEPS, average)
+        _compare_parameters(run, where, _unsharded(small_model, p, STEPS), names, STEPS)
+
+
+def _check_state_memory(run, where, p, what):
+    baseline = _adam_kept(wide_model)
+    budget(where, "memory", [r["kept"] for r in run.results], baseline / p,
+           f"1/{p} of torch.optim.Adam's {num(baseline)}",
+           "keep exp_avg and exp_avg_sq of your chunk only (shard_size elements per "
+           "parameter), and drop every gathered buffer once it is copied into the "
+           "parameter.", f"between steps, {what}")
+
+
+@check("ZeRO-1")
+def check_zero1(cls):
+    """``cls(params, lr)`` with ``step()``, handed averaged gradients: parameters equal
+    ``torch.optim.Adam``'s after 3 steps on world sizes 1–4; between steps each rank keeps
+    at most (× 1.25) 1/N of the memory Adam keeps."""
+    refuse_reference(cls, _reference().ZeRO1Adam, "class")
+    if isinstance(cls, type) and issubclass(cls, torch.optim.Adam):
+        raise Failure("this class is torch.optim.Adam, which keeps the whole state on every "
+                      "rank", "write ZeRO1Adam yourself, keeping m and v of your chunk only.")
+    _check_values(cls, average=True)
+    for p in MEMORY_WORLD_SIZES:
+        run, where = _run_training(cls, wide_model, p, 2, True, measure=True)
+        _check_state_memory(run, where, p, "Adam's state sharded")
+    kept = max(r["kept"] for r in run.results)
+    return (f"parameters equal torch.optim.Adam's on world sizes {listed(WORLD_SIZES)}; "
+            f"on 4 ranks each keeps {num(kept)} bytes of optimizer state, "
+            f"{kept / _adam_kept(wide_model):.3f} of Adam's")
+
+
+def _check_bytes(run, where, p, psi, steps):
+    sent = [0] * p
+    for (src, _), nbytes in run.traffic.items():
+        sent[src] += nbytes
+    per_step = [s / steps for s in sent]
+    target = 2 * (p - 1) / p * 4 * psi
+    budget(where, "bytes", per_step, target, f"2·(N−1)/N·4Ψ per step = 2·{p - 1}/{p}·4·"
+           f"{psi:,}", "reduce-scatter each gradient (not all-reduce) and all-gather each "
+           "parameter once per step: on a ring each rank sends (N−1)/N of the buffer for "
+           "each.", "ZeRO-2")
+    return max(per_step)
+
+
+@check("ZeRO-2")
+def check_zero2(cls):
+    """``cls(params, lr)`` with ``step()``, handed each rank's own gradients: parameters
+    equal ``torch.optim.Adam``'s on the mean gradient; on 2 and 4 ranks, at most (× 1.25)
+    1/N of Adam's state kept and of the gradients held after backward, and at most
+    (× 1.05) 2·(N−1)/N·4Ψ bytes sent per rank and step."""
+    refuse_reference(cls, _reference().ZeRO2Adam, "class")
+    refuse_reference(cls, _reference().ZeRO1Adam, "class")
+    _check_values(cls, average=False)
+    psi = _params(wide_model())
+    for p in MEMORY_WORLD_SIZES:
+        run, where = _run_training(cls, wide_model, p, 2, False, measure=True)
+        budget(where, "memory", [r["held"] for r in run.results], 4 * psi / p,
+               f"4Ψ/N = 4·{psi:,}/{p}",
+               "reduce-scatter each gradient as soon as it is accumulated (a hook: "
+               "q.register_post_accumulate_grad_hook), keep your chunk, and set q.grad = "
+               "None.", "after backward, ZeRO-2's gradient shards")
+        _check_state_memory(run, where, p, "Adam's state sharded")
+        sent = _check_bytes(run, where, p, psi, 2)
+    return (f"parameters equal torch.optim.Adam's on world sizes {listed(WORLD_SIZES)}; "
+            f"on 4 ranks 1/4 of the gradients and of Adam's state, {num(sent)} bytes sent "
+            f"per rank and step = {sent / (4 * psi):.3f}·4Ψ (formula 2·3/4 = 1.5)")
+
+
+# ------------------------------------------------------------- exercise 3: ZeRO-3
+
+ZERO3_WIDTHS = (7, 33, 31, 5)          # three layers; no weight divides by 2, 3 or 4
+MEMORY_WIDTHS = (64,) + (127,) * 6     # six equal layers: one gathered at a time
+
+
+def _layers(widths, seed=0):
+    torch.manual_seed(seed)
+    return [nn.Linear(a, b) for a, b in zip(widths, widths[1:])]
+
+
+def _sharded(fn, widths):
+    layers = []
+    for linear in _layers(widths):
+        layers += [ShardedLinear(linear, fn), nn.Tanh()]
+    return nn.Sequential(*layers[:-1])
+
+
+def _zero3_body(fn, widths, measure):
+    def body():
+        rank = dist.get_rank()
+        model = _sharded(fn, widths)
+        x, y = batch(model, rank, 0)
+        start = _in_use() if measure else 0
+        if measure:
+            sc.reset_peak_memory()
+        out = model(x)
+        mse(out, y).backward()
+        return {"out": out.detach(), "start": start,
+                "grads": [None if q.grad is None else q.grad.clone()
+                          for q in model.parameters()]}
+
+    return body
+
+
+def _run_zero3(fn, widths, p, measure=False):
+    where = f"world size {p}, layers {' → '.join(map(str, widths))}"
+    try:
+        run = simulate(sc.Cluster.preset("dgx-a100"), _zero3_body(fn, widths, measure), p,
+                       lambda rank: where, accounting=measure)
+    except Failure as failure:
+        if "invalid gradient" in failure.what:
+            raise Failure(failure.what, "backward returns the gradient of each input of "
+                          "forward, in its shape: the shards' gradients are shards "
+                          "(reduce-scatter them), the ints get None.") from None
+        raise
+    return run, where
+
+
+def _whole(widths, p):
+    """Outputs of every rank's batch and the shards' expected gradients (mean loss)."""
+    layers = _layers(widths)
+    model = nn.Sequential(*[m for linear in layers for m in (linear, nn.Tanh())][:-1])
+    outs, losses = [], []
+    for r in range(p):
+        x, y = batch(model, r, 0)
+        outs.append(model(x))
+        losses.append(mse(outs[-1], y))
+    (sum(losses) / p).backward()
+    grads = [g for linear in layers for g in (linear.weight.grad, linear.bias.grad)]
+    return [o.detach() for o in outs], grads
+
+
+def _chunk(tensor, rank, p):
+    n = shard_size(tensor.numel(), p)
+    flat = F.pad(tensor.reshape(-1), (0, n * p - tensor.numel()))
+    return flat[rank * n:(rank + 1) * n]
+
+
+def _compare_zero3(run, where, widths, p):
+    outs, grads = _whole(widths, p)
+    names = [f"{kind} of layer {i}" for i in range(len(widths) - 1)
+             for kind in ("weight_shard", "bias_shard")]
+    for rank, result in enumerate(run.results):
+        diff = (first_difference(outs[rank], result["out"], _close)
+                if result["out"].shape == outs[rank].shape else (0, math.nan, math.nan))
+        if diff is not None:
+            raise Failure(f"{where}: rank {rank}: the output differs from the whole "
+                          f"model's (element {diff[0]}: expected {num(diff[1])}, got "
+                          f"{num(diff[2])})", "forward: all-gather the weight and the bias "
+                          "shards, cut them back to out·in and out elements, then "
+                          "F.linear(x, weight, bias).")
+        for name, full, got in zip(names, grads, result["grads"]):
+            at = f"{where}: rank {rank}, gradient of {name}"
+            expected = _chunk(full, rank, p)
+            if got is None:
+                raise Failure(f"{at} is None", "backward must return the gradient of "
+                              "weight_shard and bias_shard (positions 2 and 3).")
+            diff = first_difference(expected, got, _close)
+            if diff is not None:
+                i, e, g = diff
+                twice = math.isclose(g, e * p, rel_tol=1e-4) and p > 1
+                raise Failure(f"{at}, element {i}: expected {num(e)}, got {num(g)}",
+                              "reduce-scatter sums over ranks: divide by N for the mean "
+                              "over the ranks' batches." if twice else
+                              "backward: gather the weight again, grad_x = grad_y @ W, "
+                              "grad_W = grad_yᵀ x, grad_b = grad_y summed over the batch, "
+                              "then reduce-scatter (mean) grad_W and grad_b.")
+
+
+@check("ZeRO-3")
+def check_zero3(fn):
+    """``fn``, an autograd function ``fn.apply(x, weight_shard, bias_shard, out, in)``:
+    outputs and shard gradients of a three-layer MLP equal the whole model's on world
+    sizes 1–4; on 4 ranks, the peak memory of forward and backward above the shards is at
+    most (× 1.25) the reference's, which gathers one layer at a time."""
+    ref = _reference()
+    refuse_reference(fn, ref.ZeRO3Linear, "class")
+    for p in WORLD_SIZES:
+        run, where = _run_zero3(fn, ZERO3_WIDTHS, p)
+        _compare_zero3(run, where, ZERO3_WIDTHS, p)
+    mine, where = _run_zero3(fn, MEMORY_WIDTHS, 4, measure=True)
+    theirs, _ = _run_zero3(ref.ZeRO3Linear, MEMORY_WIDTHS, 4, measure=True)
+
+    def above(run):
+        return [run.peak_memory(r)["total"] - run.results[r]["start"] for r in range(4)]
+
+    target = max(above(theirs))
+    layer = 4 * (MEMORY_WIDTHS[1] * MEMORY_WIDTHS[2] + MEMORY_WIDTHS[2])
+    budget(where, "memory", above(mine), target, "one gathered layer and its gradient",
+           "gather the weight inside forward and inside backward, and save only x and the "
+           "shards for backward (ctx.save_for_backward(x, weight_shard)): a gathered "
+           "weight saved for backward stays in memory until then.",
+           "in forward and backward, above the shards, the reference")
+    peak = max(above(mine))
+    return (f"outputs and gradient shards equal the whole model's on world sizes "
+            f"{listed(WORLD_SIZES)}; peak {num(peak)} bytes above the shards on 4 ranks, "
+            f"{peak / layer:.1f}× one layer's parameters")
+
+
+# ------------------------------------------------------------- exercise 4: the table
+
+# The ZeRO paper's Figure 1 / Table 1 cell: Ψ = 7.5B, N_d = 64, K = 12 (GB per GPU,
+# rounded to 0.1 by the paper; see docs/reference-numbers.md).
+PAPER = {0: 120.0, 1: 31.4, 2: 16.6, 3: 1.9}
+FORMULA_CASES = ((7.5e9, 1), (1.5e9, 8), (7.5e9, 64), (175e9, 1024), (1e9, 3))
+
+
+def _said(value):
+    return num(value) if isinstance(value, (int, float)) else repr(value)
+
+
+@check("ZeRO memory table")
+def check_zero_memory(fn):
+    """``fn(psi, n_d, stage, k=12)``: GB of model states per GPU; the paper's cell for
+    Ψ = 7.5B on 64 GPUs (to its rounding), and the formula on other models, GPU counts
+    and K = 12 or 16."""
+    ref = _reference()
+    refuse_reference(fn, ref.zero_memory_gb)
+    for stage, paper in PAPER.items():
+        where = f"Ψ = 7.5B, N_d = 64, stage {stage}"
+        got = on_a_rank(fn, (7.5e9, 64, stage), where)
+        if not isinstance(got, (int, float)) or not abs(got - paper) <= 0.05:
+            raise Failure(f"{where}: you said {_said(got)}, the paper's table says {paper} GB",
+                          "per parameter: 2 bytes of fp16 parameters, 2 of fp16 "
+                          "gradients, K = 12 of optimizer state (fp32 parameters, momentum, "
+                          "variance); stage 1 divides the optimizer state by N_d, stage 2 "
+                          "the gradients too, stage 3 the parameters too. 1 GB = 1e9 "
+                          "bytes.")
+    for psi, n in FORMULA_CASES:
+        for k in (12, 16):
+            for stage in range(4):
+                where = f"Ψ = {num(psi)}, N_d = {n}, K = {k}, stage {stage}"
+                got = on_a_rank(fn, (psi, n, stage, k), where)
+                expected = ref.zero_memory_gb(psi, n, stage, k)
+                if not isinstance(got, (int, float)) or not math.isclose(got, expected,
+                                                                         rel_tol=1e-6):
+                    raise Failure(f"{where}: you said {_said(got)} GB, expected "
+                                  f"{num(expected)}", "use k (not 12) for the optimizer "
+                                  "state, and don't round.")
+    return ("120 / 31.4 / 16.6 / 1.9 GB for 7.5B on 64 GPUs, and the formula on "
+            f"{len(FORMULA_CASES) * 8} other cells")
+
+
+# ------------------------------------------------------------- exercise 5: fit settings
+
+FIT_TOLERANCE = 1.05   # the learner's step may be 5 % slower than the fastest that fits
+# Widths d of blocks Linear(d, 4d) · ReLU · Linear(4d, d), no bias: on 4 GPUs, the fastest
+# settings that fit keep whole parameters, shard them, offload them, offload and reshard.
+FIT_CASES = (12_500, 18_114, 20_156, 24_367)
+SETTINGS_HINT = ("return a dict with keys 'stage' (0: DDP, 1: DDP with "
+                 "ZeroRedundancyOptimizer, 3: fully_shard), 'reshard_after_forward' and "
+                 "'offload' (bools; fully_shard's options, so False with stages 0 and 1).")
+
+
+def _valid_settings(settings, where):
+    keys = {"stage", "reshard_after_forward", "offload"}
+    if not isinstance(settings, dict) or set(settings) != keys:
+        raise Failure(f"{where}: returned {settings!r}", SETTINGS_HINT)
+    stage = settings["stage"]
+    if stage == 2:
+        raise Failure(f"{where}: stage 2", "torch has no ZeRO-2 of its own: fully_shard "
+                      "with reshard_after_forward=False keeps whole parameters from forward "
+                      "to backward, as ZeRO-2 does (FSDP1 called it SHARD_GRAD_OP). Say "
+                      "stage 3 with that option.")
+    if stage not in (0, 1, 3):
+        raise Failure(f"{where}: stage {stage!r}", SETTINGS_HINT)
+    if stage != 3 and (settings["offload"] or settings["reshard_after_forward"]):
+        raise Failure(f"{where}: stage {stage} with fully_shard's options", SETTINGS_HINT)
+    return {k: (v if k == "stage" else bool(v)) for k, v in settings.items()}
+
+
+def _describe(settings):
+    if settings["stage"] < 3:
+        return "DDP" + (" + ZeroRedundancyOptimizer" if settings["stage"] else "")
+    return (f"fully_shard(reshard_after_forward={settings['reshard_after_forward']}"
+            + (", CPUOffloadPolicy()" if settings["offload"] else "") + ")")
+
+
+@functools.cache
+def _best(width):
+    spec = sc.Cluster.preset("dgx-a100").spec
+    best = _reference().fit_settings(fit_psi(width), FIT_BLOCKS, FIT_WORLD,
+                                     spec.device_of(0).memory, spec.host_share(0)[0])
+    return best, fit_time(width, best)
+
+
+@check("fit settings")
+def check_fit_settings(fn):
+    """``fn(psi, blocks, world_size, gpu_memory, host_memory)`` returns settings; for four
+    models that run out of memory under DDP on 4 GPUs of a DGX A100, the learner's
+    settings fit and their simulated step is within 5 % of the fastest settings that fit."""
+    refuse_reference(fn, _reference().fit_settings)
+    spec = sc.Cluster.preset("dgx-a100").spec
+    gpu, host = spec.device_of(0).memory, spec.host_share(0)[0]
+    worst = 0.0
+    for width in FIT_CASES:
+        psi = fit_psi(width)
+        where = f"Ψ = {psi / 1e9:.2f}B in {FIT_BLOCKS} blocks on {FIT_WORLD} GPUs"
+        settings = _valid_settings(
+            on_a_rank(fn, (psi, FIT_BLOCKS, FIT_WORLD, gpu, host), where), where)
+        best, best_time = _best(width)
+        try:
+            mine = best_time if settings == best else fit_time(width, settings)
+        except sc.OutOfMemoryError as error:
+            raise Failure(f"{where}: {_describe(settings)} ran out of memory "
+                          f"({str(error).split('.')[1].strip()})",
+                          "estimate the peak: DDP keeps 4Ψ of parameters, 4Ψ of gradients, "
+                          "4Ψ of buckets and 8Ψ of Adam's state; fully_shard keeps 16Ψ/N, "
+                          "plus whole blocks while they compute (all of them from forward "
+                          "to backward without resharding); offload moves the 16Ψ/N to the "
+                          "host.") from None
+        worst = max(worst, within_best(
+            where, mine, best_time, FIT_TOLERANCE,
+            f"{_describe(settings)} fits, and its step takes",
+            f"the {seconds(best_time)} of {_describe(best)}",
+            "more sharding and offload cost time (more all-gathers, PCIe copies, Adam on the "
+            "CPUs): take the least that fits."))
+    return (f"the {len(FIT_CASES)} models fit, each step within {worst - 1:.1%} of the "
+            "fastest settings that fit")

@@ -1,0 +1,353 @@
+"""The checks of lab 08 (memory and precision), on the protocol of
+:mod:`workbook.checking`, and the helpers the lab gives the learner.
+
+* :func:`check_bytes_per_parameter` compares the learner's bytes per parameter with what
+  the simulator measures right after an optimizer step (parameters, gradients, optimizer
+  state) for every recipe: fp32 / bf16 / fp16 weights, SGD / SGD with momentum / Adam,
+  with or without fp32 master weights (:class:`MasterWeights`).
+* :func:`check_loss_scaler` trains a small model under ``torch.autocast`` (float16) with the
+  learner's ``LossScaler`` and with ``torch.amp.GradScaler``, on sequences of steps whose
+  gradients overflow (a scale too large, a huge input, a NaN), and compares them step by
+  step: the scale, which steps are skipped, the parameters.
+* :func:`check_checkpointing` applies ``torch.utils.checkpoint`` to the blocks the learner
+  chooses in a stack of attention and MLP blocks (fake tensors, one simulated A100), for
+  three caps on activation memory: the peak must fit, and the recompute time must be
+  within 5 % of the best choice's.
+* :func:`check_fit` runs the learner's training function on a small simulated device on
+  which plain training runs out of memory: it must complete, with every step's loss and
+  the trained model's loss within 0.01 % of plain fp32 training on a device large enough.
+
+The reference answers (:mod:`._reference`) are imported inside the checks only.
+"""
+
+import functools
+import inspect
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import simcluster as sc
+from simcluster.accounting import current
+from workbook.checking import (Failure, HINTS, answers, check, first_difference, num,
+                               on_a_rank, raised, refuse_reference, seconds, short,
+                               simulate, within_best)
+from workbook.lesson08_memory_and_precision.lab import (CHECKPOINT_CAPS, FIT_LR, FIT_MEMORY,
+                                                        FIT_STEPS, MiB, SCALER_STEPS,
+                                                        _fit_body, _profile, fit_cluster,
+                                                        fit_data, fit_model,
+                                                        measure_checkpoints, oom_text,
+                                                        scaled_training, train_plain)
+
+
+_reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+_DEMOS = "workbook.lesson08_memory_and_precision.demos"
+
+
+def refuse_lesson_helpers(fn, what="function"):
+    """Fail if ``fn`` is, or names, a function of the lesson's own module
+    (:mod:`.demos`): its demos measure what the lab asks the learner to work
+    out."""
+    candidate = inspect.unwrap(fn) if callable(fn) else fn
+    named = [candidate]
+    if getattr(candidate, "__code__", None) is not None:
+        found = inspect.getclosurevars(candidate)
+        named += [*found.nonlocals.values(), *found.globals.values()]
+    for value in named:
+        module = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__",
+                                                                        None)
+        # the demos by their name, or by their deprecated alias (workbook._aliases)
+        if module in (_DEMOS, "workbook.precision"):
+            raise Failure(f"this {what} uses the lesson's own helpers ({_DEMOS}), not yours",
+                          HINTS["reference"])
+
+
+# ------------------------------------------------------------- exercise 1: bytes per parameter
+
+
+def recipe_text(weights, optimizer, master_weights):
+    """``"bfloat16 weights, Adam, fp32 master weights"``."""
+    name = {"sgd": "SGD", "momentum": "SGD with momentum", "adam": "Adam"}[optimizer]
+    return f"{weights} weights, {name}" + (", fp32 master weights" if master_weights else "")
+
+
+@functools.cache
+def _measured():
+    run = sc.Cluster.preset("dgx-a100").run(_reference().measured_bytes_per_parameter,
+                                            world_size=1)
+    return run.results[0]
+
+
+@check("bytes per parameter")
+def check_bytes_per_parameter(fn):
+    """``fn(weights, optimizer, master_weights)``: bytes per parameter (parameters,
+    gradients, optimizer state) right after a step, for all 18 recipes, equal to the
+    simulator's measurement (within 1 %)."""
+    ref = _reference()
+    refuse_reference(fn, ref.bytes_per_parameter)
+    refuse_reference(fn, ref.measured_bytes_per_parameter)
+    refuse_lesson_helpers(fn)
+    recipes = list(_measured())
+
+    def ask_all():
+        answers = []
+        for recipe in recipes:
+            try:
+                answers.append((True, fn(*recipe)))
+            except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
+                answers.append((False, error))
+                break
+        return answers
+
+    answers = on_a_rank(ask_all, (), "bytes_per_parameter")
+    for recipe, (returned, got) in zip(recipes, answers):
+        where = recipe_text(*recipe)
+        if not returned:
+            raise raised(where, got)
+        measured = _measured()[recipe]
+        total = sum(measured.values())
+        if (not isinstance(got, (int, float)) or isinstance(got, bool)
+                or not math.isclose(got, total, rel_tol=0.01)):
+            said = num(got) if isinstance(got, (int, float)) else repr(got)
+            parts = ", ".join(f"{k} {num(round(v, 2))}" for k, v in measured.items())
+            raise Failure(f"{where}: you said {said} bytes per parameter, the simulator "
+                          f"measured {num(round(total, 2))} ({parts})",
+                          "the weights and their gradients are in the weights' dtype (4 "
+                          "bytes for float32, 2 for bfloat16 and float16); a master copy "
+                          "is fp32; SGD keeps no state, momentum one tensor, Adam two, in "
+                          "fp32 when there are master weights.")
+    return f"all {len(recipes)} recipes equal the simulator's measurement"
+
+
+# ------------------------------------------------------------- exercise 2: loss scaling
+
+SCALER_CASES = (
+    {"init_scale": 2.0**24, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3},
+    {"init_scale": 2.0**8, "growth_factor": 4.0, "backoff_factor": 0.25, "growth_interval": 2},
+    {"init_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 1},
+)
+
+
+def _case_text(case):
+    return (f"init_scale {num(case['init_scale'])}, ×{num(case['growth_factor'])} after "
+            f"{case['growth_interval']} good steps, ×{num(case['backoff_factor'])} on "
+            "overflow")
+
+
+def _scaler_log(cls, case):
+    where = _case_text(case)
+    run = simulate(sc.Cluster.preset("dgx-a100"),
+                   lambda: scaled_training(cls, case), 1, lambda rank: where)
+    return run.results[0]
+
+
+@functools.cache
+def _grad_scaler_log(index):
+    return _scaler_log(functools.partial(torch.amp.GradScaler, "cpu"), SCALER_CASES[index])
+
+
+def _compare_scaler(mine, torch_log, where):
+    for step, (m, t) in enumerate(zip(mine, torch_log)):
+        at = f"{where}: before step {step}" if step < SCALER_STEPS else f"{where}: at the end"
+        if m["scale"] != t["scale"]:
+            previous = torch_log[step - 1] if step else None
+            hint = ("start from init_scale." if previous is None else
+                    "after a step with inf or NaN gradients (a skipped step), multiply the "
+                    "scale by backoff_factor and start counting good steps again."
+                    if not previous["stepped"] else
+                    "count the good steps in a row; after growth_interval of them, multiply "
+                    "the scale by growth_factor and start counting again.")
+            raise Failure(f"{at}, your scale is {num(m['scale'])}, GradScaler's "
+                          f"{num(t['scale'])}", hint)
+        if step == SCALER_STEPS:
+            break
+        if m["stepped"] != t["stepped"]:
+            raise Failure(f"{where}: step {step}: GradScaler "
+                          + ("skipped it (a gradient was inf or NaN) and left the weights as "
+                             "they were, yours changed them" if not t["stepped"] else
+                             "stepped (every gradient was finite), yours left the weights "
+                             "as they were"),
+                          "look at every gradient of the optimizer's parameters: if one "
+                          "has an inf or a NaN (torch.isfinite(g).all() is False), do not "
+                          "call optimizer.step() at all (stepping with zeroed gradients "
+                          "still moves the weights with momentum); otherwise step.")
+        for i, (e, g) in enumerate(zip(t["params"], m["params"])):
+            diff = first_difference(e, g, lambda a, b: torch.isclose(a, b, rtol=1e-5,
+                                                                     atol=1e-7))
+            if diff is not None:
+                raise Failure(f"{where}: after step {step}, parameter {i}, element "
+                              f"{diff[0]}: GradScaler gives {num(diff[1])}, yours "
+                              f"{num(diff[2])}", "divide every gradient by the scale "
+                              "(unscale) before optimizer.step(): the loss was multiplied "
+                              "by it, so its gradients were too.")
+
+
+@check("loss scaler")
+def check_loss_scaler(cls):
+    """``cls(init_scale, growth_factor, backoff_factor, growth_interval)`` with
+    ``scale(loss)``, ``step(optimizer)``, ``update()`` and ``get_scale()``: on three
+    sequences of 14 float16 steps with overflows, the same scale, the same skipped steps
+    and the same parameters as ``torch.amp.GradScaler``."""
+    refuse_reference(cls, _reference().LossScaler, "class")
+    refuse_lesson_helpers(cls, "class")
+    if isinstance(cls, type) and issubclass(cls, torch.amp.GradScaler):
+        raise Failure("this class is torch.amp.GradScaler", "write LossScaler yourself; "
+                      "the check compares it with GradScaler.")
+    skipped = 0
+    for index, case in enumerate(SCALER_CASES):
+        where = _case_text(case)
+        torch_log = _grad_scaler_log(index)
+        _compare_scaler(_scaler_log(cls, case), torch_log, where)
+        skipped += sum(not t["stepped"] for t in torch_log[:-1])
+    return (f"the same scales, skipped steps ({skipped} of {len(SCALER_CASES) * SCALER_STEPS})"
+            " and parameters as torch.amp.GradScaler")
+
+
+# ------------------------------------------------------------- exercise 3: checkpointing
+
+RECOMPUTE_TOLERANCE = 1.05    # the learner's recompute time may be 5 % above the best
+RECOMPUTE_HINT = ("some blocks free many bytes for little recompute time (compare kept − "
+                  "output with recompute), and checkpointing a block near the end frees "
+                  "nothing if its own recompute is the peak.")
+
+
+def _chosen_blocks(got, where, n):
+    try:
+        if any(isinstance(i, bool) for i in got):     # a mask, not indices
+            raise TypeError
+        chosen = sorted(set(int(i) for i in got))
+    except (TypeError, ValueError):
+        raise Failure(f"{where}: returned {short(repr(got), 60)}",
+                      "return a list of block indices (ints), e.g. [0, 2].") from None
+    bad = [i for i in chosen if not 0 <= i < n]
+    if bad:
+        raise Failure(f"{where}: block {bad[0]} does not exist",
+                      f"the blocks are numbered 0 to {n - 1}.")
+    return chosen
+
+
+@check("activation checkpointing")
+def check_checkpointing(fn):
+    """``fn(profile, cap)`` returns the blocks to checkpoint; for each of three caps the
+    measured peak of activation memory fits, and the recompute time is at most 5 % above
+    the best choice's."""
+    ref = _reference()
+    refuse_reference(fn, ref.choose_checkpoints)
+    refuse_lesson_helpers(fn)
+    profile = list(_profile())
+    _, plain = measure_checkpoints(())
+    worst = 0.0
+    for cap in CHECKPOINT_CAPS:
+        where = f"cap {num(cap / MiB)} MiB"
+        got = on_a_rank(fn, ([dict(row) for row in profile], cap), where)
+        chosen = _chosen_blocks(got, where, len(profile))
+        peak, elapsed = measure_checkpoints(chosen)
+        if peak > cap:
+            raise Failure(f"{where}: checkpointing blocks {chosen} peaks at "
+                          f"{num(round(peak / MiB, 1))} MiB of activations",
+                          "block i runs (in forward, and again in backward when it is "
+                          "checkpointed) on top of what the blocks before it keep: its peak "
+                          "plus their kept bytes (only the output of a checkpointed one). "
+                          "Check that estimate for every block, and the sum of all kept "
+                          "bytes.")
+        best_peak, best = measure_checkpoints(ref.choose_checkpoints(profile, cap))
+        assert best_peak <= cap, "the reference's choice must fit"
+        mine, theirs = elapsed - plain, best - plain
+        worst = max(worst, within_best(
+            where, mine, theirs, RECOMPUTE_TOLERANCE,
+            f"blocks {chosen} fit, and recomputing them adds to the step",
+            f"the best choice's {seconds(theirs)}", RECOMPUTE_HINT))
+    return (f"fits the {len(CHECKPOINT_CAPS)} caps, recompute within {worst - 1:.1%} of the "
+            f"best choice's (step {seconds(plain)} without checkpointing)")
+
+
+# ------------------------------------------------------------- exercise 4: make it fit
+
+# Relative, on each loss. Right answers (micro-batches, checkpointing, bf16 autocast) stay
+# within 3e-5; Adam's four steps move the loss only 2 % in all, so leaving out a
+# micro-batch (4e-4), reporting one micro-batch's loss (9e-3), never zeroing the gradients
+# (2e-3) or fp16 without a scaler (1e-3) would all pass a 1 % tolerance.
+FIT_TOLERANCE = 1e-4
+
+
+def _checked_fit_body(fn, memory):
+    """:func:`_fit_body`, or the ``OutOfMemoryError`` it raised (for the check's words)."""
+    try:
+        return _fit_body(fn, memory)
+    except sc.OutOfMemoryError as error:
+        return error
+
+
+@functools.cache
+def _plain_fit():
+    """Losses and final loss of plain training, in this process (no device limit)."""
+    model = fit_model()
+    x, y = fit_data()
+    losses = train_plain(model, x, y, FIT_STEPS, FIT_LR, None)
+    with torch.no_grad():
+        return losses, F.mse_loss(model(x), y).item()
+
+
+def _apart(mine, theirs):
+    """``"0.390046, plain training's 0.390056 (0.003 % apart; the check allows 0.01 %)"``:
+    six digits, as four can print the same number twice at this tolerance."""
+    return (f"{mine:.6g}, plain training's {theirs:.6g} ({abs(mine / theirs - 1):.3%} "
+            f"apart; the check allows {FIT_TOLERANCE:.2%})").replace("%", " %")
+
+
+FIT_HINT = ("the model's parameters, gradients and Adam's state take 16 bytes per "
+            "parameter whatever you do here; the rest is activations, proportional to "
+            "the batch: run the batch in micro-batches (accumulate gradients, divide each "
+            "micro-batch's loss by their number), checkpoint blocks, or both.")
+
+
+@check("make it fit")
+def check_fit(fn):
+    """``fn(model, x, y, steps, lr, memory)`` trains on a simulated GPU of 16 and of 12
+    MiB, on which plain training runs out of memory; it must finish, and every returned
+    loss and the trained model's loss must be within 0.01 % of plain fp32 training's."""
+    refuse_reference(fn, _reference().fit)
+    refuse_lesson_helpers(fn)
+    if inspect.unwrap(fn) is train_plain:
+        raise Failure("this is train_plain, which runs out of memory", FIT_HINT)
+    expected, final = _plain_fit()
+    model = fit_model()
+    x, y = fit_data()
+    for memory in FIT_MEMORY:
+        where = f"{num(memory / MiB)}-MiB GPU"
+        run = simulate(fit_cluster(memory), _checked_fit_body, 1, lambda rank: where,
+                       accounting=True, args=(fn, memory))
+        if isinstance(run.results[0], sc.OutOfMemoryError):
+            raise Failure(f"{where}: {oom_text(run.results[0])}", FIT_HINT)
+        losses, params = run.results[0]
+        if (not isinstance(losses, (list, tuple)) or len(losses) != FIT_STEPS
+                or not all(isinstance(v, (int, float)) for v in losses)):
+            raise Failure(f"{where}: returned {short(repr(losses), 60)}",
+                          f"return a list of {FIT_STEPS} floats: each step's loss on the "
+                          "whole batch (loss.item(), summed over micro-batches of the "
+                          "mean loss divided by their number).")
+        for step, (e, g) in enumerate(zip(expected, losses)):
+            if not math.isclose(g, e, rel_tol=FIT_TOLERANCE):
+                raise Failure(f"{where}: step {step}: your loss is {_apart(g, e)}",
+                              "the loss of a step is the mean over the whole batch: with k "
+                              "equal micro-batches, add up each one's mean loss / k, over "
+                              "every micro-batch; call optimizer.step() and "
+                              "optimizer.zero_grad() once per step, after every "
+                              "micro-batch's backward; put autocast around the forward only, "
+                              "in bfloat16 (float16 without a loss scaler loses small "
+                              "gradients).")
+        model.load_state_dict(params)
+        with torch.no_grad():
+            trained = F.mse_loss(model(x), y).item()
+        if not math.isclose(trained, final, rel_tol=FIT_TOLERANCE):
+            raise Failure(f"{where}: after training, the model's loss is "
+                          f"{_apart(trained, final)}", "train on the whole batch "
+                          "each step (every micro-batch), with the given lr, Adam, and "
+                          "one optimizer.step() and one optimizer.zero_grad() per step.")
+        peak = run.peak_memory(0)["total"]
+    return (f"trains on GPUs of {' and '.join(num(m / MiB) for m in FIT_MEMORY)} MiB (peak "
+            f"{peak / MiB:.1f} MiB on the last), the same losses as plain training")

@@ -1,0 +1,367 @@
+"""The checks of lab 09 (3D parallelism and the planner), on the protocol of
+:mod:`workbook.checking`.
+
+* :func:`check_build_groups` runs the learner's ``build_groups(pp, dp, tp)`` on every rank
+  of (pp, dp, tp) meshes of 6 to 16 simulated GPUs, then ``init_device_mesh`` with the same
+  shape, and compares each rank's coordinate (its index in each of its three groups) and
+  the ranks of its groups with the mesh's.
+* :func:`check_model_flops` compares the learner's FLOPs per iteration with
+  :func:`simcluster.planner.flops_per_iteration` on the GPT models of Narayanan et al. 2021
+  Table 1 (and with their Eq. 3, which is exact for these), LLaMA-7B (SwiGLU) and a
+  grouped-query model, without, with selective and with full recomputation.
+* :func:`check_choose_layout` asks for LLaMA-7B's layout on 32 simulated A100s under
+  four memory caps; the layout must fit the cap in the planner's estimate and its step
+  must be within 10 % of the fastest layout :func:`simcluster.planner.search` finds.
+* :func:`check_pipeline_bubble` compares the learner's bubble of a 3D layout with
+  (p − 1)/(v·m), m = B/(b·d), on layouts of Narayanan et al. 2021 Table 1 and smaller ones,
+  and names the usual slips (m without d, the wall-time fraction, v left out, a percentage).
+
+The reference answers (:mod:`._reference`) are imported inside the checks only.
+"""
+
+import dataclasses
+import math
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+import simcluster as sc
+from simcluster import planner
+from workbook.checking import (Failure, answers, check, listed, num, on_a_rank,
+                               refuse_reference, short, simulate, within_best)
+from workbook.lesson09_3d_parallelism.lab import (DIMS, GiB, LAYOUT_BATCH, LAYOUT_CAPS_GIB,
+                                                  LAYOUT_GPUS, LLAMA_7B, describe_layout,
+                                                  layout_cluster)
+
+
+_reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+# ------------------------------------------------------ exercise 1: the mesh by hand
+
+# (pp, dp, tp): every dimension of size 1 once, one of 3 (not a power of two), 16 GPUs
+MESH_CASES = ((2, 2, 2), (1, 4, 2), (4, 1, 2), (3, 2, 1), (2, 2, 4))
+GROUPS_HINT = ("return a dict {'pp': ..., 'dp': ..., 'tp': ...} of the three groups this "
+               "rank is a member of, each made by dist.new_group.")
+MESH_HINT = ("init_device_mesh lays the ranks out row-major over (pp, dp, tp): tp varies "
+             "fastest, so a tp group is tp consecutive ranks (one node's NVLink), a dp "
+             "group steps by tp, and a pp group by dp·tp.")
+
+
+def _mesh_body(fn, pp, dp, tp):
+    """On each rank: the learner's groups, then torch's mesh of the same shape; the ranks
+    of each group and the rank's coordinate in both."""
+    rank = dist.get_rank()
+    where = f"(pp, dp, tp) = ({pp}, {dp}, {tp}): rank {rank}"
+    groups = fn(pp, dp, tp)
+    if not isinstance(groups, dict) or set(groups) != set(DIMS):
+        raise Failure(f"{where} returned {short(repr(groups), 80)}", GROUPS_HINT)
+    mine = {}
+    for name in DIMS:
+        group = groups[name]
+        if not isinstance(group, dist.ProcessGroup):
+            shown = ("GroupMember.NON_GROUP_MEMBER"
+                     if group is dist.GroupMember.NON_GROUP_MEMBER else short(repr(group), 60))
+            raise Failure(f"{where}: its {name!r} group is {shown}, not a "
+                          "group it is a member of",
+                          "new_group returns a usable group only on the ranks in it (and "
+                          "GroupMember.NON_GROUP_MEMBER on the others): keep the group "
+                          "whose ranks include this rank.")
+        mine[name] = dist.get_process_group_ranks(group)
+    mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=DIMS)
+    return {"mine": mine, "coordinate": tuple(mesh.get_coordinate()),
+            "expected": {name: dist.get_process_group_ranks(mesh.get_group(name))
+                         for name in DIMS}}
+
+
+def _coordinate(rank, groups):
+    """``rank``'s index in each of its groups (None where it is not in one)."""
+    return tuple(groups[n].index(rank) if rank in groups[n] else None for n in DIMS)
+
+
+def _compare_mesh(case, results):
+    """Fail at the first rank whose coordinate, or else whose groups, differ from
+    ``init_device_mesh``'s."""
+    moved = [r for r, res in enumerate(results)
+             if _coordinate(r, res["mine"]) != res["coordinate"]]
+    wrong = [r for r, res in enumerate(results) if res["mine"] != res["expected"]]
+    if not wrong:
+        return
+    rank = (moved or wrong)[0]
+    result, where = results[rank], f"(pp, dp, tp) = {case}: rank {rank}"
+    mine_at = _coordinate(rank, result["mine"])
+    axis, name = next((a, n) for a, n in enumerate(DIMS)  # where the coordinate moved
+                      if result["mine"][n] != result["expected"][n]
+                      and (not moved or mine_at[a] != result["coordinate"][a]))
+    mine, expected = result["mine"][name], result["expected"][name]
+    if rank not in mine:
+        raise Failure(f"{where}: its {name} group {mine} does not contain it",
+                      "keep the group whose ranks include this rank.")
+    text = f"{where}: your {name} group is {mine}, init_device_mesh's is {expected}"
+    if moved:
+        text += (f", so you put it at (pp, dp, tp) = {mine_at}, "
+                 f"the mesh at {result['coordinate']}")
+    if set(mine) < set(expected):
+        raise Failure(text, f"a {name} group has {case[axis]} ranks, one per coordinate "
+                            f"along {name}: check your range bounds.")
+    raise Failure(text, MESH_HINT)
+
+
+@check("3D process groups")
+def check_build_groups(fn):
+    """``fn(pp, dp, tp)`` on every rank returns its three groups; each rank's groups and
+    coordinate equal ``init_device_mesh``'s on (pp, dp, tp) meshes of 6 to 16 GPUs."""
+    refuse_reference(fn, _reference().build_groups)
+    for name, mesh_api in (("init_device_mesh", init_device_mesh), ("DeviceMesh", DeviceMesh)):
+        try:
+            refuse_reference(fn, mesh_api)
+        except Failure:
+            raise Failure(f"this function calls {name}, which the check compares with",
+                          "build the groups by hand: dist.new_group for every pp, dp and "
+                          "tp group, on every rank.") from None
+    cluster = sc.Cluster.preset("dgx-a100", nodes=2)
+    for case in MESH_CASES:
+        run = simulate(cluster, _mesh_body, math.prod(case),
+                       lambda rank, case=case: f"(pp, dp, tp) = {case}",
+                       args=(fn, *case))
+        _compare_mesh(case, run.results)
+    shapes = listed("×".join(map(str, case)) for case in MESH_CASES)
+    return (f"every rank's (pp, dp, tp) groups and coordinate equal init_device_mesh's on "
+            f"meshes {shapes}")
+
+
+# --------------------------------------------------- exercise 4: the bubble in 3D
+
+# (gpus, t, p, B, b, v): small layouts first, then rows of Narayanan et al. 2021 Table 1
+# (docs/reference-numbers.md) with and without interleaving
+BUBBLE_CASES = ((32, 2, 4, 512, 1, 1), (32, 2, 4, 512, 2, 1), (32, 4, 8, 512, 1, 1),
+                (32, 2, 4, 512, 1, 2), (64, 8, 1, 512, 2, 1), (24, 1, 3, 96, 2, 1),
+                (2520, 8, 35, 2520, 1, 1), (3072, 8, 64, 3072, 1, 1),
+                (3072, 8, 64, 3072, 1, 2), (512, 8, 8, 1024, 1, 4))
+BUBBLE_HINT = ("the d = gpus/(t·p) pipelines share the global batch: each runs "
+               "m = B/(b·d) micro-batches, and its bubble is (p − 1)/(v·m) of the ideal "
+               "step.")
+
+
+def _bubble_hint(case, got):
+    """The hint for a wrong bubble ``got``: the slip it matches, if any."""
+    gpus, t, p, batch, b, v = case
+    m = batch / (b * gpus // (t * p))
+    slips = [((p - 1) / (v * batch / b), "m is per pipeline: divide the batch by d too "
+                                          "(m = B/(b·d), not B/b)."),
+             ((p - 1) / (v * m + p - 1), "that is the bubble's share of the wall time; "
+                                         "the paper's (p − 1)/(v·m) is relative to the "
+                                         "ideal time (no bubble)."),
+             ((p - 1) / m, "interleaving v chunks per GPU makes each slot v times "
+                           "shorter: divide by v."),
+             (100 * (p - 1) / (v * m), "return a fraction (0.05), not a percentage (5).")]
+    for value, hint in slips:
+        if math.isclose(got, value, rel_tol=1e-9) and not math.isclose(
+                got, (p - 1) / (v * m), rel_tol=1e-9):
+            return hint
+    return BUBBLE_HINT
+
+
+@check("3D pipeline bubble")
+def check_pipeline_bubble(fn):
+    """``fn(gpus, tp, pp, global_batch, micro_batch, virtual_stages)``: (p − 1)/(v·m) with
+    m = B/(b·d), on small layouts and on rows of Narayanan et al. 2021 Table 1."""
+    ref = _reference()
+    refuse_reference(fn, ref.pipeline_bubble)
+    for case in BUBBLE_CASES:
+        gpus, t, p, batch, b, v = case
+        where = f"{gpus} GPUs, t = {t}, p = {p}, B = {batch}, b = {b}, v = {v}"
+        got = on_a_rank(fn, case, where)
+        want = ref.pipeline_bubble(*case)
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise Failure(f"{where}: returned {short(repr(got), 60)}, not a number",
+                          "return the bubble as a float (0.05 for 5 %).")
+        if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
+            raise Failure(f"{where}: returned {num(got)}, expected {num(want)}",
+                          _bubble_hint(case, got))
+    return (f"right on {len(BUBBLE_CASES)} layouts, 24 to 3,072 GPUs, with and without "
+            "interleaving")
+
+
+# ------------------------------------------------ exercise 2: FLOPs per iteration
+
+
+def _refuse_planner(fn, name, hint, target=None):
+    """Fail if ``fn`` is or calls ``planner.<name>`` (or ``target``, which calls it): what
+    the check compares with."""
+    try:
+        refuse_reference(fn, target or getattr(planner, name))
+    except Failure:
+        raise Failure(f"this function calls planner.{name}, which the check compares "
+                      "with", hint) from None
+
+
+GQA_70B = planner.TransformerConfig(layers=80, hidden=8192, heads=64, kv_heads=8,
+                                    seq_len=4096, vocab=32000, ffn_hidden=28672,
+                                    swiglu=True, tied_embeddings=False)
+
+
+def eq3(cfg, global_batch, recompute):
+    """Narayanan et al. 2021 Eq. 3 for the standard GPT: 96·B·s·l·h²(1 + s/(6h) +
+    V/(16·l·h)) with full recomputation; without it the layers' share is 3/4 of that."""
+    b, s, l, h, v = global_batch, cfg.seq_len, cfg.layers, cfg.hidden, cfg.vocab
+    layers = 72 * b * s * l * h * h * (1 + s / (6 * h))
+    return layers * (4 / 3 if recompute == "full" else 1) + 6 * b * s * h * v
+
+
+def _flops_cases():
+    """``(name, cfg, batch, recompute, uses_eq3)``: Table 1's models first (full
+    recomputation, as the paper ran them, then none), then selective, then LLaMAs."""
+    rows = [(f"{row.params_billion:g}B GPT of Table 1", row.config(), row.batch)
+            for row in planner.MEGATRON_TABLE1[::3]]
+    cases = [(n, c, b, r, True) for r in ("full", "none") for n, c, b in rows]
+    cases += [(n, c, b, "selective", False) for n, c, b in rows[:2]]
+    cases += [(name, cfg, 256, r, False) for name, cfg in (("LLaMA-7B", LLAMA_7B),
+                                                          ("GQA 70B", GQA_70B))
+              for r in planner.RECOMPUTE]
+    return cases
+
+
+def _flops_hint(cfg, batch, recompute, got):
+    """The hint for a wrong count ``got``: the slip it matches, if any."""
+    exact = planner.flops_per_iteration
+    tokens = batch * cfg.seq_len
+    attention = 4 * batch * cfg.seq_len ** 2 * cfg.hidden * cfg.layers
+    logits = 2 * tokens * cfg.hidden * cfg.vocab
+    slips = [
+        (6 * planner.parameter_count(cfg) * tokens,
+         "6 × parameters × tokens is the rule of thumb: it counts the embedding table as "
+         "a matrix multiply and leaves out attention's s² products. Count the multiplies."),
+        (exact(cfg, batch, recompute) - 3 * logits,
+         "the output layer (h × V, 2·B·s·h·V forward) is a matrix multiply too."),
+        (exact(cfg, batch, recompute) - 3 * attention
+         - (attention if recompute != "none" else 0),
+         "attention multiplies Q by Kᵀ and the scores by V: 4·B·s²·h per layer forward."),
+        (exact(cfg, batch, "none"),
+         "recomputation runs forward again: every layer's forward with full, the attention "
+         "products only with selective."),
+        (exact(cfg, batch, "full"),
+         "selective recomputation repeats only the attention products (4·B·s²·h per "
+         "layer), not the whole forward."),
+        (exact(cfg, batch, recompute) / 2,
+         "a multiply-add is 2 FLOPs."),
+        (exact(cfg, batch, "none") / 3 + exact(cfg, batch, recompute)
+         - exact(cfg, batch, "none"),
+         "that is the forward (and its recomputation) only: backward costs twice the "
+         "forward, gradients of inputs and of weights."),
+    ]
+    if recompute == "full":
+        slips.append((exact(cfg, batch, "full") + logits,
+                      "full recomputation runs every layer's forward again, not the output "
+                      "layer (the lesson and Eq. 3 count it once per pass)."))
+    for value, hint in slips:
+        if math.isclose(got, value, rel_tol=1e-6):
+            return hint
+    if cfg.swiglu or cfg.kv != cfg.heads:
+        return ("count each matrix: Q and the output projection h × h, K and V h × "
+                "(kv_heads · head_dim), and the MLP's h × ffn_hidden matrices: three with "
+                "SwiGLU (gate, up, down), two without.")
+    return ("forward: 2 FLOPs per multiply-add of each weight with each token, plus "
+            "attention's 4·B·s²·h per layer, plus the output layer; backward twice the "
+            "forward.")
+
+
+@check("FLOPs per iteration")
+def check_model_flops(fn):
+    """``fn(cfg, global_batch, recompute)``: equal to the planner's count (and to Eq. 3
+    on Table 1's models) within 1e-6, on GPT, LLaMA-7B and grouped-query models."""
+    refuse_reference(fn, _reference().model_flops)
+    _refuse_planner(fn, "flops_per_iteration", "count the multiplies of each matrix "
+                    "yourself.")
+    cases = _flops_cases()
+    for name, cfg, batch, recompute, uses_eq3 in cases:
+        where = f"{name}, B = {batch}, recompute={recompute!r}"
+        got = on_a_rank(fn, (cfg, batch, recompute), where)
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise Failure(f"{where}: returned {short(repr(got), 60)}, not a number",
+                          "return the FLOPs as a number (int or float).")
+        # Eq. 3 where it applies (tests/test_lesson09_checks.py: the planner agrees there)
+        want = (eq3(cfg, batch, recompute) if uses_eq3
+                else planner.flops_per_iteration(cfg, batch, recompute))
+        if not math.isclose(got, want, rel_tol=1e-6):
+            source = "Eq. 3 and the planner give" if uses_eq3 else "the planner counts"
+            raise Failure(f"{where}: you count {got:.4g} FLOPs, {source} {want:.4g}",
+                          _flops_hint(cfg, batch, recompute, got))
+    return (f"equal to Eq. 3 and the planner on {sum(c[4] for c in cases)} runs of Table 1's "
+            f"models, and to the planner on {sum(not c[4] for c in cases)} more (selective "
+            "recomputation, SwiGLU, grouped-query attention)")
+
+
+# ------------------------------------------------- exercise 3: choose a layout
+
+LAYOUT_TOLERANCE = 1.10     # within 10 % of the fastest layout planner.search finds
+LAYOUT_KEYS = {"tp", "pp", "dp", "micro_batch", "recompute", "zero", "sequence_parallel",
+               "virtual_stages", "schedule"}
+LAYOUT_REQUIRED = ("tp", "pp", "dp", "micro_batch", "recompute", "zero")
+LAYOUT_HINT = ("return a dict of planner.estimate's arguments: 'tp', 'pp', 'dp' and "
+               "'micro_batch' (numbers), 'recompute' and 'zero', optionally "
+               "'sequence_parallel', 'virtual_stages', 'schedule'.")
+
+
+_FASTEST = {}   # cap in GiB -> planner.search's fastest layout, searched once
+
+
+def _fastest(cap_gib):
+    """The fastest layout of LLaMA-7B that fits ``cap_gib`` GiB per GPU."""
+    if cap_gib not in _FASTEST:
+        _FASTEST[cap_gib] = planner.search(LLAMA_7B, layout_cluster(cap_gib * GiB),
+                                           LAYOUT_BATCH)[0]
+    return _FASTEST[cap_gib]
+
+
+@check("choose a layout")
+def check_choose_layout(fn):
+    """``fn(cfg, cluster, global_batch, memory_cap)`` for LLaMA-7B on 32 A100s under four
+    caps: the planner's estimate of the layout fits the cap, and its step is within 10 %
+    of planner.search's fastest (computed under the same cap)."""
+    refuse_reference(fn, _reference().choose_layout)
+    hint = "choose the candidates yourself and compare them with planner.estimate."
+    _refuse_planner(fn, "search", hint)
+    _refuse_planner(fn, "search", hint, target=_fastest)
+    cluster, worst = layout_cluster(), 0.0
+    for cap_gib in LAYOUT_CAPS_GIB:
+        where = f"LLaMA-7B, B = {LAYOUT_BATCH}, {cap_gib} GiB per GPU"
+        layout = on_a_rank(fn, (LLAMA_7B, cluster, LAYOUT_BATCH, cap_gib * GiB), where)
+        if not isinstance(layout, dict) or not set(layout) <= LAYOUT_KEYS:
+            raise Failure(f"{where}: returned {short(repr(layout), 80)}", LAYOUT_HINT)
+        missing = [key for key in LAYOUT_REQUIRED if key not in layout]
+        if missing:     # planner.estimate's defaults would choose them silently
+            raise Failure(f"{where}: your layout has no {listed(repr(k) for k in missing)}",
+                          LAYOUT_HINT)
+        if layout["micro_batch"] is None:
+            raise Failure(f"{where}: micro_batch=None lets the planner pick the fastest "
+                          "that fits 80 GiB, not your cap", "choose the micro-batch too.")
+        gpus = layout["tp"] * layout["pp"] * layout["dp"]
+        if gpus != LAYOUT_GPUS:
+            raise Failure(f"{where}: tp × pp × dp = {gpus}, not the {LAYOUT_GPUS} GPUs",
+                          "use every GPU: dp = 32 / (tp · pp).")
+        try:
+            est = planner.estimate(LLAMA_7B, cluster, global_batch=LAYOUT_BATCH, **layout)
+        except ValueError as error:
+            raise Failure(f"{where}: planner.estimate refuses {layout}: {short(error)}",
+                          "tp must divide the heads, pp the layers, dp·micro_batch the "
+                          "global batch.") from None
+        if est.memory_per_gpu > cap_gib * GiB:
+            parts = ", ".join(f"{k} {v / GiB:.1f}" for k, v in est.memory.items())
+            raise Failure(f"{where}: {describe_layout(est)} needs "
+                          f"{est.memory_per_gpu / GiB:.1f} GiB per GPU ({parts})",
+                          "shard what dominates: ZeRO shards optimizer state, gradients "
+                          "and weights over dp; tp and pp divide weights and activations; "
+                          "recomputation and a smaller micro-batch cut activations.")
+        best = _fastest(cap_gib)
+        worst = max(worst, within_best(
+            where, est.step_time, best.step_time, LAYOUT_TOLERANCE,
+            f"{describe_layout(est)} fits, and its step takes",
+            f"the {best.step_time:.2f} s of the fastest layout that fits",
+            "every memory saving costs time: try the cheap ones first (ZeRO-1/2 and selective "
+            "recomputation cost little, tp inside a node some, pp a bubble, full "
+            "recomputation a third more compute) and estimate each candidate.",
+            show=lambda s: f"{s:.2f} s"))
+    caps = listed(f"{c} GiB" for c in LAYOUT_CAPS_GIB)
+    return (f"fits {caps}, each step within {max(worst - 1, 0):.1%} of planner.search's "
+            "fastest")

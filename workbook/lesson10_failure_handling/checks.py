@@ -1,0 +1,553 @@
+"""The checks of lab 10 (failure handling), on the protocol of :mod:`workbook.checking`.
+
+* :func:`check_resume` crashes ranks of the learner's checkpointing training loop at
+  several simulated times (``faults.Crash``, restarts as torchrun's) and compares the final
+  parameters bit for bit with the run that never failed; when they differ it finds which
+  piece of state the restart forgot by replaying the reference without each piece.
+* :func:`check_find_straggler` runs a straggler detector on hidden per-rank step-time
+  traces: stragglers to find, and noise, spikes and whole-job slowdowns to leave alone.
+* :func:`check_checkpoint_interval` compares Daly's interval numerically.
+* :func:`check_recovery` drives a sharded parameter server on the simulated cluster with
+  the learner's recovery plan after worker and server failures, and checks that every
+  slice applied every round's update exactly once.
+
+The reference answers (:mod:`._reference`) are imported inside the checks only; the
+lesson's own demos (:mod:`.demos`) are refused, never imported here.
+"""
+
+import copy
+import functools
+import numbers
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+import simcluster as sc
+from simcluster import faults
+from workbook.models import TinyMLP, chunk_bounds
+from workbook.checking import (Failure, answers, check, listed, num, on_a_rank,
+                               refuse_reference, short, simulate)
+from workbook.lesson10_failure_handling import lab as job
+
+
+_reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+def _refuse_lesson_demos(fn, *names):
+    """Fail if ``fn`` is (or calls) one of lesson 10's demo functions ``names``. The demos
+    module is only looked at if something has imported it already."""
+    demos = sys.modules.get("workbook.lesson10_failure_handling.demos")
+    for name in names if demos is not None else ():
+        refuse_reference(fn, getattr(demos, name))
+
+
+# ------------------------------------------------------------ 1. checkpoint, resume
+
+RESUME_STEPS, RESUME_EVERY = 10, 3
+
+RESUME_HINTS = {
+    "model": "load the model's state_dict from the checkpoint (model.load_state_dict).",
+    "optimizer": "save and load optimizer.state_dict() too: AdamW's moments and step "
+                 "count are state, and a restart without them takes different steps.",
+    "scheduler": "save and load scheduler.state_dict(): without it the learning rate "
+                 "starts its schedule again.",
+    "data position": "save the step and go on from it after a restart: the step is the "
+                     "data position (job.batch(step)), and the number of steps left.",
+    "RNG": "dropout draws from each rank's own torch RNG: save every rank's "
+           "torch.get_rng_state() (dist.all_gather_object to rank 0, or one file per "
+           "rank) and torch.set_rng_state(...) it back on the same rank.",
+}
+
+
+def _train_run(cluster, fn, where, crashes=(), max_restarts=0, **kwargs):
+    """Run ``fn(ckpt_dir, RESUME_STEPS, RESUME_EVERY, **kwargs)`` on every rank in a
+    fresh directory, with ``crashes`` injected."""
+    with tempfile.TemporaryDirectory() as ckpt_dir:
+        return simulate(cluster, fn, job.WORLD_SIZE, where, accounting=True,
+                        args=(ckpt_dir, RESUME_STEPS, RESUME_EVERY), kwargs=kwargs,
+                        faults=list(crashes), max_restarts=max_restarts)
+
+
+def _same_params(run, expected, where):
+    """Fail if a rank returned something other than a tensor like ``expected``; return
+    whether every rank's tensor equals ``expected`` bit for bit."""
+    for rank, got in enumerate(run.results):
+        if not isinstance(got, torch.Tensor):
+            raise Failure(f"{where}: rank {rank} returned {type(got).__name__}, not the "
+                          "parameters", "return job.params(model) on every rank.")
+        if got.shape != expected.shape or got.dtype != expected.dtype:
+            raise Failure(f"{where}: rank {rank} returned a tensor of shape "
+                          f"{tuple(got.shape)} ({got.dtype}), expected {tuple(expected.shape)}"
+                          f" ({expected.dtype})", "return job.params(model) on every rank.")
+    return all(torch.equal(got, expected) for got in run.results)
+
+
+def _forgotten_piece(cluster, ref, crashes, got):
+    """The piece of state whose omission from the reference's restart gives ``got``."""
+    for piece in ref.PIECES:
+        run = _train_run(cluster, ref.train, lambda rank: "", crashes, len(crashes),
+                         leave_out=piece)
+        if torch.equal(run.results[0], got):
+            return piece
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _reference_runs():
+    """The cluster and the reference's fault-free run (the same every time: cached)."""
+    cluster = sc.Cluster.preset("dgx-a100", nodes=1)
+    return cluster, _train_run(cluster, _reference().train, str)
+
+
+# (rank, share of the fault-free run's time): before the first checkpoint, between two, and
+# after the last; then a second crash in the attempt restarted after the middle one.
+CRASHES = ((1, 0.12), (0, 0.5), (3, 0.97))
+SECOND_CRASH = (2, 0.3)
+
+
+def _crash_cases(t):
+    """``[(description, crashes, whether the restart must be short)]`` for a run whose
+    fault-free time is ``t``: the last checkpoint of a crash at 97 % leaves little to do
+    again; a restart that takes as long as the whole run started over."""
+    cases = [(f"rank {rank} crashed at {num(share * 100)} % of the run",
+              [faults.Crash(rank=rank, at=share * t)], share > 0.9)
+             for rank, share in CRASHES]
+    first = cases[1][1][0]
+    rank, share = SECOND_CRASH
+    second = faults.Crash(rank=rank, at=first.at + faults.DEFAULT_RESTART_DELAY_S + share * t)
+    cases.append((f"rank {first.rank} crashed at 50 % of the run, then rank {rank} in the "
+                  "restarted run", [first, second], False))
+    return cases
+
+
+def _torn_write_case(run):
+    """``[(description, crashes, False)]``: a crash in the middle of the second checkpoint
+    write of the first rank that writes two (in ``run``, the learner's fault-free run),
+    which leaves a file written in place torn; ``[]`` if no rank writes twice."""
+    for rank in range(job.WORLD_SIZE):
+        writes = [e for e in run.clock(rank).events
+                  if e.lane == "io" and e.label.startswith("write")]
+        if len(writes) >= 2:
+            middle = (writes[1].start + writes[1].end) / 2
+            return [(f"rank {rank} crashed in the middle of writing the 2nd checkpoint",
+                     [faults.Crash(rank=rank, at=middle)], False)]
+    return []
+
+
+TORN_HINT = ("write the checkpoint to a temporary name (path + \".tmp\") and os.replace it "
+             "onto path: a crash during the write then leaves the previous checkpoint whole.")
+
+
+@check("checkpoint and resume")
+def check_resume(fn):
+    """``fn(ckpt_dir, steps, every)`` on every rank: train :mod:`job` for ``steps`` steps,
+    checkpoint every ``every`` steps into ``ckpt_dir``, resume from the latest checkpoint
+    after a restart, return ``job.params(model)``. Crashed at several times, the final
+    parameters must be bit-identical to the fault-free run's, and the restarted attempt
+    must resume rather than start over."""
+    ref = _reference()
+    refuse_reference(fn, ref.train)
+    cluster, clean_ref = _reference_runs()
+    expected = clean_ref.results[0]
+    where = "without a failure"
+    clean = _train_run(cluster, fn, lambda rank: where)
+    if not _same_params(clean, expected, where):
+        raise Failure(f"{where}: the final parameters differ from {RESUME_STEPS} steps of "
+                      "the job", "call job.build() once, then job.train_step(ddp, optimizer, "
+                      "scheduler, *job.batch(step)) for step = 0, 1, ...; saving a "
+                      "checkpoint must not change the training.")
+    written = sum(io["write"] for io in clean.storage_io)
+    if written == 0:
+        raise Failure(f"{where}: no rank wrote a checkpoint (torch.save or dcp.save to a "
+                      "file in ckpt_dir)", f"every {RESUME_EVERY} steps, save what a "
+                      "restart needs into ckpt_dir.")
+    cases = _crash_cases(clean.elapsed) + _torn_write_case(clean)
+    for what, crashes, short_restart in cases:
+        try:
+            run = _train_run(cluster, fn, lambda rank: what, crashes, len(crashes))
+        except Failure as failure:
+            if "middle of writing" in what:
+                raise Failure(f"{failure.what} (after the restart, reading a torn "
+                              "checkpoint?)", TORN_HINT) from None
+            raise
+        if "middle of writing" in what and not _same_params(run, expected, what):
+            raise Failure(f"{what}: the final parameters after the restart differ from the "
+                          "fault-free run", TORN_HINT)
+        if not _same_params(run, expected, what):
+            piece = _forgotten_piece(cluster, ref, crashes, run.results[0])
+            found = (f": the same parameters as a restart that does not restore the {piece}"
+                     if piece else "")
+            raise Failure(f"{what}: the final parameters after the restart differ from the "
+                          f"fault-free run{found}",
+                          RESUME_HINTS.get(piece, "restore everything the steps depend on: "
+                                           "model, optimizer, scheduler, the step (data "
+                                           "position) and every rank's own RNG state "
+                                           "(torch.set_rng_state(states[rank]) on each "
+                                           "rank, not rank 0's everywhere)."))
+        last = run.elapsed - run.restarts[-1].restarted if run.restarts else 0.0
+        if short_restart and last > 0.8 * clean.elapsed:
+            raise Failure(f"{what}: the restarted run took {num(last * 1e3)} ms, as long as "
+                          f"the whole run ({num(clean.elapsed * 1e3)} ms): it started over "
+                          "instead of resuming", "when a checkpoint exists in ckpt_dir, "
+                          "load it and go on from its step (os.path.exists).")
+    ref_written = sum(io["write"] for io in clean_ref.storage_io)
+    if written > 1.5 * ref_written:
+        raise Failure(f"without a failure: your run wrote {num(written)} bytes of "
+                      f"checkpoints, {written / ref_written:.1f}× what one checkpoint every "
+                      f"{RESUME_EVERY} steps, written once, needs ({num(ref_written)})",
+                      "save every `every` steps, and only one rank (rank 0) writes the "
+                      "state every rank holds the same.")
+    return (f"bit-identical to the fault-free run after {len(cases)} crash scenarios (ranks "
+            "0-3, before, between and after checkpoints, two crashes in one run, one during "
+            "a checkpoint write), resuming from the latest checkpoint")
+
+
+# ---------------------------------------------------------- 2. find the straggler
+
+STRAGGLER_THRESHOLD = 1.2
+
+
+def _traces():
+    """``[(description, step_times, expected)]``: hidden step-time traces
+    (``[rank][step]``, seconds) with a straggler to find or only noise."""
+    g = torch.Generator().manual_seed(1010)
+    cases = []
+    # step times from tens of µs to seconds: a threshold in seconds cannot fit them all
+    for world, steps, slow, scale in ((4, 20, 2, 1), (8, 30, 5, 1), (16, 24, 0, 1e-3),
+                                      (3, 15, 1, 20)):
+        base = scale * (0.05 + 0.1 * torch.rand(1, generator=g, dtype=torch.float64).item())
+        speed = 1 + 0.04 * (torch.rand(world, 1, generator=g, dtype=torch.float64) - 0.5)
+
+        def noisy():
+            jitter = 1 + 0.03 * torch.randn(world, steps, generator=g, dtype=torch.float64)
+            return base * speed * jitter.clamp(min=0.9)
+
+        size = f"{world} ranks × {steps} steps"
+        cases.append((f"{size}, noise only", noisy(), None))
+        light = noisy()
+        light[(slow + 1) % world] *= 0.75     # less work (a smaller shard): faster, not a fault
+        cases.append((f"{size}, noise only, rank {(slow + 1) % world} at 0.75× the step time "
+                      "(a lighter shard)", light, None))
+        spiky = noisy()
+        spiky[slow, steps // 4] *= 6          # a GC pause, a checkpoint write, ...
+        spiky[slow, steps // 2] *= 5
+        spiky[(slow + 1) % world, steps - 1] *= 8
+        cases.append((f"{size}, a few slow steps (pauses) on ranks {slow} and "
+                      f"{(slow + 1) % world}", spiky, None))
+        everyone = noisy()
+        everyone[:, steps // 3:] *= 2.5      # the whole job slows down: not one rank
+        cases.append((f"{size}, every rank 2.5× slower from step {steps // 3}", everyone, None))
+        for factor, start in ((1.5, 0), (3.0, steps // 3)):
+            trace = noisy()
+            trace[slow, start:] *= factor
+            cases.append((f"{size}, rank {slow} {num(factor)}× slower from step {start}",
+                          trace, slow))
+    return cases
+
+
+def _as_rank(value):
+    """An int or None from what a detector returned; Failure-worthy values give ``...``."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return ...
+
+
+@check("find the straggler")
+def check_find_straggler(fn):
+    """``fn(step_times)`` (a float64 tensor, ``[rank][step]``, seconds): the straggler's
+    rank, or None when no rank is consistently slow."""
+    ref = _reference()
+    refuse_reference(fn, ref.find_straggler)
+    traces = _traces()
+    for what, times, expected in traces:
+        given = times.clone()
+        got = on_a_rank(fn, (given,), f"{what}: find_straggler")
+        if not torch.equal(given, times):
+            raise Failure(f"{what}: find_straggler changed the step times it was given",
+                          "work on a copy (or on values derived from step_times).")
+        rank = _as_rank(got)
+        if rank is ...:
+            raise Failure(f"{what}: find_straggler returned {short(repr(got), 60)}, not a "
+                          "rank (an int) or None", "return int(rank) or None.")
+        if rank == expected:
+            continue
+        if expected is None:
+            raise Failure(f"{what}: false alarm, rank {rank} reported as a straggler",
+                          "judge each rank by a statistic a few slow steps do not move (the "
+                          "median of its step times), and compare it with the other ranks' "
+                          f"(more than {STRAGGLER_THRESHOLD}× their median).")
+        if rank is None:
+            raise Failure(f"{what}: no straggler found", "the median of each rank's "
+                          f"step times, compared with the median over the ranks: more than "
+                          f"{STRAGGLER_THRESHOLD}× is a straggler.")
+        raise Failure(f"{what}: reported rank {rank}, the straggler is rank {expected}",
+                      "step_times[rank][step]: one row per rank (reduce over dim=1).")
+    stragglers = sum(1 for *_, e in traces if e is not None)
+    return (f"found {stragglers} stragglers and raised no false alarm on "
+            f"{len(traces) - stragglers} traces of noise, pauses and whole-job slowdowns")
+
+
+# ---------------------------------------------------------- 3. checkpoint interval
+
+INTERVAL_CASES = ((5, 24 * 60), (5, 6 * 60), (5, 15), (2, 480), (0.5, 1e5), (40, 60),
+                  (15, 10), (30, 10), (300, 3600 * 24))
+
+
+@check("checkpoint interval")
+def check_checkpoint_interval(fn):
+    """``fn(delta, mtbf)``: Daly's optimum interval, within 0.1 %."""
+    ref = _reference()
+    refuse_reference(fn, ref.checkpoint_interval)
+    _refuse_lesson_demos(fn, "daly_interval", "young_interval")
+    for delta, mtbf in INTERVAL_CASES:
+        where = f"delta={num(delta)}, mtbf={num(mtbf)}"
+        got = on_a_rank(fn, (delta, mtbf), f"checkpoint_interval({where})")
+        expected = ref.checkpoint_interval(delta, mtbf)
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+            raise Failure(f"checkpoint_interval({where}) returned {short(repr(got), 60)}, "
+                          "not a number", "return the interval, a float.")
+        if abs(got - expected) <= 1e-3 * expected:
+            continue
+        hint = ("Daly: τ = √(2δM)·[1 + ⅓·√(δ/2M) + (δ/2M)/9] − δ when δ < 2M, else τ = M "
+                "(the same unit as delta and mtbf).")
+        if delta >= 2 * mtbf:
+            hint = "when δ ≥ 2M Daly's interval is M itself: checkpoint once per MTBF."
+        elif got == mtbf:
+            hint = "τ = M only when δ ≥ 2M; for δ < 2M use Daly's formula, even when δ > M."
+        raise Failure(f"checkpoint_interval({where}): expected {num(expected)}, got "
+                      f"{num(got)}", hint)
+    return (f"Daly's interval on {len(INTERVAL_CASES)} cases, incl. his examples "
+            f"(δ = 5 min: {num(round(ref.checkpoint_interval(5, 1440), 1))} min for MTBF "
+            "24 h) and δ ≥ 2M")
+
+
+# ------------------------------------------------------- 4. parameter-server recovery
+
+PS_ROUNDS, PS_EVERY, PS_BATCH, PS_LR = 12, 4, 32, 0.5
+PLAN_KEYS = ("round", "checkpoint", "workers", "servers", "tasks", "owner", "reload")
+
+# (servers, workers, [(iteration, failure)]): a failure strikes at the start of the
+# iteration-th round the job runs (rounds done again after a roll-back count too).
+RECOVERY_CASES = (
+    (2, 4, [(5, ("worker", 3))]),
+    (2, 4, [(6, ("server", 1))]),
+    (3, 3, [(3, ("worker", 0)), (9, ("server", 0))]),
+    (2, 4, [(4, ("server", 0)), (7, ("worker", 1)), (8, ("worker", 2))]),
+)
+
+
+def _initial_plan(servers, workers):
+    """Before any failure: task t on worker t, slice j on server j."""
+    return {"round": 0, "checkpoint": 0, "workers": list(range(workers)),
+            "servers": list(range(servers)), "tasks": {t: t for t in range(workers)},
+            "owner": {j: j for j in range(servers)}, "reload": []}
+
+
+def _failure_text(failure):
+    return f"{failure[0]} {failure[1]}"
+
+
+def _check_plan(before, failure, new, where):
+    """Fail at the first thing in the plan ``new`` that the job cannot run."""
+    if not isinstance(new, dict) or any(k not in new for k in PLAN_KEYS):
+        missing = [k for k in PLAN_KEYS if not isinstance(new, dict) or k not in new]
+        raise Failure(f"{where}: recover returned {short(repr(new), 60)}, without "
+                      f"{listed(missing)}", "return a new plan: a dict with the keys "
+                      f"{listed(PLAN_KEYS)}.")
+    kind, dead = failure
+    workers = before["workers"] if kind == "server" else [w for w in before["workers"]
+                                                          if w != dead]
+    servers = before["servers"] if kind == "worker" else [s for s in before["servers"]
+                                                          if s != dead]
+    for role, alive in (("workers", workers), ("servers", servers)):
+        if not isinstance(new[role], list) or sorted(new[role]) != alive:
+            raise Failure(f"{where}: plan['{role}'] is {short(repr(new[role]), 40)}, the live "
+                          f"{role} are {listed(alive)}", f"plan['{role}'] says who is alive: "
+                          f"drop the failed {kind} from it (the job would wait for it "
+                          "forever).")
+    if sorted(new["tasks"]) != sorted(before["tasks"]):
+        raise Failure(f"{where}: the plan has tasks {listed(sorted(new['tasks']))}, the job "
+                      f"has {listed(sorted(before['tasks']))}", "every task of a round must "
+                      "still be done, by exactly one worker: keep every key of plan['tasks'].")
+    for task, worker in sorted(new["tasks"].items()):
+        if worker not in workers:
+            raise Failure(f"{where}: task {task} is given to worker {worker}, which is not "
+                          f"alive (alive: {listed(workers)})", "give the failed worker's "
+                          "tasks to the live workers (round robin over plan['workers'] "
+                          "without it).")
+    if sorted(new["owner"]) != sorted(before["owner"]):
+        raise Failure(f"{where}: the shard map has slices {listed(sorted(new['owner']))}, "
+                      f"the job has {listed(sorted(before['owner']))}", "every slice needs "
+                      "an owner: keep every key of plan['owner'].")
+    for piece, server in sorted(new["owner"].items()):
+        if server not in servers:
+            raise Failure(f"{where}: slice {piece} is owned by server {server}, which is "
+                          f"not alive (alive: {listed(servers)})", "rebuild the shard map: "
+                          "the failed server's slices go to live servers.")
+        if server != before["owner"][piece] and piece not in new["reload"]:
+            raise Failure(f"{where}: slice {piece} moved to server {server}, which does not "
+                          "hold it, and it is not reloaded", "a slice whose server died "
+                          "exists only in the checkpoint: put it in plan['reload'].")
+    if not isinstance(new["round"], int) or not 0 <= new["round"] <= before["round"]:
+        raise Failure(f"{where}: the job is at round {before['round']} and the plan goes on "
+                      f"at round {new['round']!r}", "resume at the current round, or go "
+                      "back to the checkpoint's round (plan['checkpoint']).")
+
+
+def _plans(fn, servers, workers, failures):
+    """The plans the job follows: ``{iteration: (failure, new plan)}``, asking ``fn`` at
+    each failure (outside the cluster: every rank would decide the same)."""
+    plan, at, iteration, schedule = _initial_plan(servers, workers), dict(failures), 0, {}
+    while plan["round"] < PS_ROUNDS and iteration < 4 * PS_ROUNDS:
+        if iteration in at:
+            failure = at[iteration]
+            before = dict(copy.deepcopy(plan), reload=[])
+            before["checkpoint"] = plan["round"] // PS_EVERY * PS_EVERY
+            where = (f"{servers} servers, {workers} workers: {_failure_text(failure)} "
+                     f"failed at round {plan['round']}")
+            new = on_a_rank(fn, (copy.deepcopy(before), failure), f"{where}: recover")
+            _check_plan(before, failure, new, where)
+            plan = copy.deepcopy(new)
+            schedule[iteration] = (failure, copy.deepcopy(plan))
+        plan["round"] += 1
+        iteration += 1
+    return schedule
+
+
+def _ps_job(problem, servers, workers, schedule, ckpt_dir):
+    """A synchronous sharded parameter server (ranks ``0 .. servers-1``; worker ``w`` is
+    rank ``servers + w``) that follows the plans of ``schedule``. Returns, on each server,
+    ``{slice: (params, rounds applied)}`` for the slices it owns at the end."""
+    rank = dist.get_rank()
+    bounds = chunk_bounds(problem.num_params, servers)
+    path = lambda piece: os.path.join(ckpt_dir, f"slice{piece}.pt")  # noqa: E731
+
+    def save(piece):
+        params, applied = state[piece]
+        torch.save({"params": params, "applied": applied}, path(piece))
+
+    plan = _initial_plan(servers, workers)
+    state = {}
+    if rank < servers:
+        state[rank] = (problem.init_params()[slice(*bounds[rank])].clone(), [])
+        save(rank)
+    iteration = 0
+    while plan["round"] < PS_ROUNDS:
+        if iteration in schedule:
+            (kind, dead), plan = schedule[iteration]
+            if rank == (dead if kind == "server" else servers + dead):
+                return None                       # this process is gone
+            for piece in plan["reload"]:
+                if plan["owner"][piece] == rank:
+                    saved = torch.load(path(piece))
+                    state[piece] = (saved["params"], list(saved["applied"]))
+            state = {j: s for j, s in state.items() if plan["owner"][j] == rank}
+        r = plan["round"]
+        mine = sorted(j for j, s in plan["owner"].items() if s == rank)
+        if rank < servers:                        # pull: every live worker, every slice
+            sends = [dist.isend(state[j][0], servers + w) for w in plan["workers"]
+                     for j in mine]
+            for work in sends:
+                work.wait()
+            grads = {j: [] for j in mine}
+            for task in sorted(plan["tasks"]):
+                for j in mine:
+                    grad = torch.empty(bounds[j][1] - bounds[j][0])
+                    dist.recv(grad, servers + plan["tasks"][task])
+                    grads[j].append(grad)
+            for j in mine:                        # the mean, in task order: bit-exact
+                params, applied = state[j]
+                state[j] = (params - PS_LR * torch.stack(grads[j]).mean(dim=0), applied + [r])
+        else:
+            me = rank - servers
+            params = torch.empty(problem.num_params)
+            for j in range(servers):
+                buf = torch.empty(bounds[j][1] - bounds[j][0])
+                dist.recv(buf, plan["owner"][j])
+                params[slice(*bounds[j])] = buf
+            for task in sorted(t for t, w in plan["tasks"].items() if w == me):
+                x, y = problem.batch(r, task, workers, PS_BATCH)
+                _, grad = problem.loss_and_grad(params, x, y)
+                for j in range(servers):
+                    dist.send(grad[slice(*bounds[j])].contiguous(), plan["owner"][j])
+        plan = dict(plan, round=r + 1)
+        iteration += 1
+        if (r + 1) % PS_EVERY == 0:
+            for j in mine:
+                save(j)
+    return {j: (params.clone(), applied) for j, (params, applied) in state.items()} \
+        if rank < servers else None
+
+
+def _ranges(rounds):
+    """``3-5, 9`` for [3, 4, 5, 9]."""
+    rounds, parts = sorted(set(rounds)), []
+    for r in rounds:
+        if parts and parts[-1][1] == r - 1:
+            parts[-1][1] = r
+        else:
+            parts.append([r, r])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts)
+
+
+def _slices(run):
+    """``{slice: (params, rounds applied)}`` over every live server of ``run``."""
+    found = {}
+    for result in run.results:
+        found.update(result or {})
+    return found
+
+
+@check("parameter-server recovery")
+def check_recovery(fn):
+    """``fn(plan, failure)``: the new plan after a worker or server failure. Driven through
+    a sharded parameter server on the simulated cluster, every slice must apply every
+    round's update exactly once and end bit-identical to the run without failure."""
+    ref = _reference()
+    refuse_reference(fn, ref.recover)
+    _refuse_lesson_demos(fn, "sharded_ps_train")
+    problem = TinyMLP()
+    cluster = sc.Cluster.preset("dgx-a100", nodes=1)
+    clean = {}
+    for servers, workers, failures in RECOVERY_CASES:
+        what = f"{servers} servers, {workers} workers, {listed(_failure_text(f) for _, f in failures)} failing"
+        schedule = _plans(fn, servers, workers, failures)
+        if (servers, workers) not in clean:
+            with tempfile.TemporaryDirectory() as d:
+                clean[servers, workers] = _slices(cluster.run(
+                    _ps_job, world_size=servers + workers, accounting=False,
+                    args=(problem, servers, workers, {}, d)))
+        with tempfile.TemporaryDirectory() as d:
+            run = simulate(cluster, _ps_job, servers + workers, lambda rank: what,
+                           args=(problem, servers, workers, schedule, d))
+        got = _slices(run)
+        for piece, (params, applied) in sorted(got.items()):
+            lost = sorted(set(range(PS_ROUNDS)) - set(applied))
+            twice = sorted({r for r in applied if applied.count(r) > 1})
+            if lost:
+                raise Failure(f"{what}: updates lost: slice {piece} never applied round(s) "
+                              f"{_ranges(lost)}", "a reloaded slice is back at the "
+                              "checkpoint while the others are not: after a server failure "
+                              "reload every slice and go back to the checkpoint's round "
+                              "(plan['checkpoint']), so that the lost rounds are done again.")
+            if twice:
+                raise Failure(f"{what}: updates applied twice: slice {piece} applied round(s)"
+                              f" {_ranges(twice)} twice", "going back to an earlier round "
+                              "redoes its updates: only slices reloaded from the checkpoint "
+                              "may go back, and all of them to the checkpoint's round.")
+        for piece, (params, _) in sorted(clean[servers, workers].items()):
+            if not torch.equal(got[piece][0], params):
+                raise Failure(f"{what}: slice {piece} differs from the run without failure",
+                              "each round must apply the gradients of all its tasks, each "
+                              "computed once, on the parameters of that round.")
+    return (f"no update lost or applied twice, bit-identical to the fault-free runs, in "
+            f"{len(RECOVERY_CASES)} cases of worker and server failures")

@@ -1,0 +1,29 @@
+"""Reference answers of lab 11 (sharing a cluster); the checks import them while they run.
+
+Each is the rule :mod:`simcluster.scheduling` itself uses, in the lab's signature: the lab
+asks the learner to write these, and the checks refuse both these and the simulator's.
+"""
+
+from simcluster import scheduling as sched
+
+
+def best_fit(free, gpus, gpus_per_node=None):
+    """The fullest node that can hold the gang, else whole nodes, most free first."""
+    return sched.best_fit(free, gpus, gpus_per_node)
+
+
+def topology_placer(free, gpus, gpus_per_node, switches):
+    """One node, else the fullest leaf switch that fits, else the tree; best fit beneath."""
+    return sched.topology(free, gpus, gpus_per_node,
+                          sched.Topology([max(free)] * len(free), switches))
+
+
+def easy_backfill(now, free, running, queue):
+    """The names of the jobs behind ``queue[0]`` that EASY backfill starts now."""
+    return [job.name for job, _ in sched.easy_backfill(now, free, running, queue)]
+
+
+def choose_victims(free, running, gpus, gpus_per_node, priority):
+    """Gang-aware: the cheapest lower-priority preemptible jobs that let the gang start."""
+    return sched.choose_victims(free, running, gpus, gpus_per_node, priority,
+                                placement=sched.first_fit)
