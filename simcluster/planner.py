@@ -28,6 +28,8 @@ Table 1, mean error 1.7 %; one row calibrates :data:`SOFTWARE_EFFICIENCY`) and
 """
 
 import itertools
+import math
+import numbers
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -70,6 +72,11 @@ WEIGHT_BYTES, GRADIENT_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 CROSS_ENTROPY_BYTES_PER_LOGIT = 24
 
 
+def _real(value):
+    """A real number that is not a bool (NaN included: callers compare it)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class Efficiency:
     """How close compute comes to the device's roofline (see the constants above).
@@ -87,6 +94,20 @@ class Efficiency:
     hbm: float = HBM_EFFICIENCY
     software: float = SOFTWARE_EFFICIENCY
     fused: bool = True       # Megatron-LM's fused kernels, or PyTorch's eager ops
+
+    def __post_init__(self):
+        # A NaN or a negative efficiency would give a NaN or a plausible-looking step
+        # time, and 0 a ZeroDivisionError deep inside the estimate: refuse them here.
+        for name in ("gemm", "hbm", "software"):
+            value = getattr(self, name)
+            if not _real(value) or not 0 < value <= 1:
+                raise ValueError(f"Efficiency: {name} must be a fraction of the roofline in "
+                                 f"(0, 1], got {value!r}")
+        if not _real(self.gemm_half_dim) or not 0 <= self.gemm_half_dim < math.inf:
+            raise ValueError("Efficiency: gemm_half_dim must be a finite number >= 0, got "
+                             f"{self.gemm_half_dim!r}")
+        if not isinstance(self.fused, bool):
+            raise ValueError(f"Efficiency: fused must be True or False, got {self.fused!r}")
 
 
 MEGATRON_A100 = Efficiency()
@@ -164,6 +185,13 @@ class TransformerConfig:
             return self.layer_matmul_parameters() + 2 * h
         biases = (h + 2 * kv_dim) + h + self.ffn + h
         return self.layer_matmul_parameters() + biases + 4 * h  # LayerNorm: scale and bias
+
+
+def _divisors(n):
+    """The divisors of ``n``, ascending, found in pairs up to its square root (a linear
+    scan would take hours for a batch of 10¹² sequences)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _positive_int(value, name):
@@ -580,8 +608,8 @@ def estimate(cfg, cluster, tp=1, pp=1, dp=1, global_batch=None, micro_batch=None
         raise ValueError(f"global_batch={global_batch} is not divisible by dp={dp}")
     per_replica = global_batch // dp
     if micro_batch is None:
-        options = [b for b in range(1, per_replica + 1) if per_replica % b == 0
-                   and (virtual_stages == 1 or (per_replica // b) % pp == 0)]
+        options = [b for b in _divisors(per_replica)
+                   if (virtual_stages == 1 or (per_replica // b) % pp == 0)]
         if not options:
             raise ValueError(f"no micro-batch size gives a multiple of pp={pp} micro-batches "
                              f"from {per_replica} sequences per replica")
@@ -808,6 +836,8 @@ def search(cfg, cluster, global_batch, gpus=None, **constraints):
     """
     spec = _cluster_spec(cluster)
     gpus = spec.world_size if gpus is None else _positive_int(gpus, "gpus")
+    if gpus > spec.world_size:  # as estimate() refuses it, rather than "nothing fits"
+        raise ValueError(f"gpus={gpus} is more than the cluster's {spec.world_size}")
     allowed = {"tp", "pp", "dp", "micro_batch", "recompute", "sequence_parallel", "zero",
                "schedule", "virtual_stages", "dtype", "efficiency"}
     unknown = set(constraints) - allowed
@@ -820,7 +850,7 @@ def search(cfg, cluster, global_batch, gpus=None, **constraints):
         return list(value) if isinstance(value, (list, tuple, range)) else [value]
 
     per_node = max(n.devices for n in spec.nodes)
-    divisors = [d for d in range(1, gpus + 1) if gpus % d == 0]
+    divisors = _divisors(gpus)
     tps = values("tp", [d for d in divisors if d <= per_node and cfg.heads % d == 0
                         and cfg.kv % d == 0])
     pps = values("pp", [d for d in divisors if cfg.layers % d == 0])

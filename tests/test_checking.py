@@ -133,3 +133,58 @@ def test_cases_put_the_largest_size_in_float64_and_describe_themselves():
                                       "world size 2 (1 rank per node), size 64 (float64)"]
     assert made[1].element_size == 8 and made[1].dtype == torch.float64
     assert len(made[0].cluster().spec.nodes) == 2
+
+
+# ---------------------------------- learner functions called directly (issue 24, items 8-9)
+
+
+def _plain_failure(fn, *args, hint=None):
+    with pytest.raises(Failure) as info:
+        checking.on_a_rank(fn, args, "f(1)", hint)
+    return info.value
+
+
+def test_a_plain_function_that_never_returns_is_stopped_after_the_timeout(monkeypatch):
+    monkeypatch.setattr(checking, "TIMEOUT", 0.5)
+
+    def forever(x):
+        while True:
+            x += 1
+
+    failure = _plain_failure(forever, 1)
+    assert failure.what == ("f(1): your function was still running after 0.5 s of "
+                            "wall-clock time (an infinite loop?)")
+    assert failure.hint == checking.HINTS["timeout"]
+
+
+@pytest.mark.parametrize("code", [None, 0, 3, "bye"])
+def test_sys_exit_in_a_plain_function_is_a_failure_not_the_end_of_the_cell(code):
+    import sys
+
+    failure = _plain_failure(lambda: sys.exit(code))
+    assert failure.what.startswith("f(1) called sys.exit(") and "SystemExit" not in failure.hint
+    assert failure.hint == checking.HINTS["exit"]
+
+
+def test_an_exception_in_a_plain_function_says_to_call_it_not_to_run_it_on_a_cluster():
+    failure = _plain_failure(lambda: 1 / 0)
+    assert failure.what == "f(1) raised ZeroDivisionError: division by zero"
+    assert "cluster.run" not in failure.hint and failure.hint == checking.HINTS["called"]
+    assert _plain_failure(lambda: 1 / 0, hint="mine").hint == "mine"
+    assert "exercise is not written" in _plain_failure(
+        lambda: (_ for _ in ()).throw(NotImplementedError("todo"))).hint
+
+
+def test_a_plain_function_returns_its_value_and_the_lesson_checks_use_no_other_caller():
+    assert checking.on_a_rank(lambda a, b: a + b, (2, 3), "f") == 5
+    assert not hasattr(checking, "call")     # one way to call a learner's function
+
+
+@pytest.mark.parametrize("value, expected", [
+    (3, 3.0), (0.25, 0.25), (__import__("fractions").Fraction(1, 4), 0.25),
+    (__import__("numpy").float32(0.5), 0.5), (__import__("numpy").int64(7), 7.0),
+    (torch.tensor(1.5), 1.5),
+    (True, None), (None, None), ("0.5", None), (torch.ones(2), None), ([1], None),
+])
+def test_number_accepts_every_real_and_nothing_else(value, expected):
+    assert checking.number(value) == expected

@@ -1152,3 +1152,74 @@ def test_the_lab_and_lesson_modules_hold_no_answer():
     for module in (demos, lab, models, checks, checking, workbook):
         exposed = [k for k, v in vars(module).items() if any(v is a for a in answers)]
         assert not exposed, f"{module.__name__} exposes {exposed}"
+
+
+# ------------------------- learner functions called directly: loops, sys.exit (issue 24)
+
+
+def forever(*args, **kwargs):
+    while True:
+        pass
+
+
+def exits(*args, **kwargs):
+    import sys
+    sys.exit(1)
+
+
+def test_int8_and_topk_stop_an_endless_loop_and_catch_sys_exit(capsys, short_timeout):
+    int8, topk = checks.check_int8_quantization, checks.check_topk_error_feedback
+    expect(capsys, int8, (forever, my_dequantize),
+           "❌ int8 quantization: size 1: quantize: your function was still running after "
+           f"1 s of wall-clock time (an infinite loop?) — Hint: {HINTS['timeout']}")
+    expect(capsys, int8, (my_quantize, forever),
+           "❌ int8 quantization: size 1: dequantize: your function was still running after "
+           f"1 s of wall-clock time (an infinite loop?) — Hint: {HINTS['timeout']}")
+    expect(capsys, int8, (my_quantize, exits),
+           f"❌ int8 quantization: size 1: dequantize called sys.exit(1) — Hint: {HINTS['exit']}")
+    expect(capsys, topk, (forever,),
+           "❌ top-k with error feedback: size 1, k = 1, call 1: your function: your function "
+           "was still running after 1 s of wall-clock time (an infinite loop?) — Hint: "
+           f"{HINTS['timeout']}")
+    text = expect_fail(capsys, topk, (exits,), "called sys.exit(1)")
+    assert "cluster.run" not in text
+
+
+def expect_fail(capsys, check, args, *parts):
+    result, text = line(capsys, check, *args)
+    assert not result
+    for part in parts:
+        assert part in text, text
+    return text
+
+
+def test_a_raising_plain_function_is_not_told_to_use_cluster_run(capsys):
+    text = expect_fail(capsys, checks.check_topk_error_feedback,
+                       (lambda g, r, k: 1 / 0,), "raised ZeroDivisionError")
+    assert "cluster.run" not in text and HINTS["called"] in text
+
+
+@pytest.mark.parametrize("answer, words", [
+    ((None, None, None), "values is None, not a tensor of numbers"),
+    ((torch.tensor([1.0]), "abc", torch.zeros(1)), "indices is 'abc', not a tensor"),
+    ((torch.tensor([1.0]), torch.tensor([0]), object()), "new_residual is <object"),
+])
+def test_topk_malformed_returns_are_a_failure(capsys, answer, words):
+    expect_fail(capsys, checks.check_topk_error_feedback, (lambda g, r, k: answer,),
+                "size 1, k = 1, call 1: " + words)
+
+
+def test_parameter_server_stops_a_looping_constructor_or_method(capsys, short_timeout):
+    class LoopsInInit(MyServer):
+        def __init__(self, *args, **kwargs):
+            forever()
+
+    class ExitsInPull(MyServer):
+        def pull(self, worker):
+            exits()
+
+    expect_fail(capsys, checks.check_parameter_server, (LoopsInInit,),
+                "the scripted calls: rank 0 was still running after 1 s")
+    text = expect_fail(capsys, checks.check_parameter_server, (ExitsInPull,),
+                       "the scripted calls: rank 0 called sys.exit(1)")
+    assert HINTS["exit"] in text

@@ -433,3 +433,97 @@ def test_every_solution_in_the_repo_has_an_up_to_date_lab():
         f"{path.relative_to(REPO)}: {reason}" for path, reason in problems)
     if notes:
         pytest.skip("\n".join(notes))
+
+
+# --- a learner's committed work (issue 24, item 11) -------------------------------------
+
+
+def test_a_lab_the_learner_committed_is_never_overwritten(repo):
+    """A learner who solves a lab, clears its outputs and commits it: the file equals HEAD,
+    but HEAD holds the learner's work, not the builder's output."""
+    solutions, lab_dir = repo
+    path = lab_dir / "99_shapes.ipynb"
+    solve_in_place(path)
+    root = solutions.parent
+    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "my solution")
+    mine = path.read_bytes()
+    messages = []
+    assert labs.build(solutions, lab_dir, log=messages.append) == []
+    assert path.read_bytes() == mine
+    # ... also once the solution changed upstream (`make labs` after a pull)
+    solution = nbformat.read(solutions / "99_shapes.ipynb", as_version=4)
+    solution.cells[2].source += "\nA new sentence."
+    nbformat.write(solution, solutions / "99_shapes.ipynb")
+    assert labs.build(solutions, lab_dir, log=messages.append) == []
+    assert path.read_bytes() == mine
+    assert all("holds your work (edited: exercise 1)" in m for m in messages), messages
+
+
+def test_the_builders_own_output_is_recognised_by_its_fingerprint(tree):
+    solutions, lab_dir = tree
+    labs.build(solutions, lab_dir, log=lambda _: None)
+    path = lab_dir / "99_shapes.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    recorded = nb.metadata["workbook"]["cells"]
+    assert recorded == labs.fingerprint(nb) and len(recorded) == len(nb.cells)
+    solve_in_place(path)
+    changed = labs.fingerprint(nbformat.read(path, as_version=4))
+    assert [i for i in recorded if recorded[i] != changed[i]] == [nb.cells[3].id]
+
+
+# --- a broken lab file is named, and the others are built (issue 24, item 12) ------------
+
+# git's markers, built here so that no file of the repository holds one
+CONFLICTED = """{
+<<< HEAD
+ "cells": [],
+===
+ "cells": [{"cell_type": "markdown", "source": "mine", "metadata": {}}],
+>>> theirs
+ "metadata": {}, "nbformat": 4, "nbformat_minor": 5
+}
+""".replace("<<<", "<" * 7).replace(">>>", ">" * 7).replace(
+    "\n===\n", "\n" + "=" * 7 + "\n")
+
+
+def test_a_lab_with_a_merge_conflict_is_named_and_the_others_still_built(tree, capsys):
+    solutions, lab_dir = tree
+    write(solution_notebook(), solutions / "98_other.ipynb")
+    lab_dir.mkdir(parents=True)
+    broken = lab_dir / "99_shapes.ipynb"
+    broken.write_text(CONFLICTED, encoding="utf-8")
+    args = ["--solutions", str(solutions), "--labs", str(lab_dir)]
+    assert labs.main(args) == 2
+    captured = capsys.readouterr()
+    assert (lab_dir / "98_other.ipynb").exists()
+    assert broken.read_text(encoding="utf-8") == CONFLICTED      # never written over
+    assert f"{broken}: cannot be read: a merge conflict" in captured.err
+    assert labs.main(["--check", *args]) == 1
+    out = capsys.readouterr().out
+    assert f"{broken}: cannot be read: a merge conflict" in out
+    assert "98_other" not in out
+
+
+def test_a_broken_solution_does_not_stop_the_other_labs(tree, capsys):
+    solutions, lab_dir = tree
+    write(new_notebook(cells=[new_code_cell("### BEGIN SOLUTION\nx = 1")]),
+          solutions / "97_broken.ipynb")
+    assert labs.main(["--solutions", str(solutions), "--labs", str(lab_dir)]) == 2
+    assert "97_broken.ipynb, cell 0" in capsys.readouterr().err
+    assert (lab_dir / "99_shapes.ipynb").exists()
+
+
+def test_a_cell_a_merge_brought_up_to_date_is_not_the_learners(tree):
+    """git merges two branches' labs: a cell then equals the lab generated now, but not
+    the digest recorded by either build. It is the builder's, and `make labs` rewrites."""
+    solutions, lab_dir = tree
+    labs.build(solutions, lab_dir, log=lambda _: None)
+    solution = nbformat.read(solutions / "99_shapes.ipynb", as_version=4)
+    solution.cells[2].source += "\nA new sentence."
+    nbformat.write(solution, solutions / "99_shapes.ipynb")
+    path = lab_dir / "99_shapes.ipynb"
+    merged = nbformat.read(path, as_version=4)
+    merged.cells[2].source = solution.cells[2].source        # what the merge brought
+    nbformat.write(merged, path)
+    assert labs.learner_changes(path, labs.lab_text(solutions / "99_shapes.ipynb")) == []
+    assert labs.build(solutions, lab_dir, log=lambda _: None) == [path]

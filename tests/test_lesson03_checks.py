@@ -532,3 +532,23 @@ class Rank0TakesAnExtraStep(DistributedTrainer):
 def test_more_mistakes_that_raise_or_deadlock(capsys, short_timeout, check, answer,
                                               message):
     expect(capsys, check, answer, f"❌ {NAMES[check]}: {message}")
+
+
+# ------------------------- a constructor that loops or exits (issue 24, item 8)
+
+
+def test_a_trainer_constructor_that_loops_or_exits_is_a_failure(capsys, short_timeout):
+    class LoopsInInit(MINE["DistributedTrainer"]):
+        def __init__(self, *args):
+            while True:
+                pass
+
+    class ExitsInInit(MINE["DistributedTrainer"]):
+        def __init__(self, *args):
+            exit()
+
+    expect(capsys, checks.check_distributed_trainer, LoopsInInit,
+           TRAINER + f"{SEED_CASE}: your function was still running after 2 s of wall-clock "
+           "time (an infinite loop?) — Hint: " + checking.HINTS["timeout"])
+    expect(capsys, checks.check_distributed_trainer, ExitsInInit,
+           TRAINER + f"{SEED_CASE} called sys.exit(None) — Hint: " + checking.HINTS["exit"])

@@ -309,8 +309,8 @@ def test_a_balance_that_never_ends_is_stopped(capsys, short_timeout):
         return cut
 
     expect(capsys, checks.check_balance, cut_where_the_sum_passes,
-           BALANCE + LM3 + "rank 0 was still running after 2 s of wall-clock time (an "
-           "infinite loop?) — Hint: " + checking.HINTS["timeout"])
+           BALANCE + LM3 + "balance: your function was still running after 2 s of "
+           "wall-clock time (an infinite loop?) — Hint: " + checking.HINTS["timeout"])
 
 
 # ------------------------------------------------------- exercise 3: boundary bytes
@@ -371,8 +371,9 @@ BYTES_CASE = "world size 2, cut before layers 2, 5 rows of float32: boundary 0 (
      "leaving stage i is the output of its last layer: run the stages one after another on "
      "a tensor of in_shape and look at the shapes and dtype."),
     (assumes_float32,
-     "boundary_bytes raised RuntimeError: mat1 and mat2 must have the same dtype, but got "
-     "Float and BFloat16 — Hint: " + checking.HINTS["exception"]),
+     "world size 3, cut before layers 2, 5, 7 rows of bfloat16: boundary_bytes raised "
+     "RuntimeError: mat1 and mat2 must have the same dtype, but got Float and BFloat16 — "
+     "Hint: " + checking.HINTS["called"]),
     (lambda stages, in_shape: [0] * len(stages),
      "world size 2, cut before layers 2, 5 rows of float32: returned 2 numbers for 1 "
      "boundaries — Hint: one number per boundary between consecutive stages: "
@@ -380,3 +381,55 @@ BYTES_CASE = "world size 2, cut before layers 2, 5 rows of float32: boundary 0 (
 ])
 def test_boundary_bytes_mistakes(capsys, answer, message):
     expect(capsys, checks.check_boundary_bytes, answer, BYTES + message)
+
+
+# ---------------------- plain functions: loops, sys.exit, malformed returns (issue 24)
+
+FIRST_SPLIT = "world size 2, cut before layers 2, 5 rows of float32"
+
+
+def test_boundary_bytes_that_loops_or_exits_is_a_failure(capsys, short_timeout):
+    def forever(stages, in_shape):
+        while True:
+            pass
+
+    def endless_generator(stages, in_shape):
+        while True:
+            yield 640
+
+    def exits(stages, in_shape):
+        raise SystemExit("done")
+
+    expect(capsys, checks.check_boundary_bytes, forever, BYTES + FIRST_SPLIT + ": "
+           "boundary_bytes: your function was still running after 2 s of wall-clock time (an "
+           "infinite loop?) — Hint: " + checking.HINTS["timeout"])
+    # a generator is read on the rank, and only as far as it takes to see too many
+    expect(capsys, checks.check_boundary_bytes, endless_generator, BYTES + FIRST_SPLIT +
+           ": returned 3 numbers for 1 boundaries — Hint: one number per boundary between "
+           "consecutive stages: len(stages) - 1 of them.")
+    expect(capsys, checks.check_boundary_bytes, exits, BYTES + FIRST_SPLIT + ": "
+           "boundary_bytes called sys.exit('done') — Hint: " + checking.HINTS["exit"])
+
+
+def raising_generator(stages, in_shape):
+    yield 640
+    raise ValueError("no more")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda stages, in_shape: [float("inf")], "returned [inf], not a list of byte counts"),
+    (lambda stages, in_shape: [float("nan")], "returned [nan], not a list of byte counts"),
+    (lambda stages, in_shape: 640, "returned 640, not a list of byte counts"),
+    (lambda stages, in_shape: ["640"], "returned ['640'], not a list of byte counts"),
+    (raising_generator, "boundary_bytes raised ValueError: no more"),
+])
+def test_boundary_bytes_malformed_returns_are_a_failure(capsys, answer, message):
+    text = line(capsys, checks.check_boundary_bytes, answer)[1]
+    assert text.startswith(BYTES + FIRST_SPLIT + ": " + message), text
+
+
+def test_boundary_bytes_accepts_numpy_integers(capsys):
+    import numpy as np
+    mine = MINE["boundary_bytes"]
+    assert line(capsys, checks.check_boundary_bytes,
+                lambda stages, in_shape: [np.int64(b) for b in mine(stages, in_shape)])[0]

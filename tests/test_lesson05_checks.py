@@ -326,8 +326,7 @@ IDEAL = ("(p - 1)/(v·m) is the bubble relative to the ideal time (the papers' r
     (lambda p, m, v: f"{(p - 1) / (v * m + p - 1):.0%}", "p = 1, m = 1, v = 1: returned "
      "'0%', not a number — Hint: return the fraction as a float (0.25 for 25 %)."),
     (lambda p, m, v: (p - 1) / (v * m - 1), "interleaved_bubble(1, 1, 1) raised "
-     "ZeroDivisionError: division by zero — Hint: read the message above; call your "
-     "function on these arguments yourself to see the whole traceback."),
+     "ZeroDivisionError: division by zero — Hint: " + checking.HINTS["called"]),
 ])
 def test_interleaved_bubble_mistakes(capsys, answer, message):
     expect(capsys, checks.check_interleaved_bubble, answer, INTERLEAVED + message)
@@ -374,8 +373,7 @@ PREFERENCE = ("among the (m, v) that fit, take the smallest m, then the smallest
      "= (32, 4) idles 2.3% of the wall time, above the target 1% — Hint: check the bubble "
      "with your interleaved_bubble(p, m, v)."),
     (lambda *case: search(*case, first_m=0), CASE_1 + " raised ZeroDivisionError: integer "
-     "modulo by zero — Hint: read the message above; call your function on these arguments "
-     "yourself to see the whole traceback."),
+     "modulo by zero — Hint: " + checking.HINTS["called"]),
     (lambda *case: [4, 3], CASE_1 + ": (m, v) = (4, 3) holds 8 GB of activations on the "
      "first stage, above the cap — Hint: " + MEMORY),
     (lambda *case: None, CASE_1 + ": returned None, but (m, v) = (8, 1) fits — Hint: try "
@@ -385,7 +383,8 @@ PREFERENCE = ("among the (m, v) that fit, take the smallest m, then the smallest
      "that divides the batch and v must divide layers_per_stage — Hint: loop over m in "
      "range(p, batch + 1, p) and keep those with batch % m == 0; v over the divisors of "
      "layers_per_stage."),
-    (lambda *case: "8, 1", CASE_1 + ": returned '8, 1', expected a pair (m, v) or None — "
+    (lambda *case: "8, 1", CASE_1 + ": returned '8, 1', expected a pair (m, v) of "
+     "positive integers, or None — "
      "Hint: return (m, v), or None when nothing fits."),
 ])
 def test_pick_m_v_mistakes(capsys, answer, message):
@@ -404,3 +403,63 @@ def test_every_infeasible_case_has_one_reason():
     assert [(fits(c, bubble_only=True) is None, fits(c, memory_only=True) is None)
             for c in infeasible] == [(True, False), (False, True), (False, False)]
 
+
+
+# ---------------------- plain functions: loops, sys.exit, malformed returns (issue 24)
+
+
+def forever(*args):
+    while True:
+        pass
+
+
+def exits(*args):
+    import sys
+    sys.exit(0)
+
+
+@pytest.mark.parametrize("check, prefix", [
+    (checks.check_interleaved_bubble, INTERLEAVED + "interleaved_bubble(1, 1, 1)"),
+    (checks.check_pick_m_v, PICK + CASE_1),
+])
+def test_a_plain_function_that_loops_or_exits_is_a_failure(capsys, short_timeout, check,
+                                                           prefix):
+    expect(capsys, check, forever, prefix + ": your function was still running after 2 s of "
+           "wall-clock time (an infinite loop?) — Hint: " + checking.HINTS["timeout"])
+    expect(capsys, check, exits,
+           prefix + " called sys.exit(0) — Hint: " + checking.HINTS["exit"])
+
+
+PAIR = ", expected a pair (m, v) of positive integers, or None — Hint: return (m, v), or " \
+       "None when nothing fits."
+
+
+@pytest.mark.parametrize("answer, said", [
+    ((0, 1), "(0, 1)"), ((8, 0), "(8, 0)"), (("8", "1"), "('8', '1')"),
+    ((None, None), "(None, None)"), ((8.5, 1), "(8.5, 1)"), ((8, 1, 1), "(8, 1, 1)"),
+])
+def test_pick_m_v_malformed_pairs_are_a_failure(capsys, answer, said):
+    expect(capsys, checks.check_pick_m_v, lambda *case: answer,
+           PICK + CASE_1 + ": returned " + said + PAIR)
+
+
+def test_right_answers_as_numpy_numbers_or_fractions_are_accepted(capsys):
+    import numpy as np
+    from fractions import Fraction
+
+    bubble = MINE["interleaved_bubble"]
+    pick = MINE["pick_m_v"]
+    for answer in (lambda p, m, v: Fraction(p - 1, v * m + p - 1),
+                   lambda p, m, v: np.float64(bubble(p, m, v))):
+        assert line(capsys, checks.check_interleaved_bubble, answer)[0]
+
+    def numpy_pick(*case):
+        got = pick(*case)
+        return None if got is None else np.array(got)
+
+    def numpy_pair(*case):
+        got = pick(*case)
+        return None if got is None else tuple(np.int64(x) for x in got)
+
+    assert line(capsys, checks.check_pick_m_v, numpy_pair)[0]
+    assert not line(capsys, checks.check_pick_m_v, numpy_pick)[0]   # an array, not a pair

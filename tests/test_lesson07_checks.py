@@ -409,3 +409,16 @@ def test_the_shard_layout_pads_the_last_chunk():
     assert run.results == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [0.0, 0.0]]
     assert shard_size(6, 4) == 2 and shard_size(197, 3) == 66
 
+
+
+def test_the_memory_table_accepts_numpy_numbers_and_fractions(capsys):
+    """A right number is a right answer whatever its type (issue 24, item 9)."""
+    import numpy as np
+    from fractions import Fraction
+
+    mine = MINE["zero_memory_gb"]
+    assert line(capsys, checks.check_zero_memory,
+                lambda *args: np.float64(mine(*args)))[0]
+    assert line(capsys, checks.check_zero_memory,
+                lambda *args: Fraction(mine(*args)))[0]
+    fails(capsys, checks.check_zero_memory, lambda *args: "120", "you said '120'")

@@ -611,3 +611,49 @@ def wrapped(model, x, y, steps, lr, memory):
                  "% apart", "autocast around the forward only")
     mine_, theirs = text.split("your loss is ")[1].split(", plain training's ")
     assert mine_.split()[0] != theirs.split()[0], text
+
+
+def test_bytes_per_parameter_accepts_numpy_numbers_and_fractions(capsys):
+    """A right number is a right answer whatever its type (issue 24, item 9); a plain
+    function that raises is not told to use cluster.run."""
+    import numpy as np
+    from fractions import Fraction
+
+    mine = MINE["bytes_per_parameter"]
+    assert line(capsys, checks.check_bytes_per_parameter,
+                lambda *args: np.float32(mine(*args)))[0]
+    assert line(capsys, checks.check_bytes_per_parameter,
+                lambda *args: Fraction(mine(*args)))[0]
+    text = fails(capsys, checks.check_bytes_per_parameter, lambda *args: 1 / 0,
+                 "raised ZeroDivisionError")
+    assert "cluster.run" not in text
+
+
+class DelegatesToGradScaler:
+    """A LossScaler that only hands every call to torch.amp.GradScaler (issue 24, item 10):
+    the check would compare GradScaler with itself."""
+
+    def __init__(self, init_scale, growth_factor, backoff_factor, growth_interval):
+        self.inner = torch.amp.GradScaler("cpu", init_scale=init_scale,
+                                          growth_factor=growth_factor,
+                                          backoff_factor=backoff_factor,
+                                          growth_interval=growth_interval)
+
+    def scale(self, loss):
+        return self.inner.scale(loss)
+
+    def step(self, optimizer):
+        return self.inner.step(optimizer)
+
+    def update(self):
+        self.inner.update()
+
+    def get_scale(self):
+        return self.inner.get_scale()
+
+
+def test_a_scaler_that_delegates_to_grad_scaler_is_refused(capsys):
+    fails(capsys, checks.check_loss_scaler, DelegatesToGradScaler,
+          "your class made a torch.amp.GradScaler and let it do the work")
+    assert torch.amp.GradScaler.__init__.__name__ == "__init__"      # put back as it was
+    assert "counted" not in repr(torch.amp.GradScaler.__init__)

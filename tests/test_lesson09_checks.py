@@ -391,3 +391,35 @@ def test_build_groups_with_init_device_mesh_is_refused(capsys):
 
     fails(capsys, checks.check_build_groups, build_groups_from_a_device_mesh,
           "calls DeviceMesh", "dist.new_group")
+
+
+# ------------------------- malformed returns, numpy numbers (issue 24, item 9)
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("tp", None, "your layout's 'tp' is None, not a whole number"),
+    ("dp", "4", "your layout's 'dp' is '4', not a whole number"),
+    ("pp", 1.5, "your layout's 'pp' is 1.5, not a whole number"),
+    ("micro_batch", float("nan"), "your layout's 'micro_batch' is nan, not a whole number"),
+    ("zero", None, "planner.estimate refuses"),
+    ("recompute", None, "planner.estimate refuses"),
+])
+def test_a_layout_with_a_malformed_value_is_a_failure(capsys, key, value, said):
+    layout = {"tp": 8, "pp": 1, "dp": 4, "micro_batch": 1, "recompute": "none", "zero": 0}
+    fails(capsys, checks.check_choose_layout, lambda *args: dict(layout, **{key: value}),
+          f"LLaMA-7B, B = 256, {LAYOUT_CAPS_GIB[0]} GiB per GPU: {said}")
+
+
+def test_right_answers_as_numpy_numbers_or_fractions_are_accepted(capsys):
+    import numpy as np
+    from fractions import Fraction
+
+    def numpy_layout(*args):
+        return {k: np.int64(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                for k, v in MINE["choose_layout"](*args).items()}
+
+    assert line(capsys, checks.check_choose_layout, numpy_layout)[0]
+    assert line(capsys, checks.check_model_flops,
+                lambda *args: np.float64(MINE["model_flops"](*args)))[0]
+    assert line(capsys, checks.check_pipeline_bubble,
+                lambda *args: Fraction(MINE["pipeline_bubble"](*args)))[0]

@@ -475,5 +475,128 @@ def test_a_detector_that_never_returns_is_stopped(capsys, monkeypatch):
             pass
 
     starts(capsys, checks.check_find_straggler, waits_for_a_spike,
-           f"{STRAGGLER}4 ranks × 20 steps, noise only: find_straggler: rank 0 was still "
-           "running after 2 s of wall-clock time (an infinite loop?) — Hint: ")
+           f"{STRAGGLER}4 ranks × 20 steps, noise only: find_straggler: your function was "
+           "still running after 2 s of wall-clock time (an infinite loop?) — Hint: ")
+
+
+# ------------------------------------------- malformed plans are a ❌ (issue 24, item 9)
+
+
+def replaced(key, value):
+    """The reference's plan with ``key`` set to ``value``."""
+
+    def recover(plan, failure):
+        return dict(MINE["recover"](plan, failure), **{key: value})
+
+    return recover
+
+
+WORKER_3 = f"{RECOVERY}2 servers, 4 workers: worker 3 failed at round 5: "
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("reload", None, "plan['reload'] is None, not a list of slices"),
+    ("owner", [0, 1], "plan['owner'] is [0, 1], not a dict {slice: server}"),
+    ("owner", None, "plan['owner'] is None, not a dict {slice: server}"),
+    ("tasks", None, "plan['tasks'] is None, not a dict {task: worker}"),
+    ("tasks", {0: 0, "1": 1, 2: 2, 3: 0}, "the plan has tasks "),
+])
+def test_malformed_plans_are_a_failure(capsys, key, value, said):
+    starts(capsys, checks.check_recovery, replaced(key, value), WORKER_3 + said)
+
+
+def test_a_round_given_as_a_numpy_integer_is_accepted(capsys):
+    import numpy as np
+
+    def recover(plan, failure):
+        new = MINE["recover"](plan, failure)
+        return dict(new, round=np.int64(new["round"]))
+
+    assert line(capsys, checks.check_recovery, recover)[0]
+
+
+# ------------------------------ a checkpoint must be real and regular (issue 24, item 10)
+
+_IN_MEMORY = {}     # what a learner might keep "across a restart": it survives only here
+
+
+def keeps_the_checkpoint_in_a_dict(ckpt_dir, steps, every):
+    """Writes a real checkpoint file, but restores from a module-level dict: on a real
+    cluster the restart is a new process and the dict is empty."""
+    rank = dist.get_rank()
+    model, ddp, optimizer, scheduler = job.build()
+    saved = _IN_MEMORY.get((ckpt_dir, rank))
+    step = 0
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        torch.set_rng_state(saved["rng"])
+        step = saved["step"]
+    while step < steps:
+        job.train_step(ddp, optimizer, scheduler, *job.batch(step))
+        step += 1
+        if step % every == 0:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict(), "step": step,
+                     "rng": torch.get_rng_state()}
+            _IN_MEMORY[(ckpt_dir, rank)] = copy.deepcopy(state)
+            torch.save(state, os.path.join(ckpt_dir, f"rank{rank}.pt.tmp"))
+            os.replace(os.path.join(ckpt_dir, f"rank{rank}.pt.tmp"),
+                       os.path.join(ckpt_dir, f"rank{rank}.pt"))
+            dist.barrier()
+    return job.params(model)
+
+
+@pytest.mark.slow
+def test_resume_from_a_checkpoint_kept_in_memory_is_refused(capsys):
+    text = starts(capsys, checks.check_resume, keeps_the_checkpoint_in_a_dict,
+                  f"{RESUME}rank 0 crashed at 50 % of the run: the restarted run went on "
+                  "from step 3 but read no checkpoint from storage")
+    assert "a real restart is a new process" in text, text
+
+
+def saves_only_once(ckpt_dir, steps, every):
+    """`if step == every` for `if step % every == 0`: one checkpoint, at step 3."""
+    rank = dist.get_rank()
+    model, ddp, optimizer, scheduler = job.build()
+    path = os.path.join(ckpt_dir, "latest.pt")
+    step = 0
+    if os.path.exists(path):
+        ckpt = torch.load(path, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        torch.set_rng_state(ckpt["rng"][rank])
+        step = ckpt["step"]
+    while step < steps:
+        job.train_step(ddp, optimizer, scheduler, *job.batch(step))
+        step += 1
+        if step == every:
+            rngs = [None] * dist.get_world_size()
+            dist.all_gather_object(rngs, torch.get_rng_state())
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "scheduler": scheduler.state_dict(), "step": step, "rng": rngs},
+                           path + ".tmp")
+                os.replace(path + ".tmp", path)
+            dist.barrier()
+    return job.params(model)
+
+
+@pytest.mark.slow
+def test_a_loop_that_saves_only_once_is_refused(capsys):
+    expect(capsys, checks.check_resume, saves_only_once,
+           f"{RESUME}without a failure: checkpoints were written after step(s) 3 only; every "
+           "3 steps of 10 is after steps 3, 6, 9 — Hint: save whenever step % every == 0 (not "
+           "only once, step == every): a crash redoes the work since the latest checkpoint.")
+
+
+def test_the_resume_pass_line_names_only_the_scenarios_it_ran():
+    """Without a rank that writes twice there is no torn-write scenario, and the ✅ line
+    must not claim one."""
+    cases = [("a", [], False), ("b", [], False)]
+    assert "checkpoint write" not in C.resume_passed(cases, torn=False)
+    assert "one during a checkpoint write" in C.resume_passed(cases, torn=True)
+    assert C.resume_passed(cases, torn=True).startswith(
+        "bit-identical to the fault-free run after 2 crash scenarios")

@@ -394,3 +394,40 @@ def test_bench_planner_reports_both_papers():
     assert result["mean_error"] <= 0.08 and result["korthikanti_mean_error"] <= 0.08
     assert all(r["paper"] == row.tflops_per_gpu
                for r, row in zip(result["rows"], planner.MEGATRON_TABLE1))
+
+
+# ------------------------------------------------------- validation (issue 24, item 7)
+@pytest.mark.parametrize("field, value", [
+    ("gemm", float("nan")), ("gemm", -0.5), ("gemm", 0), ("gemm", 1.5), ("hbm", 0.0),
+    ("software", float("inf")), ("software", "0.9"), ("gemm_half_dim", -1),
+    ("gemm_half_dim", float("nan")), ("fused", 1),
+])
+def test_efficiency_refuses_values_outside_its_range(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be"):
+        planner.Efficiency(**{field: value})
+
+
+def test_efficiency_accepts_the_presets_and_any_real_fraction():
+    from fractions import Fraction as F
+    assert planner.Efficiency(gemm=F(1, 2), hbm=1, software=0.5).gemm == F(1, 2)
+    assert planner.ROOFLINE.gemm == 1.0 and planner.MEGATRON_A100.fused
+
+
+def test_divisors_come_in_pairs_up_to_the_square_root():
+    assert planner._divisors(1) == [1]
+    assert planner._divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]
+    big = planner._divisors(10**12)       # (12 + 1)² divisors, found without 10¹² steps
+    assert len(big) == 169 and big == sorted(big) and big[-1] == 10**12
+    assert all(10**12 % d == 0 for d in big)
+
+
+def test_micro_batch_none_on_a_huge_prime_batch_tries_its_two_divisors():
+    # a linear scan over 10⁹ candidate sizes took ~40 s; the divisors are only 1 and n
+    n = 1_000_000_007
+    best = planner.estimate(SMALL, _cluster(1), global_batch=n, recompute="full")
+    assert best.micro_batch in (1, n)
+
+
+def test_search_refuses_more_gpus_than_the_cluster_has():
+    with pytest.raises(ValueError, match="gpus=64 .*cluster's 16"):
+        planner.search(SMALL, _cluster(2), global_batch=64, gpus=64)

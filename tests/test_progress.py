@@ -171,3 +171,60 @@ def test_the_command_without_labs_says_so(tmp_path, monkeypatch, capsys):
     assert progress.main([]) == 2
     assert "no labs found" in capsys.readouterr().err
     assert progress.main(["labs/nope.ipynb"]) == 2
+
+
+# --- a broken lab is reported by name, and the others still are (issue 24, item 12) -----
+
+# git's markers, built here so that no file of the repository holds one
+CONFLICT = """{
+<<< HEAD
+ "cells": [],
+===
+ "cells": [{"cell_type": "code", "source": "x = 1", "metadata": {}, "outputs": []}],
+>>> theirs
+ "metadata": {}, "nbformat": 4, "nbformat_minor": 5
+}
+""".replace("<<<", "<" * 7).replace(">>>", ">" * 7).replace(
+    "\n===\n", "\n" + "=" * 7 + "\n")
+
+
+def with_metadata(exercises=None, cell_number=1):
+    """A one-exercise lab whose metadata someone edited by hand."""
+    lab = executed("✅ ok\n")
+    if exercises is not None:
+        lab.metadata["workbook"]["exercises"] = exercises
+    for cell in lab.cells[1:]:
+        cell.metadata["workbook"]["exercise"] = cell_number
+    return lab
+
+
+def test_a_lab_with_a_merge_conflict_is_reported_by_name(tmp_path):
+    path = tmp_path / "09_conflict.ipynb"
+    path.write_text(CONFLICT, encoding="utf-8")
+    report = progress.run_lab(path)
+    assert report.name == "09_conflict" and report.exercises == []
+    assert "cannot be read" in report.broken and "merge conflict" in report.broken
+    text = progress.format_report([report, progress.run_lab(path)])
+    assert "09_conflict: cannot be read" in text and "(the lab stopped early" not in text
+
+
+@pytest.mark.parametrize("notebook", [
+    with_metadata(exercises=[{"title": "no number"}]),
+    with_metadata(cell_number="1"),
+    with_metadata(exercises=[{"number": "1", "title": "Ring"}]),
+])
+def test_an_exercise_number_written_by_hand_still_grades(notebook):
+    (exercise,) = progress.grade(notebook)
+    assert (exercise.number, exercise.status) == (1, "passed")
+
+
+def test_an_exercise_number_that_is_no_number_breaks_only_its_lab(tmp_path, capsys):
+    bad = tmp_path / "08_bad.ipynb"
+    nbformat.write(with_metadata(cell_number="one"), bad)
+    conflict = tmp_path / "09_conflict.ipynb"
+    conflict.write_text(CONFLICT, encoding="utf-8")
+    assert progress.main([str(bad), str(conflict)]) == 0
+    out = capsys.readouterr().out
+    assert "08_bad: cannot be graded: cell 1 has exercise number 'one', not a number" in out
+    assert "09_conflict: cannot be read" in out
+    assert out.splitlines()[-1].split() == ["total", "0", "0", "0", "0"]

@@ -27,6 +27,7 @@ import functools
 import importlib
 import inspect
 import math
+import numbers
 import threading
 
 import torch
@@ -86,6 +87,8 @@ HINTS = {
                  "to see the whole traceback.",
     "called": "read the message above; call your function yourself, in a cell, with the "
               "arguments named there to see the whole traceback.",
+    "exit": "a check calls your function and reads what it returns: sys.exit() (or exit()) "
+            "would end the whole cell; return a value, or raise an exception.",
     "timeout": "look for a loop whose condition never changes (a step counter that is "
                "never incremented?).",
     "collective": "build it from point-to-point operations only: dist.send, dist.recv, "
@@ -209,6 +212,8 @@ def raised(who, error, hint=None):
     """The :class:`Failure` for ``who`` raising ``error`` (an unwritten exercise says so)."""
     if isinstance(error, NotImplementedError):
         hint = HINTS["not_started"]
+    if isinstance(error, SystemExit):
+        return Failure(f"{who} called sys.exit({error.code!r})", HINTS["exit"])
     return Failure(f"{who} raised {type(error).__name__}: {short(error)}",
                    hint or HINTS["exception"])
 
@@ -245,32 +250,6 @@ def simulate(cluster, body, world_size, where, hints=None, accounting=False, arg
                       "wall-clock time (an infinite loop?)", hints["timeout"]) from None
     except sc.SimulationError as error:
         raise Failure(f"{where(None)}: {short(error)}", hints["exception"]) from None
-
-
-def on_a_rank(fn, args, where):
-    """``fn(*args)`` on one simulated rank (no accounting), so that a learner's function
-    that never returns is stopped; an exception becomes a :class:`Failure` naming
-    ``where``."""
-
-    def body():
-        try:
-            return True, fn(*args)
-        except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
-            return False, error
-
-    returned, value = simulate(sc.Cluster.preset("dgx-a100"), body, 1,
-                               lambda rank: where).results[0]
-    if not returned:    # the learner calls such a function directly, not in cluster.run
-        raise raised(where, value, HINTS["called"])
-    return value
-
-
-def call(who, fn, *args):
-    """``fn(*args)`` outside the cluster; an exception becomes a :class:`Failure`."""
-    try:
-        return fn(*args)
-    except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
-        raise raised(who, error) from None
 
 
 # ---------------------------------------------------------------- cases and inputs
@@ -575,3 +554,48 @@ class RecordingLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+# ------------------------------------- learner functions called directly, not on ranks
+#
+# A check that calls a learner's plain function (a formula, a search, a constructor) runs
+# it on a one-rank simulated run: the scheduler that stops an infinite loop on the ranks
+# of a cluster stops this one too, within the same TIMEOUT, and no thread is left running.
+# sys.exit() is caught there as well: in the notebook it would end the cell unjudged.
+
+
+def on_a_rank(fn, args, where, hint=None):
+    """``fn(*args)`` for a learner's function that runs outside the cluster: on one
+    simulated rank (no accounting), so that one that never returns is stopped after
+    ``TIMEOUT`` seconds. An exception, ``sys.exit()`` or the timeout becomes a
+    :class:`Failure` naming ``where``; ``hint`` replaces :data:`HINTS` ``"called"``."""
+
+    def body():
+        try:
+            return True, fn(*args)
+        except (Exception, SystemExit, KeyboardInterrupt) as error:  # noqa: BLE001
+            return False, error     # the learner's mistake, reported below
+
+    try:
+        returned, value = sc.Cluster.preset("dgx-a100").run(
+            body, world_size=1, accounting=False, timeout=TIMEOUT).results[0]
+    except sc.SimulationTimeout:
+        raise Failure(f"{where}: your function was still running after {TIMEOUT:g} s of "
+                      "wall-clock time (an infinite loop?)", HINTS["timeout"]) from None
+    except sc.RankError as error:       # a BaseException no learner should raise
+        raise raised(where, error.original, hint or HINTS["called"]) from None
+    except sc.SimulationError as error:  # a collective in a plain function, say
+        raise Failure(f"{where}: {short(error)}", hint or HINTS["called"]) from None
+    if not returned:
+        raise raised(where, value, hint or HINTS["called"])
+    return value
+
+
+def number(value):
+    """``value`` as a float if it is a real number (an int, a float, a numpy number, a
+    ``Fraction``, a one-element tensor), else None; a bool is not a number here."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)

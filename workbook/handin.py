@@ -30,7 +30,7 @@ def to_dict(reports, learner):
         "format": FORMAT,
         "learner": learner,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "labs": [{"name": report.name, "error": report.error,
+        "labs": [{"name": report.name, "error": report.error or report.broken,
                   "exercises": [{"number": e.number, "title": e.title, "status": e.status,
                                  "detail": e.detail} for e in report.exercises]}
                  for report in reports],

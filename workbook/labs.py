@@ -189,6 +189,7 @@ def make_lab(solution, name="solution"):
         "exercises": exercises,
     }
     lab = nbformat.from_dict(lab)
+    lab.metadata[METADATA_KEY]["cells"] = fingerprint(lab)
     nbformat.validate(lab)
     return lab
 
@@ -228,23 +229,65 @@ def _sources(nb):
     return [(cell.cell_type, cell.source) for cell in nb.cells]
 
 
+def _digest(cell):
+    return hashlib.sha1(json.dumps([cell.cell_type, cell.source]).encode("utf-8")).hexdigest()[:16]
+
+
+def fingerprint(nb):
+    """``{cell id: digest of its type and source}`` for ``nb``'s cells. The builder records
+    it in the lab's metadata: a cell that still gives its digest is the builder's, one that
+    does not is a learner's edit (committed to git or not), whatever the solution became."""
+    return {cell.get("id"): _digest(cell) for cell in nb.cells}
+
+
+def _edits_since_built(nb, recorded, generated):
+    """``(exercise numbers, other cells, added, deleted)``: the cells of ``nb`` that differ
+    both from what the builder wrote (the digests it ``recorded``) and from the lab
+    ``generated`` now (a cell a merge brought up to date is not a learner's)."""
+    now = fingerprint(generated)
+    exercises, others, added = set(), 0, 0
+    for cell in nb.cells:
+        cell_id, digest = cell.get("id"), _digest(cell)
+        if digest in (recorded.get(cell_id), now.get(cell_id)):
+            continue
+        if cell_id not in recorded and cell_id not in now:
+            added += 1
+            continue
+        number = cell.metadata.get(METADATA_KEY, {}).get("exercise")
+        if number is None:
+            others += 1
+        else:
+            exercises.add(number)
+    ids = {cell.get("id") for cell in nb.cells}
+    deleted = sum(cell_id not in ids for cell_id in recorded if cell_id in now)
+    return exercises, others, added, deleted
+
+
 def learner_changes(path, text):
     """What the lab file ``path`` holds beyond what the builder wrote, as short phrases
     (``[]``: nothing); ``text`` is the lab generated now.
 
-    Edited cells count when the sources differ both from ``text`` and from the committed
+    A lab that records the builder's :func:`fingerprint` is the builder's output exactly
+    when its cells still match it; otherwise every cell that differs from ``text`` is the
+    learner's, also when the learner committed the file. A lab from before fingerprints:
+    edited cells count when the sources differ both from ``text`` and from the committed
     lab; without a committed lab (no git), only edited exercise cells and added cells
     count, since other cells also differ in a lab that is merely out of date. Outputs
     always count.
     """
     nb = nbformat.read(path, as_version=4)
     generated = nbformat.reads(text, as_version=4)
-    exercises, others, added, deleted = _edits(nb, generated)
-    committed = committed_text(path)
-    if committed is None:
+    recorded = nb.metadata.get(METADATA_KEY, {}).get("cells")
+    committed = committed_text(path) if not isinstance(recorded, dict) else None
+    if isinstance(recorded, dict):
+        exercises, others, added, deleted = _edits_since_built(nb, recorded, generated)
+    elif committed is None:
+        exercises, others, added, deleted = _edits(nb, generated)
         others = deleted = 0
     elif _sources(nb) == _sources(nbformat.reads(committed, as_version=4)):
         exercises, others, added, deleted = set(), 0, 0, 0
+    else:
+        exercises, others, added, deleted = _edits(nb, generated)
     edited = [f"exercise {n}" for n in sorted(exercises)] + _count(others, "other cell")
     changes = [f"edited: {', '.join(edited)}"] if edited else []
     changes += _count(added, "cell", " added") + _count(deleted, "cell", " deleted")
@@ -276,20 +319,43 @@ def _edits(nb, lab):
     return exercises, others, added, len(generated)
 
 
-def build(solutions_dir="solutions", labs_dir="labs", names=None, force=False, log=print):
+def unreadable(path, error):
+    """Why the notebook file ``path`` could not be read (``error``), in a few words."""
+    try:
+        conflict = "<<<<<<<" in Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        conflict = False
+    if conflict:
+        return "cannot be read: a merge conflict (look for the <<<<<<< lines)"
+    return f"cannot be read: {(f'{type(error).__name__}: {error}'.splitlines() or [''])[0]}"
+
+
+def build(solutions_dir="solutions", labs_dir="labs", names=None, force=False, log=print,
+          errors=None):
     """(Re)write the lab of every solution notebook (or of those in ``names``).
 
     Returns the paths written. A lab that holds a learner's work (:func:`learner_changes`)
-    is kept, saying so, unless ``force``.
+    is kept, saying so, unless ``force``. A solution that makes no lab, or a lab file that
+    cannot be read (a merge conflict), is left as it is and added to ``errors`` as
+    ``(path, reason)``; the other labs are built.
     """
     solutions_dir, labs_dir = Path(solutions_dir), Path(labs_dir)
+    errors = [] if errors is None else errors
     written = []
     for solution in _solutions(solutions_dir, names):
         target = labs_dir / solution.name
-        text = lab_text(solution)
+        try:
+            text = lab_text(solution)
+        except LabError as error:
+            errors.append((solution, str(error)))
+            continue
         if target.exists() and target.read_bytes() == text.encode("utf-8"):
             continue
-        changes = learner_changes(target, text) if target.exists() and not force else []
+        try:
+            changes = learner_changes(target, text) if target.exists() and not force else []
+        except Exception as error:  # noqa: BLE001 — not a notebook (a merge conflict, ...)
+            errors.append((target, unreadable(target, error)))
+            continue
         if changes:
             log(f"kept {target}: it holds your work ({'; '.join(changes)}). For a fresh "
                 f"lab, move yours aside (mv {target} {target.with_suffix('.mine.ipynb')}) "
@@ -315,13 +381,21 @@ def stale(solutions_dir="solutions", labs_dir="labs", names=None, log=print):
     problems = []
     for solution in _solutions(solutions_dir, names):
         target = labs_dir / solution.name
-        text = lab_text(solution)
+        try:
+            text = lab_text(solution)
+        except LabError as error:
+            problems.append((solution, f"makes no lab: {error}"))
+            continue
         if not target.exists():
             problems.append((target, f"missing (generate it from {solution})"))
             continue
         if target.read_bytes() == text.encode("utf-8"):
             continue
-        changes = learner_changes(target, text)
+        try:
+            changes = learner_changes(target, text)
+        except Exception as error:  # noqa: BLE001 — not a notebook (a merge conflict, ...)
+            problems.append((target, unreadable(target, error)))
+            continue
         if not changes:
             problems.append((target, f"out of date with {solution}"))
             continue
@@ -377,8 +451,11 @@ def main(argv=None):
                 return 1
             print(f"labs are up to date with {args.solutions}/")
             return 0
-        build(args.solutions, args.labs, args.names, force=args.force)
-        return 0
+        errors = []
+        build(args.solutions, args.labs, args.names, force=args.force, errors=errors)
+        for path, reason in errors:
+            print(f"error: {path}: {reason}", file=sys.stderr)
+        return 2 if errors else 0
     except (LabError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

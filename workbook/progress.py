@@ -25,6 +25,8 @@ from pathlib import Path
 
 import nbformat
 
+from workbook.labs import unreadable
+
 PASSED, FAILED, NOT_STARTED = "passed", "failed", "not started"
 STATUSES = (PASSED, FAILED, NOT_STARTED)
 MARKS = {PASSED: "✅", FAILED: "❌", NOT_STARTED: "⬜"}
@@ -44,6 +46,7 @@ class LabReport:
     name: str
     exercises: list = field(default_factory=list)
     error: str = ""      # the lab could not be run to the end
+    broken: str = ""     # the lab could not be read or graded at all (why)
 
     def count(self, status):
         return sum(exercise.status == status for exercise in self.exercises)
@@ -88,16 +91,35 @@ def _verdict(cells, checks):
     return FAILED, "its check cell printed no ✅ / ❌ line"
 
 
+class BrokenLab(ValueError):
+    """A lab whose file or exercise metadata cannot be used; the others are still run."""
+
+
+def _number(value, where):
+    """An exercise number from the lab's metadata: an int, or a string of digits (edited
+    by hand); anything else is a :class:`BrokenLab` naming ``where``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    raise BrokenLab(f"{where} has exercise number {value!r}, not a number")
+
+
 def grade(nb):
     """The exercises of an executed lab notebook, as a list of :class:`Exercise`."""
     info = nb.metadata.get("workbook", {})
-    titles = {item["number"]: item.get("title", "") for item in info.get("exercises", [])}
+    info = info if isinstance(info, dict) else {}
+    titles = {}
+    for item in info.get("exercises", []):
+        if isinstance(item, dict) and item.get("number") is not None:  # else: the cells say
+            titles[_number(item["number"], "the lab's list of exercises")] = \
+                item.get("title", "")
     cells, checks = {}, {}
-    for cell in nb.cells:
+    for index, cell in enumerate(nb.cells):
         meta = cell.get("metadata", {}).get("workbook")
         if cell.cell_type != "code" or not isinstance(meta, dict) or "exercise" not in meta:
             continue
-        number = meta["exercise"]
+        number = _number(meta["exercise"], f"cell {index}")
         titles.setdefault(number, meta.get("title", ""))
         cells.setdefault(number, []).append(cell)
         if meta.get("role") == "check":
@@ -111,19 +133,33 @@ def run_lab(path, timeout=120, kernel_name=None):
     """Execute a lab (in memory; the file is untouched) and grade its exercises."""
     from nbconvert.preprocessors import ExecutePreprocessor
     path = Path(path)
-    nb = nbformat.read(path, as_version=4)
+    report = LabReport(path.stem)
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as error:  # noqa: BLE001 — not JSON, not a notebook, unreadable
+        report.broken = unreadable(path, error)
+        return report
+    try:
+        grade(nb)             # broken metadata: say so before running anything
+    except Exception as error:  # noqa: BLE001 — BrokenLab, or metadata edited oddly
+        why = error if isinstance(error, BrokenLab) else _first_line(error)
+        report.broken = f"cannot be graded: {why}"
+        return report
     options = dict(timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
                    # quiet the kernel's own log ("running over TCP without encryption")
                    extra_arguments=["--IPKernelApp.log_level=ERROR"])
     if kernel_name:
         options["kernel_name"] = kernel_name
-    report = LabReport(path.stem)
     try:
         ExecutePreprocessor(**options).preprocess(nb, {"metadata": {"path": str(path.parent)}})
     except Exception as error:    # a dead kernel, a kernel that would not start, ...
-        report.error = f"{type(error).__name__}: {error}".splitlines()[0]
+        report.error = _first_line(error)
     report.exercises = grade(nb)
     return report
+
+
+def _first_line(error):
+    return (f"{type(error).__name__}: {error}".splitlines() or [""])[0]
 
 
 def format_report(reports):
@@ -131,6 +167,9 @@ def format_report(reports):
     lines = []
     for report in reports:
         total = len(report.exercises)
+        if report.broken:
+            lines += [f"{report.name}: {report.broken}", ""]
+            continue
         lines.append(f"{report.name}: {report.count(PASSED)}/{total} passed")
         if report.error:
             lines.append(f"  (the lab stopped early: {report.error})")

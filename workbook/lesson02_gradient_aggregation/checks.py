@@ -14,12 +14,12 @@ import torch.distributed as dist
 
 import simcluster as sc
 from workbook.checking import (Case, Failure, LockedTwice, RecordingLock, SIZES, TOLERANCE,
-                               WORLD_SIZES, answers, budget, call, cases, check,
+                               WORLD_SIZES, answers, budget, cases, check,
                                check_messages_sent, check_outputs, check_p2p_only,
                                collectives_so_far, cross_node_budget, cross_node_bytes,
-                               first_difference, listed, normal_input, num, passed_text,
-                               raised, refuse_reference, run_in_place, simulate,
-                               sum_of_inputs, time_budget)
+                               first_difference, listed, normal_input, num, on_a_rank,
+                               passed_text, raised, refuse_reference, run_in_place, short,
+                               simulate, sum_of_inputs, time_budget)
 
 
 _reference = answers(__name__)   # the answers, imported only while a check runs
@@ -284,7 +284,7 @@ def check_int8_quantization(quantize, dequantize):
     refuse_reference(dequantize, ref.int8_dequantize, "dequantize function")
     for name, x in _int8_inputs():
         before = x.clone()
-        out = call(f"{name}: quantize", quantize, x)
+        out = on_a_rank(quantize, (x,), f"{name}: quantize")
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise Failure(f"{name}: quantize returned {type(out).__name__}, expected a "
                           "pair (q, scale)", "return q, scale")
@@ -314,7 +314,7 @@ def check_int8_quantization(quantize, dequantize):
             raise Failure(f"{name}: q holds {int(q.min())}; keep q in [-127, 127]",
                           "symmetric quantization uses -127..127; clamp after "
                           "rounding.")
-        deq = call(f"{name}: dequantize", dequantize, q, scale)
+        deq = on_a_rank(dequantize, (q, scale), f"{name}: dequantize")
         if not isinstance(deq, torch.Tensor) or deq.dtype != torch.float32:
             got = deq.dtype if isinstance(deq, torch.Tensor) else type(deq).__name__
             raise Failure(f"{name}: dequantize returned "
@@ -348,6 +348,20 @@ def check_int8_quantization(quantize, dequantize):
 TOPK_CASES = ((1, 1), (6, 2), (13, 3), (64, 5))
 
 
+def _as_tensor(where, value, label):
+    """``value`` (a tensor, or numbers torch can make one of) as a tensor, else the ❌."""
+    try:
+        tensor = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        tensor = None
+    if tensor is None or tensor.dtype == torch.bool or tensor.is_complex():
+        raise Failure(f"{where}: {label} is {short(repr(value), 60)}, not a tensor of "
+                      "numbers", "return values, indices, new_residual: three tensors "
+                      "(acc[indices], torch.topk(acc.abs(), k).indices, and acc with the "
+                      "sent entries set to 0).")
+    return tensor
+
+
 @check("top-k with error feedback")
 def check_topk_error_feedback(fn):
     """``fn(grad, residual, k) -> (values, indices, new_residual)``: top-k of
@@ -361,7 +375,7 @@ def check_topk_error_feedback(fn):
             where = f"size {n}, k = {k}, call {number}"
             grad = torch.randn(n, generator=g)
             grad_before, residual_before = grad.clone(), residual.clone()
-            out = call(f"{where}: your function", fn, grad, residual, k)
+            out = on_a_rank(fn, (grad, residual, k), f"{where}: your function")
             if not isinstance(out, (tuple, list)) or len(out) != 3:
                 raise Failure(f"{where}: returned {type(out).__name__}, expected "
                               "(values, indices, new_residual)",
@@ -374,12 +388,14 @@ def check_topk_error_feedback(fn):
                                   "argument", "work on acc = grad + residual (a new "
                                   "tensor) and return a new residual.")
             acc = grad + residual
-            indices = torch.as_tensor(indices)
+            values, indices, new_residual = (
+                _as_tensor(where, value, label) for value, label in
+                ((values, "values"), (indices, "indices"), (new_residual, "new_residual")))
             if indices.dtype.is_floating_point or indices.numel() != min(k, n) \
-                    or torch.as_tensor(values).numel() != min(k, n):
+                    or values.numel() != min(k, n):
                 dtype = str(indices.dtype).replace("torch.", "")
                 raise Failure(f"{where}: expected {min(k, n)} values and {min(k, n)} "
-                              f"integer indices, got {torch.as_tensor(values).numel()} "
+                              f"integer indices, got {values.numel()} "
                               f"and {indices.numel()} ({dtype})",
                               "torch.topk(acc.abs(), k).indices, and acc[indices].")
             idx = indices.long().reshape(-1)
@@ -387,7 +403,7 @@ def check_topk_error_feedback(fn):
                 raise Failure(f"{where}: the indices must be k different positions in "
                               f"0..{n - 1}, got {idx.tolist()[:8]}",
                               "torch.topk(acc.abs(), k).indices")
-            values = torch.as_tensor(values).reshape(-1)
+            values = values.reshape(-1).to(acc.dtype)
             if torch.allclose(values, grad[idx]) and not torch.allclose(values, acc[idx]):
                 raise Failure(f"{where}: the values are grad[indices]: the residual "
                               "was never added", "error feedback: acc = grad + "
@@ -405,11 +421,11 @@ def check_topk_error_feedback(fn):
                               f"left out while {num(values.abs().min())} was sent",
                               "pick the k largest by magnitude: torch.topk(acc.abs(), "
                               "k), not torch.topk(acc, k).")
-            new_residual = torch.as_tensor(new_residual)
             if tuple(new_residual.shape) != (n,):
                 raise Failure(f"{where}: the new residual has shape "
                               f"{tuple(new_residual.shape)}, expected ({n},)",
                               "the residual is dense, like the gradient.")
+            new_residual = new_residual.to(acc.dtype)
             sent = torch.zeros(n)
             sent[idx] = values
             diff = first_difference(acc, sent + new_residual,

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import simcluster as sc
 from workbook.checking import (Failure, WORLD_SIZES, answers, check, close_within,
-                               compare_scaled, first_difference, listed, mse, num, raised,
+                               compare_scaled, first_difference, listed, mse, num, on_a_rank,
                                refuse_reference, seconds, simulate)
 from workbook.lesson03_data_parallel.lab import batch, make_mlp
 
@@ -428,10 +428,7 @@ def check_distributed_trainer(cls):
     names = _names(make_mlp())
     for nodes, gpus, b, k in TRAINER_CASES:
         where = _trainer_case(nodes, gpus, b, k)
-        try:
-            trainer = cls(nodes, gpus, b, k)
-        except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
-            raise raised(where, error) from None
+        trainer = on_a_rank(cls, (nodes, gpus, b, k), where)
         _check_placement(where, trainer, nodes, gpus, b, k)
         global_batch = b * nodes * gpus * k
         x = torch.cat([batch(global_batch, s, seed=2)[0] for s in range(TRAINER_STEPS)])

@@ -18,6 +18,8 @@ The reference answers (:mod:`._reference`) and the lesson's module
 """
 
 import functools
+import itertools
+import math
 
 import torch
 import torch.distributed as dist
@@ -25,9 +27,9 @@ import torch.nn as nn
 
 import simcluster as sc
 from workbook import pipeline
-from workbook.checking import (Failure, answers, call, check, close_within,
-                               first_difference, listed, mse, num, raised, refuse_reference,
-                               seconds, simulate, within_best)
+from workbook.checking import (Failure, answers, check, close_within, first_difference,
+                               listed, mse, num, number, on_a_rank, refuse_reference,
+                               seconds, short, simulate, within_best)
 from workbook.lesson04_model_parallel.lab import FEATURES, batch, in_shapes, make_model
 
 # (world size, boundaries) of check_forward_backward; stages start at a Linear, a ReLU
@@ -227,23 +229,8 @@ def _valid_cut(where, cut, n, p):
     return cut
 
 
-def _call_with_time_limit(fn, times, p, where):
-    """``fn(times, p)`` on one simulated rank, so that a search that never ends is stopped
-    (after ``checking.TIMEOUT`` seconds) and reported; an exception becomes the ❌ line."""
-
-    def body():
-        try:
-            return True, fn(times, p)
-        except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
-            return False, error
-
-    returned, value = simulate(sc.Cluster.preset("dgx-a100"), body, 1,
-                               lambda rank: where).results[0]
-    if not returned:
-        raise raised(f"{where}: balance", value, "read the message above; call "
-                     "balance(layer_times, p) yourself on a short list to see the whole "
-                     "traceback.")
-    return value
+BALANCE_CALLED = ("read the message above; call balance(layer_times, p) yourself on a short "
+                  "list to see the whole traceback.")
 
 
 @check("balance stages")
@@ -255,7 +242,8 @@ def check_balance(fn):
     for name, units, p in PROFILES:
         times = measured_layer_times(units)
         where = f"{name}, {len(units)} layers, p = {p}"
-        cut = _valid_cut(where, _call_with_time_limit(fn, list(times), p, where), len(units), p)
+        cut = _valid_cut(where, on_a_rank(fn, (list(times), p), f"{where}: balance",
+                                         BALANCE_CALLED), len(units), p)
         best_cut, best = _best(units, p)
         mine = _stream(units, p, cut, where)
         stages = ", ".join(seconds(s) for s in _stage_sums(times, p, cut))
@@ -288,6 +276,26 @@ def _measured_bytes(p, boundaries, rows, dtype):
     return [traffic.get((i, i + 1), 0) + traffic.get((i + 1, i), 0) for i in range(p - 1)]
 
 
+def _byte_counts(fn, p):
+    """``fn`` whose answer, if it is an iterable (a generator too), is read into a list on
+    the rank, where a generator that never ends is stopped; ``p`` + 1 items are enough to
+    say there are too many."""
+
+    def counts(*args):
+        got = fn(*args)
+        if isinstance(got, (str, bytes, dict)) or not hasattr(got, "__iter__"):
+            return got
+        return list(itertools.islice(got, p + 1))
+
+    return counts
+
+
+def _is_count(value):
+    """A whole, finite number of bytes (an int, a numpy int, a float like 40.0)."""
+    value = number(value)
+    return value is not None and math.isfinite(value) and value == int(value) and value >= 0
+
+
 @check("bytes across boundaries")
 def check_boundary_bytes(fn):
     """``fn(stages, in_shape)`` returns the bytes crossing each boundary in one forward and
@@ -298,13 +306,13 @@ def check_boundary_bytes(fn):
         where = f"{_where(p, boundaries)}, {rows} rows of {dtype_text}"
         expected = _measured_bytes(p, boundaries, rows, dtype)
         stages = pipeline.split(make_model(0, dtype), p, boundaries)
-        got = call("boundary_bytes", fn, stages, (rows, FEATURES))
-        try:
-            got = [int(b) for b in got]
-        except (TypeError, ValueError):
-            raise Failure(f"{where}: returned {got!r}, not a list of byte counts",
-                          "return one number per boundary: a list of len(stages) - 1 "
-                          "ints.") from None
+        got = on_a_rank(_byte_counts(fn, p), (stages, (rows, FEATURES)),
+                        f"{where}: boundary_bytes")
+        if not isinstance(got, list) or not all(_is_count(b) for b in got):
+            raise Failure(f"{where}: returned {short(repr(got), 80)}, not a list of byte "
+                          "counts", "return one number per boundary: a list of "
+                          "len(stages) - 1 ints.")
+        got = [int(b) for b in got]
         if len(got) != p - 1:
             raise Failure(f"{where}: returned {len(got)} numbers for {p - 1} boundaries",
                           "one number per boundary between consecutive stages: "

@@ -18,6 +18,8 @@ every rank (the lab documents it) and judged twice:
 The reference answers (:mod:`._reference`) are imported inside the checks only.
 """
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -25,8 +27,8 @@ import torch.nn.functional as F
 
 import simcluster as sc
 from workbook.checking import (Failure, answers, check, close_within, collectives_so_far,
-                               compare_scaled, first_difference, listed, mse, num, raised,
-                               refuse_reference, simulate)
+                               compare_scaled, first_difference, listed, mse, num, number,
+                               on_a_rank, refuse_reference, short, simulate)
 from workbook.models import mlp
 from workbook.pipeline import bubble, bubble_formula, split
 from workbook.lesson05_pipeline_parallel.lab import _cluster, _micro_batches_held, _timing_body
@@ -255,16 +257,6 @@ def check_1f1b(fn):
 # ---------------------------------------------------- exercise 3: interleaved bubble
 
 
-def _call(where, fn, *args):
-    """``fn(*args)`` for a function that runs outside the cluster; an exception becomes
-    the ❌ line."""
-    try:
-        return fn(*args)
-    except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
-        raise raised(where, error, "read the message above; call your function on these "
-                                   "arguments yourself to see the whole traceback.") from None
-
-
 BUBBLE_GRID = [(p, m, v) for p in (1, 2, 4, 8) for m in (1, 4, 8, 16, 32) for v in (1, 2, 4)]
 
 
@@ -276,16 +268,14 @@ def check_interleaved_bubble(fn):
     refuse_reference(fn, bubble_formula)
     for p, m, v in BUBBLE_GRID:
         where = f"p = {p}, m = {m}, v = {v}"
-        got = _call(f"interleaved_bubble({p}, {m}, {v})", fn, p, m, v)
+        got = on_a_rank(fn, (p, m, v), f"interleaved_bubble({p}, {m}, {v})")
         want = bubble_formula(p, m, v)
-        try:
-            ok = abs(float(got) - want) <= 1e-9
-        except (TypeError, ValueError):
-            raise Failure(f"{where}: returned {got!r}, not a number",
-                          "return the fraction as a float (0.25 for 25 %).") from None
-        if ok:
+        if number(got) is None:
+            raise Failure(f"{where}: returned {short(repr(got), 60)}, not a number",
+                          "return the fraction as a float (0.25 for 25 %).")
+        got = number(got)
+        if abs(got - want) <= 1e-9:
             continue
-        got = float(got)
         if v > 1 and abs(got - (p - 1) / (m + p - 1)) <= 1e-9:
             hint = "that is 1F1B's bubble: with v chunks each slot is v times shorter."
         elif p > 1 and abs(got - (p - 1) / (v * m)) <= 1e-9:
@@ -324,6 +314,13 @@ def _pick_where(case):
             f"sample_bytes={num(sample / MB)} MB)")
 
 
+def _is_whole(value):
+    """A positive whole number (an int, a numpy int, 8.0): a count of micro-batches or
+    chunks; 0 would divide by zero in the check."""
+    value = number(value)
+    return value is not None and math.isfinite(value) and value == int(value) and value >= 1
+
+
 @check("pick (m, v)")
 def check_pick_m_v(fn):
     """``fn(p, batch, layers_per_stage, bubble_target, memory_cap, sample_bytes)``: the
@@ -334,19 +331,24 @@ def check_pick_m_v(fn):
     for case in PICK_CASES:
         where = _pick_where(case)
         p, batch, layers, target, cap, sample = case
-        got = _call(where, fn, *case)
+        got = on_a_rank(fn, case, where)
         want = ref.pick_m_v(*case)
         if isinstance(got, list):
             got = tuple(got)
-        if got == want:
+        if got is None and want is None:
             continue
-        if want is not None and got is None:
+        if got is None:
             raise Failure(f"{where}: returned None, but (m, v) = {want} fits",
                           "try every m that is a multiple of p and divides the batch, and "
                           "every v that divides layers_per_stage.")
-        if not (isinstance(got, tuple) and len(got) == 2):
-            raise Failure(f"{where}: returned {got!r}, expected a pair (m, v) or None",
+        if not (isinstance(got, tuple) and len(got) == 2
+                and all(_is_whole(x) for x in got)):
+            raise Failure(f"{where}: returned {short(repr(got), 60)}, expected a pair (m, v) "
+                          "of positive integers, or None",
                           "return (m, v), or None when nothing fits.")
+        got = tuple(int(x) for x in got)
+        if got == want:
+            continue
         m, v = got
         if m % p or batch % m or layers % v:
             raise Failure(f"{where}: returned (m, v) = {got}: m must be a multiple of p "

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 
 import simcluster as sc
 from workbook.checking import (Failure, answers, budget, check, close_within,
-                               first_difference, listed, mse, num, on_a_rank,
-                               refuse_reference, seconds, simulate, within_best)
+                               first_difference, listed, mse, num, number, on_a_rank,
+                               refuse_reference, seconds, short, simulate, within_best)
 from workbook.lesson07_zero_fsdp.lab import (FIT_BLOCKS, FIT_WORLD, ShardedLinear, fit_psi,
                                              fit_time, shard_size)
 
@@ -393,7 +393,7 @@ FORMULA_CASES = ((7.5e9, 1), (1.5e9, 8), (7.5e9, 64), (175e9, 1024), (1e9, 3))
 
 
 def _said(value):
-    return num(value) if isinstance(value, (int, float)) else repr(value)
+    return num(value) if number(value) is not None else short(repr(value), 60)
 
 
 @check("ZeRO memory table")
@@ -406,7 +406,7 @@ def check_zero_memory(fn):
     for stage, paper in PAPER.items():
         where = f"Ψ = 7.5B, N_d = 64, stage {stage}"
         got = on_a_rank(fn, (7.5e9, 64, stage), where)
-        if not isinstance(got, (int, float)) or not abs(got - paper) <= 0.05:
+        if number(got) is None or not abs(number(got) - paper) <= 0.05:
             raise Failure(f"{where}: you said {_said(got)}, the paper's table says {paper} GB",
                           "per parameter: 2 bytes of fp16 parameters, 2 of fp16 "
                           "gradients, K = 12 of optimizer state (fp32 parameters, momentum, "
@@ -419,7 +419,7 @@ def check_zero_memory(fn):
                 where = f"Ψ = {num(psi)}, N_d = {n}, K = {k}, stage {stage}"
                 got = on_a_rank(fn, (psi, n, stage, k), where)
                 expected = ref.zero_memory_gb(psi, n, stage, k)
-                if not isinstance(got, (int, float)) or not math.isclose(got, expected,
+                if number(got) is None or not math.isclose(number(got), expected,
                                                                          rel_tol=1e-6):
                     raise Failure(f"{where}: you said {_said(got)} GB, expected "
                                   f"{num(expected)}", "use k (not 12) for the optimizer "

@@ -20,6 +20,7 @@
 The reference answers (:mod:`._reference`) are imported inside the checks only.
 """
 
+import contextlib
 import functools
 import inspect
 import math
@@ -32,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 import simcluster as sc
 from simcluster.accounting import current
 from workbook.checking import (Failure, HINTS, answers, check, first_difference, num,
-                               on_a_rank, raised, refuse_reference, seconds, short,
+                               number, on_a_rank, raised, refuse_reference, seconds, short,
                                simulate, within_best)
 from workbook.lesson08_memory_and_precision.lab import (CHECKPOINT_CAPS, FIT_LR, FIT_MEMORY,
                                                         FIT_STEPS, MiB, SCALER_STEPS,
@@ -107,12 +108,11 @@ def check_bytes_per_parameter(fn):
     for recipe, (returned, got) in zip(recipes, answers):
         where = recipe_text(*recipe)
         if not returned:
-            raise raised(where, got)
+            raise raised(where, got, HINTS["called"])
         measured = _measured()[recipe]
         total = sum(measured.values())
-        if (not isinstance(got, (int, float)) or isinstance(got, bool)
-                or not math.isclose(got, total, rel_tol=0.01)):
-            said = num(got) if isinstance(got, (int, float)) else repr(got)
+        if number(got) is None or not math.isclose(number(got), total, rel_tol=0.01):
+            said = num(got) if number(got) is not None else short(repr(got), 60)
             parts = ", ".join(f"{k} {num(round(v, 2))}" for k, v in measured.items())
             raise Failure(f"{where}: you said {said} bytes per parameter, the simulator "
                           f"measured {num(round(total, 2))} ({parts})",
@@ -186,6 +186,25 @@ def _compare_scaler(mine, torch_log, where):
                               "by it, so its gradients were too.")
 
 
+@contextlib.contextmanager
+def _grad_scalers_made():
+    """A list that gets one entry per ``torch.amp.GradScaler`` (or subclass, such as
+    ``torch.cuda.amp.GradScaler``) made inside the block: a class that only wraps one has
+    the check compare GradScaler with itself."""
+    made, original = [], torch.amp.GradScaler.__init__
+
+    @functools.wraps(original)
+    def counted(self, *args, **kwargs):
+        made.append(type(self))
+        original(self, *args, **kwargs)
+
+    torch.amp.GradScaler.__init__ = counted
+    try:
+        yield made
+    finally:
+        torch.amp.GradScaler.__init__ = original
+
+
 @check("loss scaler")
 def check_loss_scaler(cls):
     """``cls(init_scale, growth_factor, backoff_factor, growth_interval)`` with
@@ -201,7 +220,14 @@ def check_loss_scaler(cls):
     for index, case in enumerate(SCALER_CASES):
         where = _case_text(case)
         torch_log = _grad_scaler_log(index)
-        _compare_scaler(_scaler_log(cls, case), torch_log, where)
+        with _grad_scalers_made() as made:
+            mine = _scaler_log(cls, case)
+        if made:
+            raise Failure(f"{where}: your class made a torch.amp.GradScaler and let it do "
+                          "the work", "write LossScaler yourself: keep the scale and the "
+                          "count of good steps, check the gradients, unscale them and "
+                          "decide whether to step. The check compares it with GradScaler.")
+        _compare_scaler(mine, torch_log, where)
         skipped += sum(not t["stepped"] for t in torch_log[:-1])
     return (f"the same scales, skipped steps ({skipped} of {len(SCALER_CASES) * SCALER_STEPS})"
             " and parameters as torch.amp.GradScaler")
@@ -325,12 +351,12 @@ def check_fit(fn):
             raise Failure(f"{where}: {oom_text(run.results[0])}", FIT_HINT)
         losses, params = run.results[0]
         if (not isinstance(losses, (list, tuple)) or len(losses) != FIT_STEPS
-                or not all(isinstance(v, (int, float)) for v in losses)):
+                or any(number(v) is None for v in losses)):
             raise Failure(f"{where}: returned {short(repr(losses), 60)}",
                           f"return a list of {FIT_STEPS} floats: each step's loss on the "
                           "whole batch (loss.item(), summed over micro-batches of the "
                           "mean loss divided by their number).")
-        for step, (e, g) in enumerate(zip(expected, losses)):
+        for step, (e, g) in enumerate(zip(expected, map(number, losses))):
             if not math.isclose(g, e, rel_tol=FIT_TOLERANCE):
                 raise Failure(f"{where}: step {step}: your loss is {_apart(g, e)}",
                               "the loss of a step is the mean over the whole batch: with k "

@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import simcluster as sc
 from simcluster import planner
-from workbook.checking import (Failure, answers, check, listed, num, on_a_rank,
+from workbook.checking import (Failure, answers, check, listed, num, number, on_a_rank,
                                refuse_reference, short, simulate, within_best)
 from workbook.lesson09_3d_parallelism.lab import (DIMS, GiB, LAYOUT_BATCH, LAYOUT_CAPS_GIB,
                                                   LAYOUT_GPUS, LLAMA_7B, describe_layout,
@@ -173,9 +173,10 @@ def check_pipeline_bubble(fn):
         where = f"{gpus} GPUs, t = {t}, p = {p}, B = {batch}, b = {b}, v = {v}"
         got = on_a_rank(fn, case, where)
         want = ref.pipeline_bubble(*case)
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
+        if number(got) is None:
             raise Failure(f"{where}: returned {short(repr(got), 60)}, not a number",
                           "return the bubble as a float (0.05 for 5 %).")
+        got = number(got)
         if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
             raise Failure(f"{where}: returned {num(got)}, expected {num(want)}",
                           _bubble_hint(case, got))
@@ -277,9 +278,10 @@ def check_model_flops(fn):
     for name, cfg, batch, recompute, uses_eq3 in cases:
         where = f"{name}, B = {batch}, recompute={recompute!r}"
         got = on_a_rank(fn, (cfg, batch, recompute), where)
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
+        if number(got) is None:
             raise Failure(f"{where}: returned {short(repr(got), 60)}, not a number",
                           "return the FLOPs as a number (int or float).")
+        got = number(got)
         # Eq. 3 where it applies (tests/test_lesson09_checks.py: the planner agrees there)
         want = (eq3(cfg, batch, recompute) if uses_eq3
                 else planner.flops_per_iteration(cfg, batch, recompute))
@@ -336,6 +338,16 @@ def check_choose_layout(fn):
         if layout["micro_batch"] is None:
             raise Failure(f"{where}: micro_batch=None lets the planner pick the fastest "
                           "that fits 80 GiB, not your cap", "choose the micro-batch too.")
+        layout = dict(layout)
+        for key in ("tp", "pp", "dp", "micro_batch", "virtual_stages"):
+            if key not in layout:
+                continue
+            value = number(layout[key])
+            if value is None or not math.isfinite(value) or value != int(value):
+                raise Failure(f"{where}: your layout's {key!r} is "
+                              f"{short(repr(layout[key]), 40)}, not a whole number",
+                              LAYOUT_HINT)
+            layout[key] = int(value)    # a numpy integer is fine too
         gpus = layout["tp"] * layout["pp"] * layout["dp"]
         if gpus != LAYOUT_GPUS:
             raise Failure(f"{where}: tp × pp × dp = {gpus}, not the {LAYOUT_GPUS} GPUs",

@@ -15,6 +15,7 @@ The reference answers (:mod:`._reference`) are imported inside the checks only; 
 lesson's own demos (:mod:`.demos`) are refused, never imported here.
 """
 
+import bisect
 import copy
 import functools
 import numbers
@@ -137,6 +138,38 @@ def _torn_write_case(run):
     return []
 
 
+def _gradient_all_reduces(run, gradient_bytes):
+    """When each training step's gradient all-reduce (DDP's, one per step) ended."""
+    return sorted(c.end for c in run.collectives
+                  if c.op == "all_reduce" and c.nbytes == gradient_bytes)
+
+
+def _io_events(run, kind):
+    """Every rank's ``kind`` ("read" or "write") storage events in ``run``."""
+    return [e for rank in range(len(run.results)) for e in run.clock(rank).events
+            if e.lane == "io" and e.label.startswith(kind)]
+
+
+def _resumed_from_memory(run, gradient_bytes):
+    """The step the last attempt of ``run`` went on from, if it took fewer than all the
+    steps without reading storage (a "checkpoint" kept in the Python process, which a real
+    restart does not have), else None."""
+    if not run.restarts:
+        return None
+    since = run.restarts[-1].restarted
+    steps = sum(t >= since for t in _gradient_all_reduces(run, gradient_bytes))
+    if steps < RESUME_STEPS and not any(e.start >= since for e in _io_events(run, "read")):
+        return RESUME_STEPS - steps
+    return None
+
+
+def _checkpoint_steps(run, gradient_bytes):
+    """The steps after which a rank of ``run`` wrote to storage, counted by the gradient
+    all-reduces (DDP's: one of ``gradient_bytes`` per step) that ended before each write."""
+    ends = _gradient_all_reduces(run, gradient_bytes)
+    return {bisect.bisect_right(ends, e.start) for e in _io_events(run, "write")}
+
+
 TORN_HINT = ("write the checkpoint to a temporary name (path + \".tmp\") and os.replace it "
              "onto path: a crash during the write then leaves the previous checkpoint whole.")
 
@@ -164,7 +197,17 @@ def check_resume(fn):
         raise Failure(f"{where}: no rank wrote a checkpoint (torch.save or dcp.save to a "
                       "file in ckpt_dir)", f"every {RESUME_EVERY} steps, save what a "
                       "restart needs into ckpt_dir.")
-    cases = _crash_cases(clean.elapsed) + _torn_write_case(clean)
+    gradient_bytes = expected.numel() * expected.element_size()
+    saved_after = _checkpoint_steps(clean, gradient_bytes)
+    due = list(range(RESUME_EVERY, RESUME_STEPS + 1, RESUME_EVERY))
+    if not set(due) <= saved_after:
+        raise Failure(f"{where}: checkpoints were written after step(s) "
+                      f"{listed(sorted(saved_after))} only; every {RESUME_EVERY} steps of "
+                      f"{RESUME_STEPS} is after steps {listed(due)}",
+                      "save whenever step % every == 0 (not only once, step == every): a "
+                      "crash redoes the work since the latest checkpoint.")
+    torn = _torn_write_case(clean)
+    cases = _crash_cases(clean.elapsed) + torn
     for what, crashes, short_restart in cases:
         try:
             run = _train_run(cluster, fn, lambda rank: what, crashes, len(crashes))
@@ -187,6 +230,13 @@ def check_resume(fn):
                                            "position) and every rank's own RNG state "
                                            "(torch.set_rng_state(states[rank]) on each "
                                            "rank, not rank 0's everywhere)."))
+        resumed = _resumed_from_memory(run, gradient_bytes)
+        if resumed is not None:
+            raise Failure(f"{what}: the restarted run went on from step {resumed} but read "
+                          "no checkpoint from storage",
+                          "a real restart is a new process: nothing kept in Python memory (a "
+                          "module-level dict, a global) survives it. Load the checkpoint "
+                          "from its file in ckpt_dir (torch.load or dcp.load).")
         last = run.elapsed - run.restarts[-1].restarted if run.restarts else 0.0
         if short_restart and last > 0.8 * clean.elapsed:
             raise Failure(f"{what}: the restarted run took {num(last * 1e3)} ms, as long as "
@@ -200,9 +250,15 @@ def check_resume(fn):
                       f"{RESUME_EVERY} steps, written once, needs ({num(ref_written)})",
                       "save every `every` steps, and only one rank (rank 0) writes the "
                       "state every rank holds the same.")
+    return resume_passed(cases, torn=bool(torn))
+
+
+def resume_passed(cases, torn):
+    """check_resume's ✅ text: the scenarios it ran, the torn write only if it ran one."""
+    during = ", one during a checkpoint write" if torn else ""
     return (f"bit-identical to the fault-free run after {len(cases)} crash scenarios (ranks "
-            "0-3, before, between and after checkpoints, two crashes in one run, one during "
-            "a checkpoint write), resuming from the latest checkpoint")
+            f"0-3, before, between and after checkpoints, two crashes in one run{during}), "
+            "resuming from the latest checkpoint")
 
 
 # ---------------------------------------------------------- 2. find the straggler
@@ -374,8 +430,16 @@ def _check_plan(before, failure, new, where):
                           f"{role} are {listed(alive)}", f"plan['{role}'] says who is alive: "
                           f"drop the failed {kind} from it (the job would wait for it "
                           "forever).")
-    if sorted(new["tasks"]) != sorted(before["tasks"]):
-        raise Failure(f"{where}: the plan has tasks {listed(sorted(new['tasks']))}, the job "
+    for key, kinds, what in (("tasks", dict, "a dict {task: worker}"),
+                             ("owner", dict, "a dict {slice: server}"),
+                             ("reload", (list, tuple, set), "a list of slices")):
+        if not isinstance(new[key], kinds):
+            raise Failure(f"{where}: plan['{key}'] is {short(repr(new[key]), 40)}, not "
+                          f"{what}", f"plan['{key}'] is {what}, like the plan you were "
+                          "given: copy it and change what the failure changes.")
+    if set(new["tasks"]) != set(before["tasks"]):
+        raise Failure(f"{where}: the plan has tasks "
+                      f"{listed(sorted(new['tasks'], key=repr))}, the job "
                       f"has {listed(sorted(before['tasks']))}", "every task of a round must "
                       "still be done, by exactly one worker: keep every key of plan['tasks'].")
     for task, worker in sorted(new["tasks"].items()):
@@ -384,8 +448,9 @@ def _check_plan(before, failure, new, where):
                           f"alive (alive: {listed(workers)})", "give the failed worker's "
                           "tasks to the live workers (round robin over plan['workers'] "
                           "without it).")
-    if sorted(new["owner"]) != sorted(before["owner"]):
-        raise Failure(f"{where}: the shard map has slices {listed(sorted(new['owner']))}, "
+    if set(new["owner"]) != set(before["owner"]):
+        raise Failure(f"{where}: the shard map has slices "
+                      f"{listed(sorted(new['owner'], key=repr))}, "
                       f"the job has {listed(sorted(before['owner']))}", "every slice needs "
                       "an owner: keep every key of plan['owner'].")
     for piece, server in sorted(new["owner"].items()):
@@ -397,7 +462,8 @@ def _check_plan(before, failure, new, where):
             raise Failure(f"{where}: slice {piece} moved to server {server}, which does not "
                           "hold it, and it is not reloaded", "a slice whose server died "
                           "exists only in the checkpoint: put it in plan['reload'].")
-    if not isinstance(new["round"], int) or not 0 <= new["round"] <= before["round"]:
+    if (not isinstance(new["round"], numbers.Integral) or isinstance(new["round"], bool)
+            or not 0 <= new["round"] <= before["round"]):
         raise Failure(f"{where}: the job is at round {before['round']} and the plan goes on "
                       f"at round {new['round']!r}", "resume at the current round, or go "
                       "back to the checkpoint's round (plan['checkpoint']).")
@@ -416,7 +482,7 @@ def _plans(fn, servers, workers, failures):
                      f"failed at round {plan['round']}")
             new = on_a_rank(fn, (copy.deepcopy(before), failure), f"{where}: recover")
             _check_plan(before, failure, new, where)
-            plan = copy.deepcopy(new)
+            plan = dict(copy.deepcopy(new), round=int(new["round"]))   # a numpy int too
             schedule[iteration] = (failure, copy.deepcopy(plan))
         plan["round"] += 1
         iteration += 1
