@@ -199,6 +199,9 @@ def draw_timeline(recorder, spec, ax=None, ranks=None, max_labels=100, title=Non
                     markeredgewidth=2, clip_on=False, zorder=5, gid=name)
             handles.append(Line2D([], [], linestyle="none", marker=marker, color=color,
                                   markeredgewidth=2, label=name))
+    if deaths and span > 0:
+        # a watchdog stops ranks at the run's very end: leave room for the whole marker
+        ax.set_xlim(0, span * scale * 1.03)
     ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0),
               ncol=len(handles), fontsize=8, frameon=False, borderaxespad=0.2)
     if own_figure:

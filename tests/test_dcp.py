@@ -33,7 +33,7 @@ def test_presets_carry_their_nodes_nvme_arrays():
     assert h100.capacity == int(30.72e12)                       # 8 x 3.84 TB
     assert (h100.read_bandwidth, h100.write_bandwidth) == (51.2 * GB, 30.4 * GB)
     hetero = sc.Cluster("hetero-11").spec
-    assert {n.storage for n in hetero.nodes} == {a100}          # the seed's 15 TB nodes
+    assert {n.storage for n in hetero.nodes} == {a100}          # the GPU platform article's 15 TB nodes
     assert hetero.storage_of(47) is hetero.nodes[10].storage
     assert a100.write_seconds(15.2e9) == pytest.approx(1.0)
     assert a100.read_seconds(25.6e9) == pytest.approx(1.0)

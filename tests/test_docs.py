@@ -51,3 +51,20 @@ def test_no_file_keeps_merge_conflict_markers():
     left = [str(path.relative_to(ROOT)) for path in _tracked_text_files()
             if marker.search(path.read_text(errors="replace"))]
     assert not left, f"unresolved merge conflicts in {left}"
+
+
+# How the lessons once named their three source articles: words a learner was never told.
+# They are "an article about ..." (introduced in START.ipynb and the README).
+SEED_WORDS = re.compile(r"seed platform|seed material|seed claim|\bthe seeds\b|\bseed's\b|"
+                        r"\bthe seed (says|proposes|claims|configures)", re.IGNORECASE)
+
+
+def test_the_source_articles_are_never_called_the_seed():
+    found = []
+    for path in _tracked_text_files():
+        if path.parts[-2] == "tests" and path.name == "test_docs.py":
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if SEED_WORDS.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:80]}")
+    assert not found, "say which article, not 'the seed':\n" + "\n".join(found)

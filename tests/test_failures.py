@@ -99,7 +99,7 @@ def test_parameter_server_recovery_flow():
     # a worker's tasks rescheduled: nothing lost, bit-identical
     params, applied = _ps(cluster, problem, worker_fails={3: 5})
     assert applied == [12, 12] and torch.equal(params, base)
-    # the seed's flow: the shard reloads its checkpoint (round 8) and the others carry
+    # the protocol article's flow: the shard reloads its checkpoint (round 8) and the others carry
     # on, so the rounds 8-9 of its slice are lost
     params, applied = _ps(cluster, problem, shard_fails={1: 10})
     assert applied == [12, 10] and not torch.equal(params, base)
@@ -107,3 +107,19 @@ def test_parameter_server_recovery_flow():
     params, applied = _ps(cluster, problem, shard_fails={1: 10}, worker_fails={2: 3},
                           recovery="rollback")
     assert applied == [12, 12] and torch.equal(params, base)
+
+
+def test_the_goodput_figure_is_shown_unscaled_with_one_legible_legend():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = fail.goodput_sweep(5.0, 60.0, 10.0, [10.0, 20.0, 40.0], work_mtbfs=2, trials=3)
+    fig = fail.plot_goodput({"MTBF 1 h": sweep, "again": sweep, "and again": sweep})
+    assert fig.get_figwidth() <= 10.5, "wider than a notebook: JupyterLab would shrink it"
+    (legend,) = fig.legends
+    assert min(text.get_fontsize() for text in legend.get_texts()) >= 9
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    assert "Young 24.5" in fig.axes[0].get_title()
+    plt.close("all")

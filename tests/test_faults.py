@@ -599,6 +599,7 @@ def test_the_timeline_marks_the_crash_and_the_watchdog_stops(cluster):
     assert list(crash.get_ydata()) == pytest.approx([2 - 0.17])   # rank 2's compute lane
     assert len(stops.get_xdata()) == 3
     assert max(stops.get_xdata()) > crash.get_xdata()[0]
+    assert ax.get_xlim()[1] > 1.02 * max(stops.get_xdata()), "the stop marks are not cut"
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "crash" in labels and "watchdog stop" in labels
     plt.close("all")

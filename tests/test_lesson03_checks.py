@@ -442,7 +442,7 @@ PLACEMENT_HINT = ("build 3 node(s) of 2 GPU(s) each: sc.Cluster(sc.ClusterSpec(n
      + PLACEMENT_HINT),
     (OneBigNode, "the cluster has 1 node(s), expected 3 — Hint: " + PLACEMENT_HINT),
     (BatchSizeIsGlobal, "global_batch is 2, expected batch_size × nodes × gpus_per_node × "
-     "gradient_accumulation = 24 — Hint: batch_size is per GPU, as in the seed: the global "
+     "gradient_accumulation = 24 — Hint: batch_size is per GPU, as in the article: the global "
      "batch multiplies it by every GPU and every micro-batch."),
     (EveryRankTakesTheSameSamples, "rank 0, 0.weight, element 0: 0.0003162, the big-batch "
      "run has -0.001584 — Hint: rank r's samples of step s start at s·global_batch + "

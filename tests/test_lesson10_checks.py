@@ -334,7 +334,7 @@ def math_domain_error(x):
 
 
 def seed_flow(plan, failure):
-    """The seed's handle_node_failure: only the failed server's slices are reloaded."""
+    """The protocol article's handle_node_failure: only the failed server's slices are reloaded."""
     kind, dead = failure
     new = copy.deepcopy(plan)
     if kind == "worker":

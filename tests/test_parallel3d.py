@@ -100,3 +100,63 @@ def test_bad_batch_names_the_values(cluster):
     with pytest.raises(sc.RankError, match="batch=6 does not split into dp=2"):
         cluster.run(p3.train_step, world_size=8, args=(2, 2, 2), kwargs={"batch": 6},
                     accounting=False)
+
+
+def _squares(ax):
+    """``{rank: (x, y) of its square's corner}`` and the node boxes' ``(x0, x1)``."""
+    from matplotlib.patches import Rectangle
+
+    squares = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_fill()]
+    boxes = [p for p in ax.patches if isinstance(p, Rectangle) and not p.get_fill()]
+    ranks = [int(t.get_text().split()[1]) for t in ax.texts if t.get_text().startswith("rank ")]
+    return dict(zip(ranks, (s.get_x() for s in squares))), \
+        [(b.get_x(), b.get_x() + b.get_width()) for b in boxes]
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_draw_mesh_puts_every_gpu_in_its_node_and_keeps_tp_lines_apart(cluster, across):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = p3.mesh_table(cluster, 2, 2, 2, tp_across_nodes=across)
+    ax = p3.draw_mesh(rows)
+    x_of, boxes = _squares(ax)
+    assert sorted(x_of) == list(range(8))
+    for row in rows:
+        x0, x1 = boxes[row["node"]]
+        assert x0 < x_of[row["rank"]] and x_of[row["rank"]] + 0.8 < x1, row
+    xs = sorted(x_of.values())
+    assert all(b - a >= 0.8 for a, b in zip(xs, xs[1:])), "squares overlap"
+    lines = [(tuple(line.get_xdata()), line.get_ydata()[0]) for line in ax.get_lines()]
+    assert len(lines) == 4
+    for i, (xa, ya) in enumerate(lines):       # TP lines that overlap in x differ in y
+        for xb, yb in lines[i + 1:]:
+            if min(xa) <= max(xb) and min(xb) <= max(xa):
+                assert ya != yb
+    plt.close("all")
+
+
+def test_the_explorer_keeps_its_axes_and_marks_a_layout_that_does_not_fit():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from simcluster import planner
+
+    row = planner.MEGATRON_TABLE1[4]
+    explorer = p3.Explorer(row.config(), sc.Cluster.preset("dgx-a100", nodes=64),
+                           global_batch=row.batch, tp=8, pp=2, dp=32, micro_batch=4)
+    figures = {name: explorer.figure(explorer.estimate(**changes)) for name, changes in
+               (("start", {}), ("no recompute", {"recompute": "none"}),
+                ("tp4", {"tp": 4, "dp": 64}))}
+    limits = {name: [ax.get_xlim() for ax in fig.axes] for name, fig in figures.items()}
+    assert limits["start"] == limits["no recompute"] == limits["tp4"], "axes must not rescale"
+    fits, too_big = figures["start"], figures["no recompute"]
+    assert "does NOT fit" in too_big._suptitle.get_text()
+    assert too_big.axes[0].get_facecolor() != fits.axes[0].get_facecolor()
+    memory = {p.get_facecolor() for p in fits.axes[0].patches}
+    step = {p.get_facecolor() for p in fits.axes[1].patches}
+    assert memory and step and not memory & step, "a colour means one thing in both panels"
+    plt.close("all")

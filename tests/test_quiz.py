@@ -1,6 +1,8 @@
 """Quizzes (workbook/quiz.py): grading, widgets, and stable stored outputs."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -218,16 +220,18 @@ def test_the_static_rendering_is_deterministic_and_independent_of_clicks():
     assert static(quizzes[0]._repr_mimebundle_()) == static(quizzes[1]._repr_mimebundle_())
 
 
-def test_the_static_rendering_shows_the_question_and_hides_the_answer_in_a_details_block():
+def test_the_static_rendering_shows_the_question_and_none_of_the_answer():
     markdown = ring_choice().markdown()
-    question, answer = markdown.split("<details>")
-    assert "**Question.** How many steps" in question and "- **D.** $\\log_2 p$" in question
-    assert "**C.** $2(p - 1)$" in answer and "Reduce-scatter" in answer
-    assert answer.rstrip().endswith("</details>")
-    assert "2(p - 1)" in ring_choice().text() and "Reduce-scatter" not in ring_choice().text()
+    assert "**Question.** How many steps" in markdown and "- **D.** $\\log_2 p$" in markdown
+    assert "Run this cell to answer" in markdown
     number = zero_number().markdown()
-    assert "*(answer in GB)*" in number and "**31.4 GB** (answers within ±5% count)" in number
-    for text in (markdown, number, ring_choice().text()):
+    assert "*(answer in GB)*" in number and "31.4" not in number
+    together = quiz.Quiz([ring_choice(), zero_number()], title="T")
+    for text in (markdown, number, ring_choice().text(), zero_number().text(),
+                 together.markdown(), together.text()):
+        for secret in ("Reduce-scatter, then all-gather", "two phases", "reduce-scatter half",
+                       "Answer", "4Ψ + 12Ψ/64", "31.4 GB"):
+            assert secret not in text
         assert "model_id" not in text and "0x" not in text
 
 
@@ -259,3 +263,99 @@ def test_a_notebook_with_quizzes_passes_strict_nbval(tmp_path, monkeypatch):
         capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "4 passed" in result.stdout
+
+
+# --- the workbook's own quizzes: workbook/lessonNN_<topic>/quizzes.py --------------------
+
+NOTEBOOK_DIRS = ("notebooks", "solutions", "labs")
+ASK = re.compile(r'quiz\.ask\("(\d\d)", "(\w+)"\)')
+
+
+def every_quiz():
+    """``[(lesson, name, function)]`` for every quiz the lessons define."""
+    return [(lesson, name, make) for lesson, module in quiz.quiz_modules().items()
+            for name, make in quiz.quizzes(module).items()]
+
+
+def questions(made):
+    return made.questions if isinstance(made, quiz.Quiz) else [made]
+
+
+def secrets(question):
+    """What a learner must not see before answering: explanation, hint, options' reasons."""
+    texts = [question.explain, question.hint] + list(getattr(question, "why", []))
+    return [text for text in texts if text]
+
+
+def strings(node):
+    """Every string in a notebook's JSON; a list of strings (a cell's lines) as one string."""
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, list) and node and all(isinstance(item, str) for item in node):
+        yield "".join(node)
+    elif isinstance(node, list):
+        for item in node:
+            yield from strings(item)
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from strings(value)
+
+
+def notebooks():
+    return sorted(path for folder in NOTEBOOK_DIRS for path in (REPO / folder).glob("*.ipynb"))
+
+
+def test_the_workbook_has_its_quizzes_and_each_grades_right_and_wrong_answers():
+    found = every_quiz()
+    assert len(found) >= 20
+    for lesson, name, make in found:
+        for question in questions(make()):
+            assert question.explain, f"{lesson} {name}: no explanation"
+            if isinstance(question, quiz.Choice):
+                wrong = (question.answer + 1) % len(question.options)
+                assert question.check(question.answer).correct, (lesson, name)
+                assert question.check(question.options[question.answer]).correct
+            else:
+                wrong = 2 * question.answer + 1
+                assert question.check(question.answer).correct, (lesson, name)
+                assert question.check(f"{question.answer} {question.unit}").correct
+            feedback = question.check(wrong)
+            assert feedback.status == "wrong" and question.explain not in feedback.message
+
+
+def test_ask_builds_a_fresh_quiz_and_refuses_unknown_ones_clearly():
+    first, second = quiz.ask("03", "no_sync"), quiz.ask("03", "no_sync")
+    assert first is not second and first.question == second.question
+    first.submit(first.answer)
+    assert first.solved and not second.solved
+    with pytest.raises(ValueError, match="lesson 03 has no quiz 'nope'; its quizzes: .*no_sync"):
+        quiz.ask("03", "nope")
+    for lesson in ("3", "99", 3, "../03"):
+        with pytest.raises(ValueError, match="no quizzes for lesson"):
+            quiz.ask(lesson, "no_sync")
+
+
+def test_no_notebook_shows_a_quiz_answer_or_explanation():
+    """Not in a cell's source, not in a stored output, not in saved widget state."""
+    hidden = {text: (lesson, name) for lesson, name, make in every_quiz()
+              for question in questions(make()) for text in secrets(question)}
+    asked = set()
+    for path in notebooks():
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        for text in strings(nb):
+            for secret, where in hidden.items():
+                assert secret not in text, f"{path.name} shows quiz {where}'s {secret[:40]!r}"
+        for cell in nb["cells"]:
+            source = "".join(cell["source"])
+            if cell["cell_type"] != "code" or "quiz." not in source:
+                continue
+            # a quiz is asked by name, never written out in the cell
+            assert ASK.fullmatch(source.strip()), f"{path.name}: quiz cell {source[:60]!r}"
+            lesson, name = ASK.fullmatch(source.strip()).groups()
+            asked.add((lesson, name))
+            made = quiz.ask(lesson, name)
+            for output in cell.get("outputs", []):
+                if "data" in output:
+                    assert "".join(output["data"]["text/markdown"]) == made.markdown()
+    assert asked == {(lesson, name) for lesson, name, _ in every_quiz()}, \
+        "every quiz is asked in some notebook, and every asked quiz exists"

@@ -134,7 +134,7 @@ def test_bubble_since_leaves_out_the_set_up(cluster):
 
 def test_plot_timelines_draws_forward_and_backward(cluster):
     report = schedules.measure(cluster, "hand", 2, 2)
-    phases = schedules._phases(report, 0)
+    phases = schedules._phases(report.run, 0, report.run.elapsed - report.elapsed)
     assert len(phases["forward"]) >= 2 and len(phases["backward"]) >= 2
     assert all(start >= 0 for start, _ in phases["forward"] + phases["backward"])
     # the forwards come first in GPipe: every forward starts before the first backward

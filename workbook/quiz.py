@@ -1,11 +1,20 @@
 """Quizzes with instant feedback: multiple choice and numeric answers.
 
-    from workbook import quiz
+A lesson's quizzes live in its package, ``workbook/lessonNN_<topic>/quizzes.py``, one
+function per question, so that a learner sees neither the answer nor the explanation
+before answering: not in the cell, not in its stored output. A notebook cell asks one::
 
-    quiz.choice("Which collective does DDP run on gradients?",
-                ["broadcast", "all-reduce", ("all-to-all", "That one moves tokens to experts.")],
-                answer="all-reduce",
-                explain="Every rank needs the sum of all gradients.")
+    from workbook import quiz
+    quiz.ask("03", "no_sync")        # lesson 03's quiz no_sync()
+
+and a quizzes.py builds it with :func:`choice`, :func:`number` or :class:`Quiz`::
+
+    def collective():
+        return quiz.choice("Which collective does DDP run on gradients?",
+                           ["broadcast", "all-reduce",
+                            ("all-to-all", "That one moves tokens to experts.")],
+                           answer="all-reduce",
+                           explain="Every rank needs the sum of all gradients.")
 
     quiz.number("Memory per GPU for 7.5B parameters with ZeRO stage 1 on 64 GPUs?",
                 answer=31.4, unit="GB", rel_tol=0.05,
@@ -21,14 +30,16 @@ A typed answer that is not a number gets a message, never an exception.
 
 **Stored outputs and nbval.** A question is displayed as *one* output with three
 representations: ``application/vnd.jupyter.widget-view+json`` (the live widget),
-``text/markdown`` (the question, its options and a collapsed answer — what GitHub,
-nbconvert and any viewer without a live kernel show) and ``text/plain``. The widget view
-holds a ``model_id`` that is new on every run, but nbval leaves that mimetype out of
-its comparison (it knows model ids are random), and the markdown and plain-text
-renderings depend only on the question, never on ids or on what a learner clicked (clicks
-change the widget, not the cell's output). So notebooks with quizzes pass strict
-``pytest --nbval`` with no tags and no sanitising. (JupyterLab shows "model not found"
-instead of a stored widget until its cell is run again: widgets live in the kernel.)
+``text/markdown`` (the question and its options, and a line saying to run the cell: what
+GitHub, nbconvert and any viewer without a live kernel show) and ``text/plain``. Neither
+holds the answer, the explanation, the hint or an option's reason: those exist only in the
+kernel, and reach the widget only after a Check or Show answer (widget state saved in a
+notebook's metadata is taken when the cell ran, before any click). The widget view holds a
+``model_id`` that is new on every run, but nbval leaves that mimetype out of its comparison
+(it knows model ids are random), and the markdown and plain-text renderings depend only on
+the question, never on ids or on what a learner clicked. So notebooks with quizzes pass
+strict ``pytest --nbval`` with no tags and no sanitising. (JupyterLab shows "model not
+found" instead of a stored widget until its cell is run again: widgets live in the kernel.)
 
 Programmatic use, and what the tests do::
 
@@ -37,11 +48,15 @@ Programmatic use, and what the tests do::
     q.submit("abc")        # like typing it and pressing Check: updates q.feedback
 """
 
+import importlib
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+# What a stored output says in place of the answer.
+RUN_TO_ANSWER = "*Run this cell to answer: the answer and why appear once you press Check.*"
 
 
 @dataclass(frozen=True)
@@ -135,12 +150,8 @@ class Question(_Displayed):
         return "Question" if self.number is None else f"Question {self.number}"
 
     def markdown(self):
-        """The question and a collapsed answer: what shows where widgets cannot."""
-        return "\n".join([
-            self._question_markdown(), "",
-            "<details><summary>Answer</summary>", "",
-            _paragraphs(self.answer_markdown(), self.explain), "",
-            "</details>"])
+        """The question, without its answer: what shows where widgets cannot."""
+        return _paragraphs(self._question_markdown(), RUN_TO_ANSWER)
 
     def text(self):
         """The question alone, as plain text."""
@@ -351,8 +362,8 @@ class Quiz(_Displayed):
 
     def markdown(self):
         parts = [f"### {self.title}"] if self.title else []
-        parts += [question.markdown() for question in self.questions]
-        return "\n\n".join(parts)
+        parts += [question._question_markdown() for question in self.questions]
+        return "\n\n".join(parts + [RUN_TO_ANSWER])
 
     def text(self):
         parts = [self.title] if self.title else []
@@ -411,6 +422,43 @@ def number(question, answer, rel_tol=0.05, unit="", explain="", hint="", abs_tol
     """
     return Number(question, answer, rel_tol=rel_tol, unit=unit, explain=explain, hint=hint,
                   abs_tol=abs_tol)
+
+
+def ask(lesson, name):
+    """Lesson ``lesson``'s quiz ``name``, freshly built: ``ask("03", "no_sync")`` calls
+    ``no_sync()`` in ``workbook/lesson03_<topic>/quizzes.py``."""
+    module = _quizzes_module(lesson)
+    make = quizzes(module).get(name)
+    if make is None:
+        raise ValueError(f"lesson {lesson} has no quiz {name!r}; "
+                         f"its quizzes: {', '.join(quizzes(module)) or 'none'}")
+    return make()
+
+
+def quizzes(module):
+    """``{name: function}`` of the quizzes a quizzes.py module defines."""
+    return {name: value for name, value in vars(module).items()
+            if callable(value) and not name.startswith("_")
+            and getattr(value, "__module__", None) == module.__name__}
+
+
+def quiz_modules():
+    """``{lesson: module}`` of every lesson's quizzes.py, e.g. ``{"03": ...}``."""
+    return {path.parent.name[len("lesson"):][:2]: _import(path)
+            for path in sorted(Path(__file__).parent.glob("lesson*_*/quizzes.py"))}
+
+
+def _quizzes_module(lesson):
+    lesson = str(lesson)
+    found = sorted(Path(__file__).parent.glob(f"lesson{lesson}_*/quizzes.py"))
+    if len(lesson) != 2 or not lesson.isdigit() or not found:
+        raise ValueError(f"no quizzes for lesson {lesson!r}: give its two-digit number, "
+                         "like \"03\", of a lesson with a workbook/lessonNN_<topic>/quizzes.py")
+    return _import(found[0])
+
+
+def _import(path):
+    return importlib.import_module(f"{__package__}.{path.parent.name}.quizzes")
 
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")

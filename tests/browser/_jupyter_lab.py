@@ -41,10 +41,10 @@ ENABLE = ("install Chromium and Playwright (on Debian/Ubuntu: `sudo apt-get inst
           "point SIMCLUSTER_CHROMIUM at a Chromium binary")
 
 # JupyterLab settings for the test server: no autosave (the lab file must stay as it
-# is), and no "Would you like to get notified about Jupyter news?" prompt.
+# is). The "Would you like to get notified about Jupyter news?" prompt is off in lab.sh
+# itself (scripts/lab-settings/overrides.json), as for a learner: test_start_page checks it.
 LAB_SETTINGS = {
     "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"},
 }
 
 

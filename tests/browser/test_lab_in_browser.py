@@ -112,7 +112,7 @@ def notebook(browser, lab_server, tmp_path_factory):
 
 def test_a_choice_quiz_gives_feedback_on_a_wrong_then_the_right_answer(notebook):
     page = notebook.page
-    quiz = notebook.run(notebook.cell('quiz.choice(\n    "On 8 ranks, your ring'))
+    quiz = notebook.run(notebook.cell('quiz.ask("02", "ring_bytes_at_scale")'))
     widget = quiz.locator(".jp-OutputArea-output .widget-vbox").first
     widget.wait_for()
     text = widget.inner_text()

@@ -97,7 +97,7 @@ def train_with_accumulation(ddp_model, optimizer, micro_batches, loss_fn):
 
 
 class DistributedTrainer:
-    """The seed platform's trainer on torch DDP; ``batch_size`` is per GPU."""
+    """The GPU platform article's trainer on torch DDP; ``batch_size`` is per GPU."""
 
     def __init__(self, nodes, gpus_per_node, batch_size, gradient_accumulation=1,
                  communication="nccl"):

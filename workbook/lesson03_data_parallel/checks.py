@@ -389,7 +389,7 @@ def _trainer_case(nodes, gpus, b, k):
 
 def _check_placement(where, trainer, nodes, gpus, b, k):
     """The trainer's cluster has ``nodes`` nodes of ``gpus`` GPUs, and its world size and
-    global batch follow from the seed's rule (``batch_size`` per GPU)."""
+    global batch follow from the article's rule (``batch_size`` per GPU)."""
     spec = getattr(getattr(trainer, "cluster", None), "spec", None)
     if spec is None:
         raise Failure(f"{where}: no `cluster` attribute holding an sc.Cluster",
@@ -414,7 +414,7 @@ def _check_placement(where, trainer, nodes, gpus, b, k):
     if global_batch != expected:
         raise Failure(f"{where}: global_batch is {global_batch}, expected batch_size × "
                       f"nodes × gpus_per_node × gradient_accumulation = {expected}",
-                      "batch_size is per GPU, as in the seed: the global batch multiplies "
+                      "batch_size is per GPU, as in the article: the global batch multiplies "
                       "it by every GPU and every micro-batch.")
 
 

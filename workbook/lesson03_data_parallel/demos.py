@@ -1,7 +1,7 @@
 """Data parallelism with torch's own DDP, measured: what lesson 03 imports.
 
 The lab asks you to write gradient averaging, bucketing, overlap, accumulation and the
-seed platform's trainer yourself, so none of them is here. What is here are the models
+trainer of an article about an 11-node GPU platform yourself, so none of them is here. What is here are the models
 the lesson measures and the code that times them on the simulated cluster:
 
 * models: :func:`mlp`, a stack of equal ``Linear`` layers (many same-sized gradients);

@@ -417,39 +417,50 @@ def schedule_table(reports, formula_for=("GPipe", "1F1B", "Interleaved1F1B")):
 PHASE_COLORS = {"forward": "#8FB3E0", "backward": "#2F5597"}
 
 
-def _phases(report, rank):
-    """``{"forward": [(start, width), ...], "backward": [...]}`` in ms from the start of
-    the step: rank ``rank``'s compute, told apart by what ran (autograd's backward, or a
+def _phases(run, rank, start):
+    """``{"forward": [(start, width), ...], "backward": [...]}`` in ms from ``start``
+    (seconds): rank ``rank``'s compute, told apart by what ran (autograd's backward, or a
     module's forward)."""
-    start = report.run.elapsed - report.elapsed
     spans = {"forward": [], "backward": []}
-    for e in report.run.clock(rank).events:
+    for e in run.clock(rank).events:
         if e.lane == "compute" and e.end > start:
             kind = "backward" if e.label == "(backward)" else "forward"
             spans[kind].append(((max(e.start, start) - start) * 1e3, (e.end - max(e.start, start)) * 1e3))
     return spans
 
 
-def plot_timelines(reports):
-    """The classic pipeline picture of each report, stacked on a shared time axis: per
-    rank, forward compute light, backward dark, idle white. Returns the figure; end the
-    cell with ``plt.show()``. (``run.timeline()`` shows the same runs with messages.)"""
-    import matplotlib.pyplot as plt
+def draw_phases(ax, run, start=0.0, ranks=None, legend=True):
+    """The classic pipeline picture of ``run`` on ``ax``: per rank (one row each), forward
+    compute light, backward dark, idle white, in ms from ``start`` (seconds). Lessons and
+    labs use it so that 1F1B's alternation of forwards and backwards shows."""
     from matplotlib.patches import Patch
+
+    ranks = list(range(run.world_size)) if ranks is None else list(ranks)
+    for row, rank in enumerate(ranks):
+        for kind, spans in _phases(run, rank, start).items():
+            ax.broken_barh(spans, (row - 0.4, 0.8), color=PHASE_COLORS[kind], lw=0)
+    ax.set(yticks=range(len(ranks)), ylim=(len(ranks) - 0.5, -0.5),
+           yticklabels=[f"rank {r}" for r in ranks])
+    ax.tick_params(axis="y", labelsize=7)
+    if legend:
+        ax.legend(handles=[Patch(color=c, label=k) for k, c in PHASE_COLORS.items()],
+                  loc="lower right", bbox_to_anchor=(1, 1), ncol=2, fontsize=8, frameon=False)
+    return ax
+
+
+def plot_timelines(reports):
+    """The classic pipeline picture of each report (:func:`draw_phases`), stacked on a
+    shared time axis. Returns the figure; end the cell with ``plt.show()``.
+    (``run.timeline()`` shows the same runs with messages.)"""
+    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(reports), 1, figsize=(10, 0.6 + 0.95 * len(reports)),
                              sharex=True, squeeze=False)
-    for ax, (name, report) in zip(axes[:, 0], reports.items()):
-        for row, rank in enumerate(report.ranks):
-            for kind, spans in _phases(report, rank).items():
-                ax.broken_barh(spans, (row - 0.4, 0.8), color=PHASE_COLORS[kind], lw=0)
-        ax.set(yticks=range(len(report.ranks)), ylim=(len(report.ranks) - 0.5, -0.5),
-               yticklabels=[f"rank {r}" for r in report.ranks])
-        ax.tick_params(axis="y", labelsize=7)
+    for i, (ax, (name, report)) in enumerate(zip(axes[:, 0], reports.items())):
+        draw_phases(ax, report.run, start=report.run.elapsed - report.elapsed,
+                    ranks=report.ranks, legend=i == 0)
         ax.set_title(f"{name}: step {report.elapsed * 1e3:,.0f} ms, bubble {report.bubble:.0%}",
                      fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("simulated time from the start of the step (ms)")
-    axes[0, 0].legend(handles=[Patch(color=c, label=k) for k, c in PHASE_COLORS.items()],
-                      loc="lower right", bbox_to_anchor=(1, 1), ncol=2, fontsize=8, frameon=False)
     fig.tight_layout()
     return fig

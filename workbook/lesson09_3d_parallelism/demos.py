@@ -434,6 +434,26 @@ GiB = 2**30
 TERM_COLORS = {"compute": "tab:blue", "recompute": "tab:cyan", "tp_communication": "tab:red",
                "pp_communication": "tab:pink", "bubble": "lightgray",
                "dp_communication": "tab:orange", "optimizer": "tab:green"}
+TERM_NAMES = {"tp_communication": "TP comm", "pp_communication": "PP comm",
+              "dp_communication": "DP comm", "optimizer": "optimizer step"}
+# The explorer's memory categories, in colours none of the step's terms uses.
+MEMORY_COLORS = {"parameters": "tab:purple", "gradients": "tab:brown",
+                 "optimizer": "tab:olive", "activations": "goldenrod"}
+MEMORY_NAMES = {"optimizer": "optimizer state"}
+
+
+def _stacked_bar(ax, parts, end, unit):
+    """One horizontal bar of ``parts`` = ``[(label, value, colour)]`` on an axis from 0 to
+    ``end``; a bar longer than that is cut at the edge, with its total written there."""
+    left = 0.0
+    for label, value, color in parts:
+        ax.barh([0], [value], left=left, color=color, label=label)
+        left += value
+    ax.set(yticks=[], xlim=(0, end), ylim=(-0.6, 0.6))
+    if left > end:
+        ax.text(end, 0, f"{left:,.1f} {unit} →", ha="right", va="center", fontsize=9,
+                fontweight="bold", color="white",
+                bbox={"facecolor": "black", "alpha": 0.6, "lw": 0})
 
 
 class Explorer:
@@ -482,37 +502,48 @@ class Explorer:
                 f"{est.device_memory / GiB:.0f} GiB)\n  {terms}")
 
     def figure(self, est=None):
-        """Memory bars and the step-time breakdown of ``est`` (default: the layout)."""
+        """Memory per GPU and the step time of ``est`` (default: the layout), one bar each.
+
+        Both axes stay fixed while the sliders move, so that layouts compare by eye: memory
+        up to twice the device's capacity, time up to 2.5 times the starting layout's step
+        (a longer bar is cut at the edge and its total written there). A layout that does
+        not fit is drawn in red. Each colour has one meaning across both panels."""
         import matplotlib.pyplot as plt
 
         est = self.estimate() if est is None else est
-        fig, (mem, time) = plt.subplots(1, 2, figsize=(10, 2.4),
-                                        gridspec_kw={"width_ratios": [1, 2]})
+        fig, (mem, time) = plt.subplots(2, 1, figsize=(10, 3.2))
         if isinstance(est, str):
             fig.text(0.5, 0.5, est, ha="center", wrap=True)
             mem.axis("off")
             time.axis("off")
             return fig
-        left = 0.0
-        for category, nbytes in est.memory.items():
-            mem.barh([0], [nbytes / GiB], left=left, label=category)
-            left += nbytes / GiB
-        mem.axvline(est.device_memory / GiB, color="black", ls="--", lw=1)
-        mem.set(yticks=[], xlabel="GiB per GPU (worst stage)",
-                xlim=(0, max(left, est.device_memory / GiB) * 1.05))
-        mem.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=2,
-                   frameon=False)
-        left = 0.0
-        for term, seconds in est.breakdown.items():
-            time.barh([0], [seconds], left=left, color=TERM_COLORS.get(term), label=term)
-            left += seconds
-        time.set(yticks=[], xlabel="seconds per step")
-        time.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4,
-                    frameon=False)
+        capacity = est.device_memory / GiB
+        _stacked_bar(mem, [(MEMORY_NAMES.get(k, k), v / GiB, MEMORY_COLORS.get(k))
+                           for k, v in est.memory.items()], 2 * capacity, "GiB")
+        mem.axvline(capacity, color="black", ls="--", lw=1.2,
+                    label=f"capacity ({capacity:.0f} GiB)")
+        mem.set_xlabel("GiB per GPU (worst stage)")
+        _stacked_bar(time, [(TERM_NAMES.get(k, k), v, TERM_COLORS.get(k))
+                            for k, v in est.breakdown.items()], self._time_axis(), "s")
+        time.set_xlabel("seconds per step")
+        for ax in (mem, time):
+            ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5),
+                      ncol=2 if ax is time else 1, frameon=False)
+        verdict = "fits" if est.fits else "does NOT fit"
+        if not est.fits:
+            mem.set_facecolor("#fde0e0")
         fig.suptitle(f"tp={est.tp} pp={est.pp} dp={est.dp} mb={est.micro_batch} "
                      f"{est.recompute} ZeRO-{est.zero}: {est.step_time:.2f} s, "
-                     f"MFU {est.mfu:.1%}", fontsize=9)
+                     f"MFU {est.mfu:.1%}, {est.memory_per_gpu / GiB:.1f} GiB: {verdict}",
+                     fontsize=10, color="black" if est.fits else "tab:red")
+        fig.tight_layout()
         return fig
+
+    def _time_axis(self):
+        """The step-time axis's end, fixed for this explorer: 2.5 times the starting
+        layout's step (or 1 s when the starting layout is not one)."""
+        start = self.estimate()
+        return 2.5 * start.step_time if not isinstance(start, str) else 1.0
 
     def widget(self):
         """The sliders and the live pictures (built once), or None without ipywidgets."""
@@ -569,35 +600,46 @@ class Explorer:
 def draw_mesh(rows, ax=None, title=None):
     """Draw :func:`mesh_table`'s ``rows``: one box per node, one square per GPU, coloured
     by pipeline stage, labelled ``rank`` and ``(pp, dp, tp)``; the GPUs of one TP group
-    are joined by a red line. Returns the Axes."""
+    are joined by a red line, each on its own level where groups would overlap (TP across
+    nodes). Returns the Axes."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 2.2))
+        _, ax = plt.subplots(figsize=(8, 2.4))
     nodes = sorted({row["node"] for row in rows})
-    slot, x_of = {}, {}
-    for row in rows:
-        i = slot[row["node"]] = slot.get(row["node"], -1) + 1
-        x_of[row["rank"]] = row["node"] * (max(slot.values()) + 1.6) + i
-    per_node = max(slot.values()) + 1
-    for node in nodes:
-        x0 = node * (per_node + 0.6) - 0.45
-        ax.add_patch(Rectangle((x0, -0.6), per_node - 0.1, 1.35, fill=False, ls="--"))
-        ax.text(x0 + 0.05, 0.6, f"node {node}", fontsize=8, va="center")
-    colors = plt.get_cmap("tab10")
-    for row in rows:
-        x = row["node"] * (per_node + 0.6) + (x_of[row["rank"]] - row["node"] * (per_node + 1.6))
-        x_of[row["rank"]] = x
-        ax.add_patch(Rectangle((x - 0.4, -0.4), 0.8, 0.8, color=colors(row["pp"]), alpha=0.6))
-        ax.text(x, 0.1, f"rank {row['rank']}", ha="center", fontsize=8)
-        ax.text(x, -0.2, f"({row['pp']},{row['dp']},{row['tp']})", ha="center", fontsize=8)
+    per_node = max(sum(row["node"] == node for row in rows) for node in nodes)
+    placed = {}                     # node -> how many of its GPUs are placed so far
+    x_of = {}                       # rank -> x: node n's slots start at n * (per_node + 0.6)
+    for row in sorted(rows, key=lambda row: row["rank"]):
+        slot = placed[row["node"]] = placed.get(row["node"], 0) + 1
+        x_of[row["rank"]] = row["node"] * (per_node + 0.6) + slot - 1
+    # one level per TP line, the lowest free one: lines that would overlap get their own
+    levels = []                     # [(level, xs)] of the TP groups
     for row in rows:
         group = row["tp group"]
         if row["rank"] == group[0] and len(group) > 1:
-            xs = [x_of[r] for r in group]
-            ax.plot(xs, [-0.5] * len(xs), color="tab:red", lw=2, marker="o", ms=3)
-    ax.set(xlim=(-0.7, len(nodes) * (per_node + 0.6) - 0.3), ylim=(-0.75, 0.8),
+            xs = sorted(x_of[r] for r in group)
+            level = 0
+            while any(lvl == level and xs[0] <= other[-1] and other[0] <= xs[-1]
+                      for lvl, other in levels):
+                level += 1
+            levels.append((level, xs))
+    bottom = -0.5 - 0.15 * max((lvl for lvl, _ in levels), default=0)
+    for node in nodes:
+        x0 = node * (per_node + 0.6) - 0.45
+        ax.add_patch(Rectangle((x0, bottom - 0.1), per_node - 0.1, 0.85 - bottom, fill=False,
+                               ls="--"))
+        ax.text(x0 + 0.05, 0.6, f"node {node}", fontsize=8, va="center")
+    colors = plt.get_cmap("tab10")
+    for row in rows:
+        x = x_of[row["rank"]]
+        ax.add_patch(Rectangle((x - 0.4, -0.4), 0.8, 0.8, color=colors(row["pp"]), alpha=0.6))
+        ax.text(x, 0.1, f"rank {row['rank']}", ha="center", fontsize=8)
+        ax.text(x, -0.2, f"({row['pp']},{row['dp']},{row['tp']})", ha="center", fontsize=8)
+    for level, xs in levels:
+        ax.plot(xs, [-0.5 - 0.15 * level] * len(xs), color="tab:red", lw=2, marker="o", ms=3)
+    ax.set(xlim=(-0.7, len(nodes) * (per_node + 0.6) - 0.3), ylim=(bottom - 0.2, 0.8),
            xticks=[], yticks=[])
     ax.set_title(title or "(pp, dp, tp) of every rank; colour: pipeline stage; red: a TP group",
                  fontsize=9, loc="left")

@@ -15,7 +15,7 @@ answer). What is here:
 * lossy links, forward error correction against retransmission (whose cost model is
   :mod:`simcluster.faults`' ``PacketLoss``): :func:`fec_group_loss`,
   :func:`fec_parity_needed`;
-* the seed platform's parameter-server recovery flow on lesson 02's server:
+* the parameter-server recovery flow of an article about a training "protocol" on lesson 02's server:
   :func:`sharded_ps_train`.
 
 Everything that says "on every rank" runs inside ``cluster.run(...)`` (SPMD).
@@ -123,11 +123,13 @@ def goodput_sweep(delta, mtbf, restart, intervals, work_mtbfs=40, trials=200, se
 def plot_goodput(sweeps, unit="min"):
     """Goodput against the checkpoint interval, one panel per sweep
     (``{title: goodput_sweep(...)}``): simulated points with error bars, Daly's exact
-    expectation as a line, the simulated optimum, Young's and Daly's intervals marked."""
+    expectation as a line, the simulated optimum, Young's and Daly's intervals marked. Each
+    panel's title gives its intervals; one legend below the panels says what the marks are
+    (the figure is sized to be shown unscaled, so the text stays legible)."""
     import matplotlib.pyplot as plt
     from matplotlib import ticker
 
-    fig, axes = plt.subplots(1, len(sweeps), figsize=(4.6 * len(sweeps), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(3.4 * len(sweeps), 3.4), squeeze=False)
     for ax, (title, s) in zip(axes[0], sweeps.items()):
         x = s["intervals"]
         ax.plot(x, [100 * g for g in s["expected"]], color="0.6", lw=1.5,
@@ -136,16 +138,20 @@ def plot_goodput(sweeps, unit="min"):
                     yerr=[200 * e for e in s["stderr"]], fmt="o", ms=3, label="simulated")
         best = s["intervals"].index(s["best"])
         ax.plot([s["best"]], [100 * s["simulated"][best]], "*", ms=14, color="C3",
-                label=f"best simulated: {s['best']:.3g} {unit}")
-        ax.axvline(s["young"], color="C2", ls=":", label=f"Young {s['young']:.3g} {unit}")
-        ax.axvline(s["daly"], color="C1", ls="--", label=f"Daly {s['daly']:.3g} {unit}")
+                label="best simulated")
+        ax.axvline(s["young"], color="C2", ls=":", label="Young's interval")
+        ax.axvline(s["daly"], color="C1", ls="--", label="Daly's interval")
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
         ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
         ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-        ax.set(xlabel=f"checkpoint interval ({unit})", ylabel="goodput (%)", title=title)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+        ax.set(xlabel=f"checkpoint interval ({unit})", ylabel="goodput (%)")
+        ax.set_title(f"{title}\nbest {s['best']:.3g}, Young {s['young']:.3g}, "
+                     f"Daly {s['daly']:.3g} {unit}", fontsize=9)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9,
+               frameon=False)
     return fig
 
 
@@ -214,7 +220,7 @@ def sharded_ps_train(problem, rounds, shards, workers, ckpt_dir, lr=0.5, batch=3
 
     Failures, at the start of a round, known to every rank as a heartbeat would tell
     them: ``worker_fails = {worker: round}``, ``shard_fails = {shard: round}``. Recovery
-    follows the seed's ``handle_node_failure``: the failed workers' tasks go to the live
+    follows the article's ``handle_node_failure``: the failed workers' tasks go to the live
     workers (round robin), the failed shard's slices go to the next live shard (the shard
     map is rebuilt), and the new owner reloads them from the latest checkpoint. With
     ``recovery="seed"`` the other slices carry on; with ``recovery="rollback"`` every
