@@ -50,5 +50,6 @@ def test_the_server_config_hook_sets_the_landing_page(tmp_path, monkeypatch):
     config = Config()
     code = (workspace.ROOT / "workshop" / "jupyter_server_config.py").read_text()
     exec(compile(code, "jupyter_server_config.py", "exec"), {"c": config})
-    assert config.ServerApp.default_url == "/lab/tree/simcluster-workbook/notebooks"
+    assert config.ServerApp.default_url == "/lab/tree/simcluster-workbook/START.ipynb"
+    assert (tmp_path / "simcluster-workbook" / "START.ipynb").is_file()   # the start page it opens
     assert (tmp_path / "simcluster-workbook" / "notebooks").is_dir()

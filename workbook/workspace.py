@@ -2,7 +2,7 @@
 
     python -m workbook.workspace ~/simcluster-workbook     # copy what is missing
 
-copies ``notebooks/`` and ``labs/`` (and the README) from the installed workbook into the
+copies ``notebooks/`` and ``labs/`` (and the README and the start page) from the installed workbook into the
 folder. It never overwrites: a file that is already there — a lab a learner has worked
 in — is kept as it is, and only missing files are copied, so running it at every login
 is safe and hands out a lab added later. On JupyterHub (The Littlest JupyterHub) and in
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("notebooks", "labs")
-FILES = ("README.md",)
+FILES = ("README.md", "START.ipynb")
 HOME_FOLDER = "simcluster-workbook"
 
 

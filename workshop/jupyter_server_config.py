@@ -16,4 +16,4 @@ except ImportError:
     from workbook.workspace import setup_home
 
 _folder = setup_home()
-c.ServerApp.default_url = f"/lab/tree/{_folder.name}/notebooks"  # noqa: F821 (c: the config)
+c.ServerApp.default_url = f"/lab/tree/{_folder.name}/START.ipynb"  # noqa: F821 (c: the config)
