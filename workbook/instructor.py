@@ -47,7 +47,7 @@ WORDS_PER_MINUTE = 150        # technical prose with formulas, read to understan
 CODE_CELL_MINUTES = 0.5       # read a code cell and look at its output
 EXERCISE_MINUTES = 12         # one lab exercise, attempt and fix (an estimate, see above)
 KERNEL_START_S = 5            # a kernel starting and importing torch (browser review: 2.9 s idle)
-LESSONS = [f"{n:02d}" for n in range(11)]      # the lessons with notes: 00-10
+LESSONS = sorted(path.name[:2] for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 OBJECTIVES = "By the end of this lesson"
 
 
@@ -220,8 +220,6 @@ def lessons():
 # ---------------------------------------------------------------------------- agendas
 
 BREAK, LUNCH = ("Break", 15), ("Lunch", 60)
-# Lessons being written now: their time is estimated (the median lesson and lab of 00-10).
-OPTIONAL = {"11 or 12": "lesson 11 (scheduling) or 12 (serving), being written"}
 
 AGENDAS = [
     {"title": "Half a day",
@@ -243,8 +241,8 @@ AGENDAS = [
              "05; keep the lab after lesson 03, it is where DDP clicks."},
     {"title": "Three days",
      "intro": "Every lesson and every lab in order; each lab's last exercise is homework "
-              "(it is the longest). Day 3 ends with one optional lesson, 11 or 12 (being "
-              "written; its time is estimated).",
+              "(it is the longest). Day 3 ends with lesson 11 (sharing a cluster); a team "
+              "that serves models takes lesson 12 (serving) in its place.",
      "days": [
          [("welcome", 15), ("lesson", "00"), ("lesson", "01"), BREAK, ("lesson", "02"),
           LUNCH, ("lab", "02", [1, 2, 3, 4, 5]), BREAK, ("lesson", "03"),
@@ -254,10 +252,10 @@ AGENDAS = [
           BREAK, ("lesson", "07"), ("lab", "07", [1, 2, 3, 4])],
          [("lesson", "08"), ("lab", "08", [1, 2, 3]), BREAK, ("lesson", "09"),
           ("lab", "09", [1, 2, 3]), LUNCH, ("lesson", "10"), ("lab", "10", [1, 2, 3]),
-          BREAK, ("optional", "11 or 12"), ("wrap-up", 15)],
+          BREAK, ("lesson", "11"), ("lab", "11", [1, 2]), ("wrap-up", 15)],
      ],
-     "skip": "Read lessons 02 and 04 at home (keep their labs); drop the optional lesson; "
-             "then the labs' third exercises."},
+     "skip": "Read lessons 02 and 04 at home (keep their labs); make lesson 11 and its "
+             "lab homework; then the labs' third exercises."},
     {"title": "Interview sprint",
      "intro": "For people preparing ML-systems interviews: the numbers and trade-offs "
               "asked most, run and discussed, not read in full.",
@@ -297,10 +295,6 @@ def _block_rows(blocks, by_number):
             names = ", ".join(str(n) for n in chosen)
             rows.append((minutes, f"Lab {lesson.number} (`{lesson.lab}`), exercise(s) {names}",
                          f"{EXERCISE_MINUTES} min per exercise (estimate)"))
-        elif kind == "optional":
-            median = sorted(l.lesson_min + l.lab_min for l in by_number.values())[5]
-            rows.append((median, f"*Optional:* {OPTIONAL[block[1]]}",
-                         "**estimated**: the median lesson + lab of 00-10"))
     return rows
 
 
