@@ -169,7 +169,7 @@ def _batch(vocab, batch, seq, seed):
 
 def train_step(pp, dp, tp, micro_batches=2, batch=8, model=None, schedule="1F1B",
                recompute=False, fake=False, dtype=torch.float32, steps=1, lr=1e-2,
-               tp_across_nodes=False, seed=0):
+               tp_across_nodes=False, seed=0, on_step=None):
     """What every rank runs: ``steps`` training steps of :class:`GPT` on a ``(pp, dp, tp)``
     mesh (see the module's docstring for the order TP → checkpointing → FSDP2 → PP).
 
@@ -188,6 +188,8 @@ def train_step(pp, dp, tp, micro_batches=2, batch=8, model=None, schedule="1F1B"
             ones with plain SGD.
         steps: training steps; the last one is measured (the earlier ones warm up).
         tp_across_nodes: see :func:`make_mesh`.
+        on_step: called by rank 0 once the model is built and after each step (for
+            :func:`measure`'s progress bar).
 
     Barriers mark where the measured step starts and ends, and the peak memory is
     reset at its start (``run.peak_memory(rank)`` is then the measured step's). Returns
@@ -228,6 +230,8 @@ def train_step(pp, dp, tp, micro_batches=2, batch=8, model=None, schedule="1F1B"
                                                           loss_fn=loss_fn)
         vocab, seq = model.get("vocab", 64), model.get("seq", 16)
         replica = slice(coords["dp"] * batch // dp, (coords["dp"] + 1) * batch // dp)
+        tick = on_step if on_step is not None and dist.get_rank() == 0 else lambda: None
+        tick()                                  # the model is built
         for step in range(steps):
             tokens, targets = _batch(vocab, batch, seq, seed + 1 + step)
             if step == steps - 1:
@@ -242,6 +246,7 @@ def train_step(pp, dp, tp, micro_batches=2, batch=8, model=None, schedule="1F1B"
                 grads = {n: p.grad.clone() for n, p in stage.named_parameters()}
             optimizer.step()
             optimizer.zero_grad()
+            tick()
         dist.barrier()                          # ... and ends here
     result = {"coords": coords, "groups": groups,
               "losses": [] if fake else [loss.item() for loss in losses]}
@@ -339,13 +344,21 @@ class Report3D:
         return [c.end for c in self.run.collectives if c.op == "barrier"][-2]
 
 
-def measure(cluster, pp, dp, tp, **kwargs):
+def measure(cluster, pp, dp, tp, progress=None, **kwargs):
     """Run :func:`train_step` (``kwargs``) on ``pp·dp·tp`` ranks of ``cluster``; return
-    its :class:`Report3D`."""
-    from workbook import pipeline
+    its :class:`Report3D`. ``progress``: a label for a progress bar over building the
+    model and each step (a run takes seconds; the bar shows it is moving)."""
+    from workbook import outputs, pipeline
 
     world = pp * dp * tp
-    run = cluster.run(train_step, world_size=world, args=(pp, dp, tp), kwargs=kwargs)
+    if progress is not None:
+        bar = outputs.progress(range(kwargs.get("steps", 1) + 1), desc=progress)
+        kwargs = {**kwargs, "on_step": lambda: bar.update(1)}
+    try:
+        run = cluster.run(train_step, world_size=world, args=(pp, dp, tp), kwargs=kwargs)
+    finally:
+        if progress is not None:
+            bar.close()
     start, end = [c.end for c in run.collectives if c.op == "barrier"][-2:]
     peaks = [run.peak_memory(r) for r in range(world)]
     worst = max(peaks, key=lambda p: p["total"])
