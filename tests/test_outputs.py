@@ -88,3 +88,25 @@ def test_a_stored_progress_bar_reads_as_finished_and_has_no_times():
     assert "application/vnd.jupyter.widget-view+json" in bars[0].data   # live: a widget
     assert bars[0].data["text/plain"] == "steps: 100%|██████████| 3/3"
     assert outputs[-1].text == "3\n"
+
+
+def _stored_texts(path):
+    """Every stream and plain-text output stored in the notebook at ``path``."""
+    import json
+
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        for output in cell.get("outputs", []):
+            text = output.get("text") if output["output_type"] == "stream" else \
+                output.get("data", {}).get("text/plain")
+            if text:
+                yield "".join(text) if isinstance(text, list) else text
+
+
+def test_every_stored_progress_bar_in_the_notebooks_reads_finished():
+    bars = [(path.name, line) for folder in ("notebooks", "solutions")
+            for path in sorted((ROOT / folder).glob("*.ipynb"))
+            for text in _stored_texts(path) for line in text.splitlines() if "%|" in line]
+    assert bars, "no stored progress bar found: the test reads the wrong outputs"
+    unfinished = [(name, line) for name, line in bars
+                  if not re.search(r" 100%\|█+\| (\d+)/\1$", line)]
+    assert not unfinished, f"a stored bar that is not finished or shows times: {unfinished}"

@@ -326,11 +326,11 @@ def measure(cluster, schedule, p, m, layers=1, placement=None, world_size=None,
 def bubble_grid(cluster, ps=(2, 4, 8), ms=(1, 4, 8, 16, 32), schedule="hand"):
     """``{(p, m): PipeReport}`` for every ``p`` in ``ps`` and ``m`` in ``ms``, with a
     progress bar (one run per pair)."""
-    from tqdm.auto import tqdm
+    from workbook.outputs import progress
 
     pairs = [(p, m) for p in ps for m in ms]
     return {(p, m): measure(cluster, schedule, p, m)
-            for p, m in tqdm(pairs, desc=f"{schedule} runs")}
+            for p, m in progress(pairs, desc=f"{schedule} runs")}
 
 
 def grid_table(grid):
@@ -388,11 +388,11 @@ def compare(cluster, names, p, m, blocks=None):
     """``{name: PipeReport}``: one step of each of torch's schedules ``names`` with ``p``
     ranks and ``m`` micro-batches, on the same model of ``blocks`` blocks (default
     ``2p``): a schedule with ``v`` chunks per rank cuts it into ``v·p`` stages."""
-    from tqdm.auto import tqdm
+    from workbook.outputs import progress
 
     blocks = blocks or 2 * p
     reports = {}
-    for name in tqdm(names, desc="schedules"):
+    for name in progress(names, desc="schedules"):
         v = TORCH_SCHEDULES[name][1]
         reports[name] = measure(cluster, name, p, m, layers=blocks // (v * p))
     return reports
