@@ -38,8 +38,10 @@ def test_the_image_runs_the_makefiles_own_setup(tmp_path):
     # What `make setup` runs on a fresh checkout (dry run: nothing is installed)
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(ROOT / name, tmp_path / name)
-    done = subprocess.run(["make", "-n", "setup", "PYTHON=python3"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=30)
+    # --no-print-directory: under `make test` this make is a sub-make, which would print
+    # "Entering directory" first
+    done = subprocess.run(["make", "--no-print-directory", "-n", "setup", "PYTHON=python3"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[:2] == ["python3 -m venv .venv",
                                             ".venv/bin/python -m pip install -e ."]

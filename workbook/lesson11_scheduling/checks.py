@@ -17,8 +17,8 @@ answers (:mod:`._reference`) are imported inside the checks only; the simulator'
 import copy
 
 from simcluster import scheduling as sched
-from workbook.checking import (Failure, answers, check, listed, num, on_a_rank, refuse_reference,
-                               short)
+from workbook.checking import (Failure, answers, check, listed, num, on_a_rank, raised,
+                               refuse_reference, short)
 
 
 _reference = answers(__name__)
@@ -54,11 +54,9 @@ def _answers(fn, name, cases):
             raise Failure(f"{where} changed its arguments",
                           "work on a copy (free = list(free)): the scheduler still needs "
                           "the cluster as it is.")
-        hint = ("this exercise is not written yet: replace the `raise NotImplementedError"
-                "(...)` line with your code (its message is a hint)."
-                if isinstance(error, NotImplementedError) else
-                "call it yourself, in a cell, with these arguments to see the traceback.")
-        raise Failure(f"{where} raised {type(error).__name__}: {short(error)}", hint)
+        # an unwritten exercise is ⬜ not started (as make progress says), with its hint
+        raise raised(where, error, "call it yourself, in a cell, with these arguments to "
+                                   "see the traceback.")
     return out
 
 
