@@ -353,7 +353,7 @@ def _aggregate_factory(spec):
 
 
 def compare(cluster, problem, methods, steps=30, lr=0.5, batch=32, timed_steps=2,
-            world_size=8, curves=True):
+            world_size=8, curves=True, progress=None):
     """Train ``problem`` with every method; loss curves and simulated time per step.
 
     ``methods`` maps a name to one of
@@ -370,12 +370,16 @@ def compare(cluster, problem, methods, steps=30, lr=0.5, batch=32, timed_steps=2
     mini-batch of ``batch`` samples per worker. Loss curves come from a run without
     accounting of ``steps`` steps (one point per round); time per step from a run of
     ``timed_steps`` steps (rounded up to a multiple of ``sync_every``); ``curves=False``
-    skips the loss curves (the results then have only the time and bytes). Returns
+    skips the loss curves (the results then have only the time and bytes); ``progress``
+    labels a progress bar over the methods. Returns
     ``{name: {"samples": [...], "loss": [...], "seconds_per_step": s,
     "bytes_per_step": busiest rank's bytes per step}}``.
     """
+    from workbook import outputs
+
     results = {}
-    for name, spec in methods.items():
+    items = methods.items()
+    for name, spec in items if progress is None else outputs.progress(items, desc=progress):
         out = {}
         every = spec.get("sync_every", 1)
         short = -(-timed_steps // every) * every
