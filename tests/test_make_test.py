@@ -7,8 +7,10 @@ was called (nothing is installed, no test runs)."""
 
 import os
 import shutil
+import re
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,7 +51,7 @@ def test_make_test_runs_every_step_in_parallel_and_prints_their_times(project):
     # Each step ran once, the ones after the failing solutions too; the unit tests on the
     # machine's own CPU kernels, the notebooks on NBVAL_ENV's.
     assert calls == [
-        " -m pytest -n 3 --dist loadgroup tests",
+        " -m pytest -n 3 --dist loadfile tests",
         "default -m pytest --nbval --nbval-current-env -n 3 --dist loadfile notebooks",
         "default -m pytest --nbval --nbval-current-env -n 3 --dist loadfile solutions",
         "default -m pytest --nbval-lax --nbval-current-env -n 3 --dist loadfile labs",
@@ -74,4 +76,35 @@ def test_make_test_uses_one_worker_per_core_by_default(project):
     assert not (project / ".venv" / "calls.log").exists(), "make -n must run nothing"
     cores = min(8, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") \
         else min(8, os.cpu_count())
-    assert f"-m pytest -n {cores} --dist loadgroup tests" in done.stdout
+    assert f"-m pytest -n {cores} --dist loadfile tests" in done.stdout
+
+
+def test_the_browser_tests_run_in_one_worker_and_slow_modules_start_first(tmp_path):
+    """tests/conftest.py under xdist: the browser modules share one worker, one after the
+    other; they and the modules with a slow test are handed out before the others."""
+    tests = tmp_path / "tests"
+    (tests / "browser").mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "conftest.py", tests / "conftest.py")
+    for name in ("a", "b", "c"):
+        (tests / "browser" / f"test_{name}.py").write_text(
+            "def test_one(): pass\ndef test_two(): pass\n")
+    for name in ("plain1", "plain2", "plain3"):     # more tests than the slow module
+        (tests / f"test_{name}.py").write_text("def test_1(): pass\ndef test_2(): pass\n"
+                                               "def test_3(): pass\n")
+    (tests / "test_zz_slow.py").write_text(
+        "import pytest\ndef test_fast(): pass\n@pytest.mark.slow\ndef test_slow(): pass\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\nmarkers = ['slow: x']\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile",
+                           "-v", "-p", "no:cacheprovider", "tests"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = re.findall(r"\[(gw\d)\] \[ *\d+%\] PASSED (\S+)", done.stdout)
+    assert len(ran) == 6 + 9 + 2, done.stdout
+    browser_workers = {worker for worker, test in ran if test.startswith("tests/browser/")}
+    assert len(browser_workers) == 1, ran
+    worker, = browser_workers
+    mine = [test for w, test in ran if w == worker]
+    browser = [test for test in mine if test.startswith("tests/browser/")]
+    assert mine[:6] == browser == sorted(browser)      # first, whole, in file order
+    other = [test for w, test in ran if w != worker]
+    assert other and other[0].startswith("tests/test_zz_slow.py"), ran
