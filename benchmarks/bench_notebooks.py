@@ -123,7 +123,11 @@ def main(lessons=(), quick=False, verbose=True, env=None, before=None, directori
             old = before.get(name, {}).get("wall")
             row += (f"{old:>8.1f}s{wall / old:>6.2f}x" if old else f"{'-':>9}{'-':>7}")
         out(row + "   " + _verdict(wall, goal))
-    out(f"  load average at end {os.getloadavg()[0]:.2f}")
+    load = os.getloadavg()[0]
+    out(f"  load average at end {load:.2f}" + (
+        f": more runnable processes than the {os.cpu_count()} CPUs, so wall times are "
+        "inflated and the verdicts pessimistic; CPU time is the fairer figure, repeat on "
+        "a quiet machine" if load > (os.cpu_count() or 1) else ""))
     for directory in directories:
         rows = [r for n, r in result.items() if n.startswith(directory + "/")]
         if not rows:
