@@ -27,8 +27,8 @@ JOBS ?= $(shell $(PYTHON) -c "import os; n = len(os.sched_getaffinity(0)) if has
 	'sched_getaffinity') else os.cpu_count(); print(max(1, min(8, n or 1)))" 2>/dev/null || echo 1)
 # A test module runs whole in one worker (tests/conftest.py); so does a notebook (its cells
 # share one kernel).
-XDIST_TESTS := -n $(JOBS) --dist loadfile
-XDIST_NBVAL := -n $(JOBS) --dist loadfile
+XDIST_TESTS  = -n $(JOBS) --dist loadfile
+XDIST_NBVAL  = -n $(JOBS) --dist loadfile
 # When make started (seconds since 1970), before .venv was set up: `make test` prints how
 # long the setup took, and the total.
 STARTED := $(shell date +%s)
