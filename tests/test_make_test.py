@@ -94,9 +94,11 @@ def test_the_browser_tests_run_in_one_worker_and_slow_modules_start_first(tmp_pa
     (tests / "test_zz_slow.py").write_text(
         "import pytest\ndef test_fast(): pass\n@pytest.mark.slow\ndef test_slow(): pass\n")
     (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\nmarkers = ['slow: x']\n")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile",
-                           "-v", "-p", "no:cacheprovider", "tests"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=240)
+    # Only xdist among the installed plugins: the others cost seconds in each interpreter.
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "xdist.plugin", "-n", "2",
+                           "--dist", "loadfile", "-v", "-p", "no:cacheprovider", "tests"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     ran = re.findall(r"\[(gw\d)\] \[ *\d+%\] PASSED (\S+)", done.stdout)
     assert len(ran) == 6 + 9 + 2, done.stdout
