@@ -42,6 +42,7 @@ LAB_ARGS ?=
 help:
 	@echo "make lab        set up .venv, then start JupyterLab on notebooks/"
 	@echo "make test       set up .venv, then run the tests and check the notebooks"
+	@echo "                (JOBS=n parallel workers; default one per CPU core)"
 	@echo "make progress   run your labs and show which exercises pass"
 	@echo "make doctor     check this machine before a workshop (no setup needed)"
 	@echo "make slides     build reveal.js slides of the lessons into build/slides/ (offline)"
