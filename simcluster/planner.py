@@ -787,7 +787,12 @@ def _zero3_unsharded(params, weights, grads, layers, pp):
 
 
 def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes, fused):
-    """Bytes per GPU by category on the worse of the first and the last stage."""
+    """Bytes per GPU by category on the worse of the first and the last stage.
+
+    "activations" is what the layers store for their backward, as Korthikanti et al. 2022
+    count it (Table 2 per layer, times the layers and micro-batches in flight; their
+    Figure 1); "workspace" is what comes on top at the peak: the activations of the layer
+    being recomputed and back-propagated, and the output layer's fp32 logits."""
     scale = value_bytes / 2  # the formulas count 16-bit activations
     per_layer = activation_memory_per_layer(cfg, b, tp, sp, recompute) * scale
     working = 0.0  # the layer being recomputed and back-propagated holds its activations
@@ -807,9 +812,8 @@ def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes
     stages = []
     for params, held, extra in ((first_params, in_flight, 0.0),
                                 (last_params, max(1, in_flight - (pp - 1)), logits)):
-        activations = per_layer * (cfg.layers // pp) * held + working + extra
-        if pp == 1:
-            activations += logits
+        activations = per_layer * (cfg.layers // pp) * held
+        workspace = working + (logits if pp == 1 else extra)
         weights = params * WEIGHT_BYTES / (dp if zero >= 3 else 1)
         grads = params * GRADIENT_BYTES / (dp if zero >= 2 else 1)
         if zero == 3 and dp > 1:
@@ -819,7 +823,8 @@ def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes
             "parameters": int(weights),
             "gradients": int(grads),
             "optimizer": int(params * OPTIMIZER_BYTES / (dp if zero >= 1 else 1)),
-            "activations": int(activations)})
+            "activations": int(activations),
+            "workspace": int(workspace)})
         if pp == 1:
             break
     return max(stages, key=lambda d: sum(d.values()))

@@ -58,7 +58,8 @@ def test_memory_categories_the_planner_models(pairs, layout):
     # whole gradients while they accumulate, and the backward's activation gradients
     assert report.peak["gradients"] == pytest.approx(est.memory["gradients"], rel=0.06)
     # what the forwards keep for the backward (Korthikanti et al.; no dropout)
-    assert report.peak["activations"] == pytest.approx(est.memory["activations"], rel=0.10)
+    assert report.peak["activations"] == pytest.approx(
+        est.memory["activations"] + est.memory["workspace"], rel=0.10)
     # FSDP2: the gathered (whole) parameters plus its own 1/dp shard
     assert report.peak["parameters"] == pytest.approx(
         est.memory["parameters"] * (1 + 1 / dp), rel=0.02)
