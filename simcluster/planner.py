@@ -382,6 +382,7 @@ class Estimate:
     memory: dict
     device_memory: int
     breakdown: dict
+    dp_traffic: float = 0.0     # seconds of DP communication before any overlap
 
     @property
     def gpus(self):
@@ -680,8 +681,12 @@ def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, sched
 
     # --- data parallel
     stage_params = max(_stage_parameters(cfg, pp, tp))
-    dp_exposed = _dp_exposed(costs, tuple(i * tp for i in range(dp)), stage_params,
-                             layers, m, pp, zero, compute_mb + recompute_mb) if dp > 1 else 0.0
+    dp_ranks = tuple(i * tp for i in range(dp))
+    dp_exposed = _dp_exposed(costs, dp_ranks, stage_params, layers, m, pp, zero,
+                             compute_mb + recompute_mb) if dp > 1 else 0.0
+    # the same collectives with no compute to hide behind: what overlap has to hide
+    dp_traffic = _dp_exposed(costs, dp_ranks, stage_params, layers, m, pp, zero,
+                             0.0) if dp > 1 else 0.0
 
     shard = dp if zero >= 1 else 1
     optimizer = dev.memory_bound(ADAM_BYTES_PER_PARAMETER * stage_params / shard)
@@ -705,7 +710,7 @@ def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, sched
                     model_flops=flops_per_iteration(cfg, global_batch, "none"),
                     hardware_flops=flops_per_iteration(cfg, global_batch, recompute),
                     peak_flops=dev.peak, memory=memory, device_memory=device.memory,
-                    breakdown=breakdown)
+                    breakdown=breakdown, dp_traffic=dp_traffic)
 
 
 def _dp_exposed(costs, ranks, params, layers, m, pp, zero, busy_mb):
