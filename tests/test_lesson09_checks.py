@@ -150,7 +150,7 @@ def test_keeping_the_last_group_created_is_caught(capsys):
         return mine
 
     fails(capsys, checks.check_build_groups, build_groups, "its 'dp' group is "
-          "GroupMember.NON_GROUP_MEMBER, not a group it is a member of")
+          "GroupMember.NON_GROUP_MEMBER", "you created this rank's group but kept another")
 
 
 def test_groups_that_raise_are_reported(capsys):
@@ -422,3 +422,61 @@ def test_right_answers_as_numpy_numbers_or_fractions_are_accepted(capsys):
                 lambda *args: np.float64(MINE["model_flops"](*args)))[0]
     assert line(capsys, checks.check_pipeline_bubble,
                 lambda *args: Fraction(MINE["pipeline_bubble"](*args)))[0]
+
+
+# ---------------------------------------- exercise 1: the ban on init_device_mesh, and hints
+
+
+def test_init_device_mesh_imported_inside_the_function_is_refused(capsys):
+    """The ban worked on the name only: an import inside the function passed."""
+    def build_groups(pp, dp, tp):
+        from torch.distributed.device_mesh import init_device_mesh as make
+        mesh = make("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        return {name: mesh.get_group(name) for name in ("pp", "dp", "tp")}
+
+    fails(capsys, checks.check_build_groups, build_groups,
+          "your function built a DeviceMesh (init_device_mesh)", "Hint: build the groups by hand")
+
+
+def test_init_device_mesh_by_its_module_path_is_refused(capsys):
+    def build_groups(pp, dp, tp):
+        mesh = torch.distributed.device_mesh.init_device_mesh(
+            "cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        return {name: mesh.get_group(name) for name in ("pp", "dp", "tp")}
+
+    fails(capsys, checks.check_build_groups, build_groups,
+          "your function built a DeviceMesh (init_device_mesh)")
+
+
+def test_a_tp_group_without_its_last_rank_names_the_range_not_the_group_kept(capsys):
+    """range(tp - 1): the last rank of every tp group is in none; the hint used to say
+    'keep the group whose ranks include this rank', which the learner did."""
+    def build_groups(pp, dp, tp):
+        mesh, mine = torch.arange(pp * dp * tp).view(pp, dp, tp), {}
+        for dim, name in enumerate(("pp", "dp", "tp")):
+            for ranks in mesh.movedim(dim, -1).reshape(-1, mesh.shape[dim]).tolist():
+                if name == "tp":
+                    ranks = ranks[:-1]
+                group = dist.new_group(ranks)
+                if dist.get_rank() in ranks:
+                    mine[name] = group
+        return mine
+
+    text = fails(capsys, checks.check_build_groups, build_groups,
+                 "(pp, dp, tp) = (2, 2, 2): rank ", "its 'tp' group is missing",
+                 "no group this rank created is its tp group of 2 ranks",
+                 "range bounds")
+    assert "keep the group" not in text
+
+
+def test_a_list_of_ranks_is_not_called_a_group_the_rank_is_not_in(capsys):
+    """Rank 0 returning [0, 4] was told '[0, 4], not a group it is a member of'."""
+    def build_groups(pp, dp, tp):
+        groups = MINE["build_groups"](pp, dp, tp)
+        groups["pp"] = dist.get_process_group_ranks(groups["pp"])
+        return groups
+
+    text = fails(capsys, checks.check_build_groups, build_groups,
+                 "its 'pp' group is the rank list [", "], not a process group",
+                 "return the group dist.new_group gave you")
+    assert "member of" not in text

@@ -19,8 +19,11 @@
 The reference answers (:mod:`._reference`) are imported inside the checks only.
 """
 
+import contextlib
 import dataclasses
 import math
+import random
+import threading
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -48,25 +51,103 @@ MESH_HINT = ("init_device_mesh lays the ranks out row-major over (pp, dp, tp): t
              "group steps by tp, and a pp group by dp·tp.")
 
 
+class _Watch(threading.local):
+    """What the learner's function did on this rank's thread while it ran: the rank lists
+    it passed to ``dist.new_group``, and whether it built a ``DeviceMesh`` (by any name or
+    import path: ``init_device_mesh`` builds one)."""
+
+    active = False
+    built_mesh = False
+
+    def reset(self):
+        self.active, self.built_mesh, self.created = True, False, []
+
+
+_WATCH = _Watch()
+
+
+@contextlib.contextmanager
+def _watching():
+    """Patch ``DeviceMesh.__init__`` and ``dist.new_group`` for the length of the check, to
+    record on each rank's thread what the learner's function builds (not what the check's
+    own ``init_device_mesh`` builds after it)."""
+    mesh_init, new_group = DeviceMesh.__init__, dist.new_group
+
+    def watched_init(self, *args, **kwargs):
+        if _WATCH.active:
+            _WATCH.built_mesh = True
+        return mesh_init(self, *args, **kwargs)
+
+    def watched_new_group(ranks=None, *args, **kwargs):
+        if _WATCH.active and ranks is not None:
+            _WATCH.created.append(sorted(int(r) for r in ranks))
+        return new_group(ranks, *args, **kwargs)
+
+    DeviceMesh.__init__, dist.new_group = watched_init, watched_new_group
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__, dist.new_group = mesh_init, new_group
+
+
+MESH_REFUSED = ("build the groups by hand: dist.new_group for every pp, dp and tp group, "
+                "on every rank.")
+
+
+def _expected_group(rank, name, pp, dp, tp):
+    """The ranks of ``rank``'s ``name`` group in init_device_mesh's row-major layout."""
+    sizes = dict(zip(DIMS, (pp, dp, tp)))
+    stride = {"pp": dp * tp, "dp": tp, "tp": 1}[name]
+    start = rank - (rank // stride % sizes[name]) * stride
+    return [start + k * stride for k in range(sizes[name])]
+
+
+def _no_group_hint(name, expected, created):
+    """Why a rank has no usable ``name`` group: it created that group and kept another, or
+    it never created it."""
+    if expected in created:
+        return ("you created this rank's group but kept another: new_group returns a "
+                "usable group only on its members (GroupMember.NON_GROUP_MEMBER on the "
+                "others), so keep the group whose ranks include this rank.")
+    return (f"no group this rank created is its {name} group of {len(expected)} ranks: "
+            f"every rank belongs to one, one rank per coordinate along {name}. Check that "
+            "your loops reach every coordinate (range bounds).")
+
+
 def _mesh_body(fn, pp, dp, tp):
     """On each rank: the learner's groups, then torch's mesh of the same shape; the ranks
     of each group and the rank's coordinate in both."""
     rank = dist.get_rank()
     where = f"(pp, dp, tp) = ({pp}, {dp}, {tp}): rank {rank}"
-    groups = fn(pp, dp, tp)
-    if not isinstance(groups, dict) or set(groups) != set(DIMS):
+    _WATCH.reset()
+    try:
+        groups = fn(pp, dp, tp)
+    finally:
+        _WATCH.active = False
+    if _WATCH.built_mesh:
+        raise Failure(f"{where}: your function built a DeviceMesh (init_device_mesh), "
+                      "which the check compares with", MESH_REFUSED)
+    if not isinstance(groups, dict) or not set(groups) <= set(DIMS) or not groups:
         raise Failure(f"{where} returned {short(repr(groups), 80)}", GROUPS_HINT)
     mine = {}
     for name in DIMS:
-        group = groups[name]
+        group = groups.get(name, dist.GroupMember.NON_GROUP_MEMBER)
+        if isinstance(group, (list, tuple, range)) or hasattr(group, "tolist"):
+            raise Failure(f"{where}: its {name!r} group is the rank list "
+                          f"{short(repr(group), 60)}, not a process group",
+                          "return the group dist.new_group gave you for those ranks, not "
+                          "the ranks themselves.")
         if not isinstance(group, dist.ProcessGroup):
-            shown = ("GroupMember.NON_GROUP_MEMBER"
-                     if group is dist.GroupMember.NON_GROUP_MEMBER else short(repr(group), 60))
-            raise Failure(f"{where}: its {name!r} group is {shown}, not a "
-                          "group it is a member of",
-                          "new_group returns a usable group only on the ranks in it (and "
-                          "GroupMember.NON_GROUP_MEMBER on the others): keep the group "
-                          "whose ranks include this rank.")
+            shown = ("missing" if name not in groups else
+                     "GroupMember.NON_GROUP_MEMBER"
+                     if group is dist.GroupMember.NON_GROUP_MEMBER else
+                     short(repr(group), 60))
+            if name in groups and group is not dist.GroupMember.NON_GROUP_MEMBER:
+                raise Failure(f"{where}: its {name!r} group is {shown}, not a process "
+                              "group", GROUPS_HINT)
+            raise Failure(f"{where}: its {name!r} group is {shown}",
+                          _no_group_hint(name, _expected_group(rank, name, pp, dp, tp),
+                                         _WATCH.created))
         mine[name] = dist.get_process_group_ranks(group)
     mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=DIMS)
     return {"mine": mine, "coordinate": tuple(mesh.get_coordinate()),
@@ -117,14 +198,14 @@ def check_build_groups(fn):
             refuse_reference(fn, mesh_api)
         except Failure:
             raise Failure(f"this function calls {name}, which the check compares with",
-                          "build the groups by hand: dist.new_group for every pp, dp and "
-                          "tp group, on every rank.") from None
+                          MESH_REFUSED) from None
     cluster = sc.Cluster.preset("dgx-a100", nodes=2)
-    for case in MESH_CASES:
-        run = simulate(cluster, _mesh_body, math.prod(case),
-                       lambda rank, case=case: f"(pp, dp, tp) = {case}",
-                       args=(fn, *case))
-        _compare_mesh(case, run.results)
+    with _watching():   # and any DeviceMesh it builds while it runs, by whatever name
+        for case in MESH_CASES:
+            run = simulate(cluster, _mesh_body, math.prod(case),
+                           lambda rank, case=case: f"(pp, dp, tp) = {case}",
+                           args=(fn, *case))
+            _compare_mesh(case, run.results)
     shapes = listed("×".join(map(str, case)) for case in MESH_CASES)
     return (f"every rank's (pp, dp, tp) groups and coordinate equal init_device_mesh's on "
             f"meshes {shapes}")
