@@ -496,6 +496,7 @@ def check_choose_layout(fn):
             "recomputation cost little, tp inside a node some, pp a bubble, full "
             "recomputation a third more compute) and estimate each candidate.",
             show=lambda s: f"{s:.2f} s"))
-    return (f"fits {len(caps)} memory caps drawn between {math.floor(_frontier()[-1][1]):g} and "
+    smallest = math.floor(_frontier()[-1][1])
+    return (f"fits {len(caps)} memory caps drawn between {smallest} and "
             f"{LAYOUT_MAX_CAP_GIB:g} GiB (new ones each run), each step within "
             f"{LAYOUT_TOLERANCE - 1:.0%} of planner.search's fastest under the same cap")

@@ -86,13 +86,28 @@ def _same_params(run, expected, where):
     return all(torch.equal(got, expected) for got in run.results)
 
 
+# A restart that goes on one step after (or before) the step it saved: what it amounts
+# to, and the hint. Checked after the forgotten pieces.
+STEP_SLIPS = {
+    1: ("a restart that goes on one step after the step it saved (one step's batch "
+        "skipped)", "the step you save is the number of steps done, the next one to "
+                    "run: go on from it as it is, and save it after step += 1."),
+    -1: ("a restart that goes on one step before the step it saved (one step done twice)",
+         "the step you save is the number of steps done, the next one to run: go on from "
+         "it as it is, and save it after step += 1."),
+}
+
+
 def _forgotten_piece(cluster, ref, crashes, got):
-    """The piece of state whose omission from the reference's restart gives ``got``."""
-    for piece in ref.PIECES:
-        run = _train_run(cluster, ref.train, lambda rank: "", crashes, len(crashes),
-                         leave_out=piece)
+    """The slip whose replay with the reference gives ``got``: a piece of state the
+    restart does not restore (a name of ``ref.PIECES``), a step off by one (1 or -1 of
+    :data:`STEP_SLIPS`), or None."""
+    slips = [dict(leave_out=piece) for piece in ref.PIECES]
+    slips += [dict(step_shift=shift) for shift in STEP_SLIPS]
+    for slip in slips:
+        run = _train_run(cluster, ref.train, lambda rank: "", crashes, len(crashes), **slip)
         if torch.equal(run.results[0], got):
-            return piece
+            return slip.get("leave_out", slip.get("step_shift"))
     return None
 
 
@@ -221,6 +236,10 @@ def check_resume(fn):
                           "fault-free run", TORN_HINT)
         if not _same_params(run, expected, what):
             piece = _forgotten_piece(cluster, ref, crashes, run.results[0])
+            if piece in STEP_SLIPS:
+                raise Failure(f"{what}: the final parameters after the restart differ from "
+                              f"the fault-free run: the same parameters as "
+                              f"{STEP_SLIPS[piece][0]}", STEP_SLIPS[piece][1])
             found = (f": the same parameters as a restart that does not restore the {piece}"
                      if piece else "")
             raise Failure(f"{what}: the final parameters after the restart differ from the "
@@ -301,6 +320,13 @@ def _traces():
             trace[slow, start:] *= factor
             cases.append((f"{size}, rank {slow} {num(factor)}× slower from step {start}",
                           trace, slow))
+    # just above and just below the lab's 1.2×, on steady ranks with 1 % jitter: a
+    # threshold other than 1.2 (1.1, 1.3) gets one of them wrong
+    for factor, expected in ((1.23, 6), (1.17, None)):
+        trace = 0.02 * (1 + 0.01 * torch.randn(8, 40, generator=g, dtype=torch.float64))
+        trace[6] *= factor
+        cases.append((f"8 ranks × 40 steps, rank 6 {num(factor)}× slower throughout",
+                      trace, expected))
     return cases
 
 
@@ -308,11 +334,9 @@ def _as_rank(value):
     """An int or None from what a detector returned; Failure-worthy values give ``...``."""
     if value is None:
         return None
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
-        value = value.item()
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
-    return ...
+        return int(value)   # an int, or a numpy integer
+    return ...              # a tensor too: the lab asks for an int
 
 
 @check("find the straggler")
@@ -330,8 +354,12 @@ def check_find_straggler(fn):
                           "work on a copy (or on values derived from step_times).")
         rank = _as_rank(got)
         if rank is ...:
+            tensor = isinstance(got, torch.Tensor)
             raise Failure(f"{what}: find_straggler returned {short(repr(got), 60)}, not a "
-                          "rank (an int) or None", "return int(rank) or None.")
+                          "rank (an int) or None",
+                          "a tensor is not a rank: callers compare it, index lists and "
+                          "print it; convert it to a Python int." if tensor else
+                          "return the rank as an int, or None.")
         if rank == expected:
             continue
         if expected is None:
@@ -352,8 +380,10 @@ def check_find_straggler(fn):
 
 # ---------------------------------------------------------- 3. checkpoint interval
 
+# Daly's examples, large and small δ/M, and δ = 2M exactly, where τ = M (the formula would
+# give 0.889·M there: "δ < 2M" and "otherwise" meet at that boundary)
 INTERVAL_CASES = ((5, 24 * 60), (5, 6 * 60), (5, 15), (2, 480), (0.5, 1e5), (40, 60),
-                  (15, 10), (30, 10), (300, 3600 * 24))
+                  (15, 10), (30, 10), (20, 10), (300, 3600 * 24))
 
 
 @check("checkpoint interval")
@@ -375,7 +405,10 @@ def check_checkpoint_interval(fn):
             continue
         hint = ("Daly: τ = √(2δM)·[1 + ⅓·√(δ/2M) + (δ/2M)/9] − δ when δ < 2M, else τ = M "
                 "(the same unit as delta and mtbf).")
-        if delta >= 2 * mtbf:
+        if delta == 2 * mtbf:
+            hint = ("δ = 2M is on the boundary: Daly's τ = M for δ ≥ 2M, so \"otherwise\" "
+                    "includes δ = 2M itself.")
+        elif delta > 2 * mtbf:
             hint = "when δ ≥ 2M Daly's interval is M itself: checkpoint once per MTBF."
         elif got == mtbf:
             hint = "τ = M only when δ ≥ 2M; for δ < 2M use Daly's formula, even when δ > M."
@@ -393,11 +426,16 @@ PLAN_KEYS = ("round", "checkpoint", "workers", "servers", "tasks", "owner", "rel
 
 # (servers, workers, [(iteration, failure)]): a failure strikes at the start of the
 # iteration-th round the job runs (rounds done again after a roll-back count too).
+# ("worker", HEIR) is the live worker holding the most tasks then (the lowest if tied).
+HEIR = "heir"
 RECOVERY_CASES = (
     (2, 4, [(5, ("worker", 3))]),
     (2, 4, [(6, ("server", 1))]),
     (3, 3, [(3, ("worker", 0)), (9, ("server", 0))]),
     (2, 4, [(4, ("server", 0)), (7, ("worker", 1)), (8, ("worker", 2))]),
+    # the second failure strikes whichever worker took over the first one's task: a plan
+    # that moves only task w of dead worker w leaves that task on a dead worker
+    (2, 4, [(3, ("worker", 2)), (5, ("worker", HEIR))]),
 )
 
 
@@ -409,7 +447,17 @@ def _initial_plan(servers, workers):
 
 
 def _failure_text(failure):
+    if failure[1] == HEIR:
+        return "then the worker that took over its task"
     return f"{failure[0]} {failure[1]}"
+
+
+def _resolve(failure, plan):
+    """``failure`` with :data:`HEIR` replaced by the worker it names in ``plan``."""
+    if failure[1] != HEIR:
+        return failure
+    load = {w: sum(1 for t in plan["tasks"].values() if t == w) for w in plan["workers"]}
+    return ("worker", max(sorted(load), key=lambda w: load[w]))
 
 
 def _check_plan(before, failure, new, where):
@@ -475,7 +523,7 @@ def _plans(fn, servers, workers, failures):
     plan, at, iteration, schedule = _initial_plan(servers, workers), dict(failures), 0, {}
     while plan["round"] < PS_ROUNDS and iteration < 4 * PS_ROUNDS:
         if iteration in at:
-            failure = at[iteration]
+            failure = _resolve(at[iteration], plan)
             before = dict(copy.deepcopy(plan), reload=[])
             before["checkpoint"] = plan["round"] // PS_EVERY * PS_EVERY
             where = (f"{servers} servers, {workers} workers: {_failure_text(failure)} "
