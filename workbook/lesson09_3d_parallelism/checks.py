@@ -32,11 +32,62 @@ import simcluster as sc
 from simcluster import planner
 from workbook.checking import (Failure, answers, check, listed, num, number, on_a_rank,
                                refuse_reference, short, simulate, within_best)
+from workbook.hints import Hints
 from workbook.lesson09_3d_parallelism.lab import (DIMS, GiB, LAYOUT_BATCH, LAYOUT_GPUS,
                                                   LLAMA_7B, describe_layout, layout_cluster)
 
 
 _reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+# Progressive help, one step per call of checks.hint("groups") in the lab: a question, the
+# idea, then the shape of the code (workbook.hints).
+hint = Hints({
+    "groups": [
+        "Write down the coordinate (i_pp, i_dp, i_tp) of a few ranks of a 2 × 2 × 2 mesh "
+        "from rank = (i_pp·dp + i_dp)·tp + i_tp. Which ranks share the calling rank's "
+        "(i_pp, i_dp)? And who has to call dist.new_group for that group?",
+        "A group along one dimension fixes the other two coordinates and runs the third "
+        "over its whole range. dist.new_group is collective over the world: every rank "
+        "creates every group of every dimension, in the same order, and keeps the three "
+        "whose ranks include it.",
+        "A small function at(i_pp, i_dp, i_tp) for the rank; for each dimension, the list "
+        "of all its groups (nested loops over the two fixed coordinates, a comprehension "
+        "over the free one); one loop that calls new_group on each list and keeps it in "
+        "a dict when the calling rank is in it.",
+    ],
+    "flops": [
+        "Follow one token through one layer, forward: every weight it meets costs a "
+        "multiply and an add. Which products are not with weights at all, and grow with "
+        "the sequence length? What happens once, after the last layer?",
+        "Forward: 2 FLOPs per weight per token for each layer's matrices (count Q, K, V, "
+        "the projection and the MLP from cfg: kv heads, SwiGLU's third matrix), attention's "
+        "two s × s products, and the output layer. Backward is twice the forward. "
+        "Recomputation adds forward work again: which part, for full and for selective?",
+        "Three numbers: the layer's weight FLOPs, its attention FLOPs, the output layer's; "
+        "forward = layers × (weights + attention) + output; the total is 3 × forward plus "
+        "layers × what recomputation repeats (nothing, attention, or the whole layer).",
+    ],
+    "layout": [
+        "How many layouts of 32 GPUs are there at all? Count the choices of tp, pp, "
+        "micro-batch, recomputation and ZeRO stage: few enough to ask the planner about "
+        "each.",
+        "Try every combination that planner.estimate accepts (catch its ValueError for "
+        "those that do not divide), keep those whose memory_per_gpu is at most the cap, and "
+        "of those the one with the shortest step_time. dp follows from tp and pp.",
+        "Nested loops over tp (divisors of the heads, inside a node), pp (divisors of the "
+        "layers), micro_batch, recompute and zero; estimate each; remember the best "
+        "(estimate, layout dict) pair; return the dict.",
+    ],
+    "bubble": [
+        "On a fixed number of GPUs, what does data parallelism do to the sequences each "
+        "pipeline gets, and so to its micro-batches?",
+        "There are d = gpus/(t·p) pipelines; each gets B/d of the global batch, in "
+        "micro-batches of b. The bubble, as lesson 05 measured it, is (p − 1)/v "
+        "micro-batch times over the m of useful work.",
+        "Three lines: d, m, and the bubble as a fraction of the ideal step (0.05, not 5).",
+    ],
+})
 
 
 # ------------------------------------------------------ exercise 1: the mesh by hand
@@ -47,7 +98,7 @@ GROUPS_HINT = ("return a dict {'pp': ..., 'dp': ..., 'tp': ...} of the three gro
                "rank is a member of, each made by dist.new_group.")
 MESH_HINT = ("init_device_mesh lays the ranks out row-major over (pp, dp, tp): tp varies "
              "fastest, so a tp group is tp consecutive ranks (one node's NVLink), a dp "
-             "group steps by tp, and a pp group by dp·tp.")
+             "group steps by tp, and a pp group by dp·tp. " + hint.pointer("groups"))
 
 
 class _Watch(threading.local):
@@ -218,9 +269,9 @@ BUBBLE_CASES = ((32, 2, 4, 512, 1, 1), (32, 2, 4, 512, 2, 1), (32, 4, 8, 512, 1,
                 (32, 2, 4, 512, 1, 2), (64, 8, 1, 512, 2, 1), (24, 1, 3, 96, 2, 1),
                 (2520, 8, 35, 2520, 1, 1), (3072, 8, 64, 3072, 1, 1),
                 (3072, 8, 64, 3072, 1, 2), (512, 8, 8, 1024, 1, 4))
-BUBBLE_HINT = ("the d = gpus/(t·p) pipelines share the global batch: each runs "
-               "m = B/(b·d) micro-batches, and its bubble is (p − 1)/(v·m) of the ideal "
-               "step.")
+BUBBLE_HINT = ("the d = gpus/(t·p) pipelines share the global batch: how many "
+               "micro-batches does each run, and what is the bubble relative to? "
+               + hint.pointer("bubble"))
 
 
 def _bubble_hint(case, got):
@@ -342,9 +393,9 @@ def _flops_hint(cfg, batch, recompute, got):
         return ("count each matrix: Q and the output projection h × h, K and V h × "
                 "(kv_heads · head_dim), and the MLP's h × ffn_hidden matrices: three with "
                 "SwiGLU (gate, up, down), two without.")
-    return ("forward: 2 FLOPs per multiply-add of each weight with each token, plus "
-            "attention's 4·B·s²·h per layer, plus the output layer; backward twice the "
-            "forward.")
+    return ("count forward first: each weight with each token, attention's products, the "
+            "output layer; then what backward and recomputation add. "
+            + hint.pointer("flops"))
 
 
 @check("FLOPs per iteration")
@@ -443,9 +494,9 @@ def check_choose_layout(fn):
     caps drawn afresh each run (:func:`layout_caps`): the planner's estimate of the layout
     fits the cap, and its step is within 10 % of planner.search's fastest under it."""
     refuse_reference(fn, _reference().choose_layout)
-    hint = "choose the candidates yourself and compare them with planner.estimate."
-    _refuse_planner(fn, "search", hint)
-    _refuse_planner(fn, "search", hint, target=_fastest)
+    yourself = "choose the candidates yourself and compare them with planner.estimate."
+    _refuse_planner(fn, "search", yourself)
+    _refuse_planner(fn, "search", yourself, target=_fastest)
     cluster, worst = layout_cluster(), 0.0
     caps = layout_caps()
     for cap_gib in caps:
@@ -492,9 +543,8 @@ def check_choose_layout(fn):
             where, est.step_time, best.step_time, LAYOUT_TOLERANCE,
             f"{describe_layout(est)} fits, and its step takes",
             f"the {best.step_time:.2f} s of the fastest layout that fits",
-            "every memory saving costs time: try the cheap ones first (ZeRO-1/2 and selective "
-            "recomputation cost little, tp inside a node some, pp a bubble, full "
-            "recomputation a third more compute) and estimate each candidate.",
+            "every memory saving costs time, some much more than others: did you compare "
+            "every candidate that fits? " + hint.pointer("layout"),
             show=lambda s: f"{s:.2f} s"))
     smallest = math.floor(_frontier()[-1][1])
     return (f"fits {len(caps)} memory caps drawn between {smallest} and "
