@@ -31,10 +31,52 @@ from simcluster import faults
 from workbook.models import TinyMLP, chunk_bounds
 from workbook.checking import (Failure, answers, check, listed, num, on_a_rank,
                                refuse_reference, short, simulate)
+from workbook.hints import Hints
 from workbook.lesson10_failure_handling import lab as job
 
 
 _reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+# Progressive help, one step per call of checks.hint("resume") in the lab: a question, the
+# idea, then the shape of the code (workbook.hints).
+hint = Hints({
+    "resume": [
+        "A restart is a new process: it starts from job.build() again. List what the next "
+        "step depends on that build() does not give back as it was, and where each one "
+        "lives (lesson 10, section 2).",
+        "Model, optimizer and scheduler each have a state_dict(); the data position is the "
+        "step; the dropout RNG is per rank (torch.get_rng_state()). One rank can write "
+        "them all if it first collects every rank's RNG state. A file written in place "
+        "and torn by a crash is worse than none: write elsewhere, then rename.",
+        "At the start: if the file exists, load it and put each piece back (this rank's "
+        "own RNG state), step = the saved step. Every `every` steps: all ranks gather "
+        "their RNG states, rank 0 saves a dict to a temporary name and os.replace()s it "
+        "onto the real one.",
+    ],
+    "straggler": [
+        "A straggler is slow most of the time, a pause is slow once, a congested network "
+        "slows everyone. Which statistic of a rank's step times ignores a few outliers, "
+        "and what do you compare it with so that a job-wide slowdown blames nobody?",
+        "The median of each rank's row, compared with the median of those medians: more "
+        "than 1.2× is a straggler (exactly the lab's threshold). Return a Python int.",
+        "Medians over dim=1, the argmax of them, one comparison, int(...) or None.",
+    ],
+    "interval": [
+        "Daly's formula has two cases. Which one does δ = 2M belong to, exactly?",
+        "Write the case split first, with the boundary where the lab puts it ('δ < 2M' "
+        "and 'otherwise'), then the formula with x = δ/(2M).",
+    ],
+    "recovery": [
+        "What does a worker hold that survives it? And a server? After each kind of "
+        "failure, which slices are at which round?",
+        "A worker holds nothing: give its tasks to live workers (all of them, including "
+        "tasks it took over earlier) and go on. A server's slices come back only as they "
+        "were at the checkpoint; the next gradients need every slice at the same round.",
+        "After a server failure: its slices to live servers, every slice in 'reload', and "
+        "'round' back to plan['checkpoint'].",
+    ],
+})
 
 
 def _refuse_lesson_demos(fn, *names):
@@ -493,9 +535,9 @@ def _check_plan(before, failure, new, where):
     for task, worker in sorted(new["tasks"].items()):
         if worker not in workers:
             raise Failure(f"{where}: task {task} is given to worker {worker}, which is not "
-                          f"alive (alive: {listed(workers)})", "give the failed worker's "
-                          "tasks to the live workers (round robin over plan['workers'] "
-                          "without it).")
+                          f"alive (alive: {listed(workers)})", "every task the failed worker holds, "
+                          "also one it took over after an earlier failure, goes to a live "
+                          "worker. " + hint.pointer("recovery"))
     if set(new["owner"]) != set(before["owner"]):
         raise Failure(f"{where}: the shard map has slices "
                       f"{listed(sorted(new['owner'], key=repr))}, "
