@@ -92,7 +92,8 @@ def test_an_unwritten_exercise_says_so(capsys):
 
 
 def learner_train(ckpt_dir, steps, every, forget=None, save_every_step=False,
-                  gather_on_rank_0=False, load_missing_key=False, in_place=False):
+                  gather_on_rank_0=False, load_missing_key=False, in_place=False,
+                  step_shift=0):
     """The reference loop as a learner writes it, with one mistake chosen by keyword."""
     rank = dist.get_rank()
     model, ddp, optimizer, scheduler = job.build()
@@ -108,7 +109,7 @@ def learner_train(ckpt_dir, steps, every, forget=None, save_every_step=False,
         if forget != "RNG":
             torch.set_rng_state(ckpt["rng"][0 if forget == "own RNG" else rank])
         if forget != "data position":
-            step = ckpt["step"]
+            step = ckpt["step"] + step_shift
         if load_missing_key:
             step = ckpt["epoch"]
     while step < steps:
@@ -665,10 +666,8 @@ def test_a_task_left_on_a_worker_that_died_second_fails(capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("shift, said", [(1, "one step after"), (-1, "one step before")])
 def test_resume_off_by_one_names_the_step(capsys, shift, said):
-    def train(ckpt_dir, steps, every):
-        return R.train(ckpt_dir, steps, every, step_shift=shift)
-
-    text = starts(capsys, checks.check_resume, train, f"{RESUME}")
+    text = starts(capsys, checks.check_resume,
+                  functools.partial(learner_train, step_shift=shift), f"{RESUME}")
     assert f"the same parameters as a restart that goes on {said} the step it saved" in text
     assert "save it after step += 1" in text
 
