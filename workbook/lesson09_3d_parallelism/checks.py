@@ -35,6 +35,7 @@ from workbook.checking import (Failure, answers, check, listed, num, number, on_
 from workbook.hints import Hints
 from workbook.lesson09_3d_parallelism.lab import (DIMS, GiB, LAYOUT_BATCH, LAYOUT_GPUS,
                                                   LLAMA_7B, describe_layout, layout_cluster)
+from workbook.lesson09_3d_parallelism.lab import LAYOUT_CAPS_GIB  # noqa: F401 (release 0.1 imported it from here)
 
 
 _reference = answers(__name__)   # the answers, imported only while a check runs
