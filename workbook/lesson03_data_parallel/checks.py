@@ -307,7 +307,8 @@ def _show(model, buckets):
     params = dict(model.named_parameters())
     sizes = [sum(params[n].numel() * params[n].element_size() for n in bucket)
              for bucket in buckets]
-    return " | ".join(f"{', '.join(bucket)} ({size} B)" for bucket, size in zip(buckets, sizes))
+    return " | ".join(f"{', '.join(bucket)} ({size} B)"
+                      for bucket, size in zip(buckets, sizes)) or "none"
 
 
 @check("bucket rule")
