@@ -38,3 +38,29 @@ def test_an_unknown_exercise_names_the_known_ones_and_empty_steps_are_refused():
 
 def test_pointer_names_the_call_a_failure_line_sends_the_learner_to():
     assert Hints({"x": ["one"]}).pointer("x") == "more help: checks.hint('x')"
+
+
+@pytest.mark.parametrize("lab, package", [
+    ("labs/03_data_parallel.ipynb", "workbook.lesson03_data_parallel"),
+    ("labs/04_model_parallel.ipynb", "workbook.lesson04_model_parallel"),
+])
+def test_every_unwritten_exercise_is_a_nudge_pointing_to_its_progressive_hints(lab, package):
+    # The lab's NotImplementedError messages are one nudge each, not the code: each names
+    # the checks.hint(...) that reveals more, and that exercise has steps to reveal.
+    import importlib
+    import re
+    from pathlib import Path
+
+    import nbformat
+
+    checks = importlib.import_module(f"{package}.checks")
+    root = Path(__file__).resolve().parent.parent
+    notebook = nbformat.read(root / lab, as_version=4)
+    sources = [c.source for c in notebook.cells if "raise NotImplementedError" in c.source]
+    assert sources
+    for source in sources:
+        for message in re.findall(r'raise NotImplementedError\((.*?)\)\n', source, re.S):
+            named = re.findall(r'checks\.hint\(\\?"(\w+)\\?"\)', message)
+            assert named, message
+            assert all(len(checks.hint.steps[name]) >= 2 for name in named)
+            assert "torch.cat" not in message and "dist.all_reduce(" not in message
