@@ -148,11 +148,11 @@ def _run(cluster, fn, ranks, accounting):
     return time.perf_counter() - start, time.process_time() - cpu, run.results
 
 
-def main(ranks=1024, repeats=3, quick=False, accounting=True, phases=None, reference=False,
+def main(ranks=1024, repeats=3, quick=False, accounting=True, phases=None, compare=False,
          verbose=True):
     """Run the phases on ``ranks`` simulated ranks; print and return the measurements.
 
-    ``reference``: also run each phase on the accounting's reference per-op path.
+    ``compare``: also run each phase on the accounting's reference per-op path.
     """
     out = print if verbose else (lambda *a, **k: None)
     if quick:
@@ -161,12 +161,12 @@ def main(ranks=1024, repeats=3, quick=False, accounting=True, phases=None, refer
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _measure(cluster, ranks, repeats, accounting, phases, reference, out)
+        return _measure(cluster, ranks, repeats, accounting, phases, compare, out)
     finally:
         torch.set_num_threads(threads)
 
 
-def _measure(cluster, ranks, repeats, accounting, phases, reference, out):
+def _measure(cluster, ranks, repeats, accounting, phases, compare, out):
     out(f"bench_scale: {ranks} simulated ranks on {cluster!r}; torch.set_num_threads(1); "
         f"median of {repeats}")
     out(f"  peak RSS before: {peak_rss_mib():.0f} MiB\n")
@@ -190,7 +190,7 @@ def _measure(cluster, ranks, repeats, accounting, phases, reference, out):
             seconds, cpu, results = _run(cluster, fn, ranks, acct)
             times.append(seconds)
             cpus.append(cpu)
-            if reference and acct:   # interleaved with the fast path's repetitions
+            if compare and acct:   # interleaved with the fast path's repetitions
                 with fast_path(False):
                     seconds, cpu, _ = _run(cluster, fn, ranks, acct)
                 ref_times.append(seconds)
@@ -241,5 +241,5 @@ def _parse(argv):
 if __name__ == "__main__":
     args = _parse(sys.argv[1:])
     result = main(ranks=args.ranks, repeats=args.repeats, quick=args.quick,
-                  accounting=not args.no_accounting, reference=args.reference)
+                  accounting=not args.no_accounting, compare=args.reference)
     sys.exit(0 if all(p["ok"] for p in result["phases"].values()) else 1)
