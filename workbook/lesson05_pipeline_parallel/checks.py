@@ -304,7 +304,12 @@ PICK_CASES = (
     (4, 32, 4, 0.01, 80 * GB, 10 * MB),     # none: m = 32, v = 4 still idles 2.3 %
     (8, 64, 4, 0.30, 1 * GB, 200 * MB),     # none: even micro-batches of one sample are too big
     (4, 16, 2, 0.10, 2 * GB, 400 * MB),     # none: the bubble needs v = 2, whose extra
-)                                           #   activations only v = 1 leaves room for
+                                            #   activations only v = 1 leaves room for
+    # "at most", on the boundary: the answer's bubble is exactly the target (3/15 = 0.2),
+    # then its memory exactly the cap (4 x 8 x 100 MB); a strict < picks another pair
+    (4, 48, 3, 0.20, 80 * GB, 10 * MB),     # (4, 3), not (8, 3)
+    (4, 64, 6, 0.30, 3_200 * MB, 100 * MB), # (8, 1), not (16, 1)
+)
 
 
 def _pick_where(case):
