@@ -230,6 +230,62 @@ def _check_bytes(run, where, p, psi, steps):
     return max(per_step)
 
 
+def _mean_gradients(make_model, p, steps):
+    """Per step, the gradients of one process on the mean of the ranks' losses: the mean
+    of the ranks' gradients, which ZeRO-2's reduce-scatter must give each rank a chunk of."""
+    model = make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    grads = []
+    for step in range(steps):
+        losses = [mse(model(x), y) for x, y in (batch(model, r, step) for r in range(p))]
+        (sum(losses) / p).backward()
+        grads.append([q.grad.detach().clone() for q in model.parameters()])
+        optimizer.step()
+        optimizer.zero_grad()
+    return grads
+
+
+def _check_gradient_chunks(cls, p):
+    """The chunks ``cls`` hands ``update_chunk`` are this rank's chunks of the mean gradient.
+
+    Adam hardly notices a gradient N times too large (it divides by the gradient's own
+    scale), so the parameters alone cannot tell the sum from the mean: look at the chunks."""
+    if not callable(getattr(cls, "update_chunk", None)):
+        return
+    seen = []   # (rank, step, parameter, chunk), from every rank's thread
+
+    class Probe(cls):
+        def update_chunk(self, i, q, grad):
+            chunk = None if grad is None else torch.as_tensor(grad).detach().clone()
+            seen.append((dist.get_rank(), self.t, i, chunk))
+            return super().update_chunk(i, q, grad)
+
+    Probe.__name__ = cls.__name__
+    _, where = _run_training(Probe, small_model, p, STEPS, False)
+    expected = _mean_gradients(small_model, p, STEPS)
+    names = [name for name, _ in small_model().named_parameters()]
+    for rank, t, i, got in sorted(seen, key=lambda e: e[:3]):
+        if not (1 <= t <= STEPS and 0 <= i < len(names)):
+            continue   # a count of its own: the parameters' check judges the steps
+        want = _chunk(expected[t - 1][i], rank, p)
+        at = f"{where}: rank {rank}, step {t}, the gradient chunk of {names[i]}"
+        if got is None or got.shape != want.shape:
+            raise Failure(f"{at} has shape {None if got is None else tuple(got.shape)}, "
+                          f"expected {tuple(want.shape)}",
+                          "each rank keeps its own chunk of every reduced gradient.")
+        diff = first_difference(want, got, _close)
+        if diff is not None:
+            k, ev, gv = diff
+            ratio = gv / ev if ev else math.nan
+            hint = (f"this chunk is {num(ratio)}× the mean: what does a reduce-scatter "
+                    "add up, and what did each rank's backward compute?"
+                    if abs(ratio - p) < 1e-3 * p else
+                    "compare your chunk with the same chunk of the mean over the ranks' "
+                    "gradients.")
+            raise Failure(f"{at}, element {k}: the mean over ranks is {num(ev)}, yours "
+                          f"{num(gv)}", hint)
+
+
 @check("ZeRO-2")
 def check_zero2(cls):
     """``cls(params, lr)`` with ``step()``, handed each rank's own gradients: parameters
@@ -239,6 +295,7 @@ def check_zero2(cls):
     refuse_reference(cls, _reference().ZeRO2Adam, "class")
     refuse_reference(cls, _reference().ZeRO1Adam, "class")
     _check_values(cls, average=False)
+    _check_gradient_chunks(cls, max(WORLD_SIZES))
     psi = _params(wide_model())
     for p in MEMORY_WORLD_SIZES:
         run, where = _run_training(cls, wide_model, p, 2, False, measure=True)
