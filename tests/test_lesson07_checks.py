@@ -365,7 +365,37 @@ def test_fit_settings_offloading_everything_is_too_slow(capsys):
     fails(capsys, checks.check_fit_settings, lambda *args: MOST,
           "Ψ = 5.00B in 4 blocks on 4 GPUs: fully_shard(reshard_after_forward=True, "
           "CPUOffloadPolicy()) fits, and its step takes",
-          "Hint: more sharding and offload cost time")
+          "Hint: which settings send more bytes per step")
+
+
+def _ignores(limit):
+    """The reference's choice, with the host memory or the GPU memory of a DGX A100 in
+    place of the one it is given."""
+    spec = sc.Cluster.preset("dgx-a100").spec
+
+    def fit_settings(psi, blocks, world_size, gpu_memory, host_memory):
+        if limit == "host":
+            host_memory = spec.host_share(0)[0]
+        else:
+            gpu_memory = spec.device_of(0).memory
+        return mine(psi, blocks, world_size, gpu_memory, host_memory)
+    mine = MINE["fit_settings"]
+    return fit_settings
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit, message", [
+    ("host", "Ψ = 13.00B in 4 blocks on 4 GPUs of 85.9 GB, 46.8 GB of host memory each: "
+     "returned fully_shard(reshard_after_forward=False, CPUOffloadPolicy()), but nothing fits "
+     "(the host is too small)"),
+    ("gpu", "Ψ = 5.00B in 4 blocks on 4 GPUs of 42.9 GB, 40.0 GB of host memory each: "
+     "returned fully_shard(reshard_after_forward=False); fully_shard(reshard_after_forward="
+     "True) fits and is faster"),
+])
+def test_fit_settings_that_ignore_a_memory_limit_fail(capsys, limit, message):
+    """An answer that never looks at host_memory (or at gpu_memory) passed the four DGX
+    cases, where the host never binds; the limit cases catch it."""
+    fails(capsys, checks.check_fit_settings, _ignores(limit), message)
 
 
 def test_fit_settings_stage_2_is_explained(capsys):

@@ -30,6 +30,7 @@ The reference answers (:mod:`._reference`) are imported inside the checks only.
 
 import functools
 import math
+import re
 
 import torch
 import torch.distributed as dist
@@ -491,6 +492,11 @@ FIT_TOLERANCE = 1.05   # the learner's step may be 5 % slower than the fastest t
 # Widths d of blocks Linear(d, 4d) · ReLU · Linear(4d, d), no bias: on 4 GPUs, the fastest
 # settings that fit keep whole parameters, shard them, offload them, offload and reshard.
 FIT_CASES = (12_500, 18_114, 20_156, 24_367)
+# (width, GPU memory, host memory per GPU, as fractions of a DGX A100's and of what offload
+# keeps on the host, 16Ψ/N): where the host decides (offload would fit the GPU, but the
+# host cannot hold the shards: nothing fits) and where a smaller GPU does. Judged against
+# the reference's estimate, not simulated (the simulated cluster has the DGX's memory).
+FIT_LIMITS = ((20_156, 1.0, 0.9), (24_367, 1.0, 0.9), (12_500, 0.5, 2.0), (18_114, 0.5, 2.0))
 SETTINGS_HINT = ("return a dict with keys 'stage' (0: DDP, 1: DDP with "
                  "ZeroRedundancyOptimizer, 3: fully_shard), 'reshard_after_forward' and "
                  "'offload' (bools; fully_shard's options, so False with stages 0 and 1).")
@@ -546,8 +552,9 @@ def check_fit_settings(fn):
         try:
             mine = best_time if settings == best else fit_time(width, settings)
         except sc.OutOfMemoryError as error:
-            raise Failure(f"{where}: {_describe(settings)} ran out of memory "
-                          f"({str(error).split('.')[1].strip()})",
+            tried = re.search(r"Tried to allocate [\d.,]+ \w+", str(error))
+            raise Failure(f"{where}: {_describe(settings)} ran out of memory"
+                          + (f" ({tried.group(0)})" if tried else ""),
                           "estimate the peak: DDP keeps 4Ψ of parameters, 4Ψ of gradients, "
                           "4Ψ of buckets and 8Ψ of Adam's state; fully_shard keeps 16Ψ/N, "
                           "plus whole blocks while they compute (all of them from forward "
@@ -557,7 +564,30 @@ def check_fit_settings(fn):
             where, mine, best_time, FIT_TOLERANCE,
             f"{_describe(settings)} fits, and its step takes",
             f"the {seconds(best_time)} of {_describe(best)}",
-            "more sharding and offload cost time (more all-gathers, PCIe copies, Adam on the "
-            "CPUs): take the least that fits."))
+            "which settings send more bytes per step, copy over PCIe or run Adam on the "
+            "CPUs, and which shrink the optimizer step? Measure the candidates with "
+            "fit_time."))
+    for width, gpu_part, host_part in FIT_LIMITS:
+        psi = fit_psi(width)
+        gpu_memory, host_memory = gpu * gpu_part, 16 * psi / FIT_WORLD * host_part
+        where = (f"Ψ = {psi / 1e9:.2f}B in {FIT_BLOCKS} blocks on {FIT_WORLD} GPUs of "
+                 f"{gpu_memory / 1e9:.1f} GB, {host_memory / 1e9:.1f} GB of host memory each")
+        got = on_a_rank(fn, (psi, FIT_BLOCKS, FIT_WORLD, gpu_memory, host_memory), where)
+        got = None if got is None else _valid_settings(got, where)
+        want = _reference().fit_settings(psi, FIT_BLOCKS, FIT_WORLD, gpu_memory, host_memory)
+        if got == want:
+            continue
+        if want is None:
+            binds = ("the host" if host_part < 1 else "the GPU")
+            raise Failure(f"{where}: returned {_describe(got)}, but nothing fits ({binds} "
+                          "is too small)", "what does offload keep on the host, and is "
+                          "there room for it? Return None when nothing fits."
+                          if got["offload"] else "estimate that setting's peak on the GPU.")
+        if got is None:
+            raise Failure(f"{where}: returned None, but {_describe(want)} fits",
+                          "estimate each candidate's peak against gpu_memory.")
+        raise Failure(f"{where}: returned {_describe(got)}; {_describe(want)} fits and is "
+                      "faster", "estimate the peaks against this gpu_memory, not a DGX's.")
     return (f"the {len(FIT_CASES)} models fit, each step within {worst - 1:.1%} of the "
-            "fastest settings that fit")
+            f"fastest settings that fit; right on {len(FIT_LIMITS)} cases where the host "
+            "or the GPU memory decides")
