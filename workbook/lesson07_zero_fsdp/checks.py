@@ -41,6 +41,7 @@ import simcluster as sc
 from workbook.checking import (Failure, answers, budget, check, close_within,
                                first_difference, listed, mse, num, number, on_a_rank,
                                refuse_reference, seconds, short, simulate, within_best)
+from workbook.hints import Hints
 from workbook.lesson07_zero_fsdp.lab import (FIT_BLOCKS, FIT_WORLD, ShardedLinear, fit_psi,
                                              fit_time, shard_size)
 
@@ -52,6 +53,50 @@ BATCH = 4
 
 
 _reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+hint = Hints({
+    "zero1": [
+        "Every rank has the whole averaged gradient but should keep Adam's state for its "
+        "own chunk only (my_shard shows which). After the update, how do the other ranks "
+        "get the values of your chunk?",
+        "State: two zero tensors of shard_size(q.numel(), N) elements per parameter. Update: "
+        "Adam's formulas on your chunk with your chunk of the gradient, then an all-gather "
+        "of every rank's updated chunk, cut back to q.numel() elements and copied into q.",
+    ],
+    "zero2": [
+        "Each rank now gets its own batch's gradient. Which collective hands each rank only "
+        "its chunk of the combination over ranks, and is that combination the mean? When "
+        "is a gradient ready to be reduced (torch can tell you)?",
+        "A post-accumulate-grad hook on each parameter reduces that gradient as soon as it "
+        "is complete, keeps this rank's chunk (one slot per parameter) and drops q.grad, so "
+        "whole gradients never pile up. step() updates from the chunks and clears them.",
+        "In the hook: flatten q.grad, pad it to N·shard_size elements, reduce-scatter into "
+        "a chunk-sized buffer, then turn the sum into the mean.",
+    ],
+    "zero3": [
+        "Only shards live between uses. What must forward gather to compute, and what "
+        "should it save for backward so that no whole weight stays alive until then?",
+        "forward: gather the whole weight and bias from the shards (cut back to their "
+        "sizes), compute, save the input and the shards only. backward: gather the weight "
+        "again, compute the input's gradient and the weight's and bias's, then give each "
+        "rank the mean of its chunk of those two.",
+    ],
+    "table": [
+        "Model states are 2Ψ of parameters, 2Ψ of gradients and KΨ of optimizer state. "
+        "Which of the three does stage 1 divide by N_d, which stage 2, which stage 3?",
+        "Stage k divides the first k kinds in the order (optimizer state, gradients, "
+        "parameters); the answer is in GB (10^9 bytes).",
+    ],
+    "fit": [
+        "For each candidate (DDP, ZeroRedundancyOptimizer, fully_shard with or without "
+        "resharding and offload): what is its peak per GPU, and with offload what must the "
+        "host hold? Then: which candidate is fastest? Measure with fit_time.",
+        "Candidates in the order of their measured step time; take the first whose "
+        "estimated peak (with some margin) fits gpu_memory and, with offload, whose 16Ψ/N "
+        "fits host_memory; None if none does.",
+    ],
+})
 
 
 # ------------------------------------------------------------- the shard layout
