@@ -116,7 +116,10 @@ class RankAccounting(DispatchMode):
         """The category of memory allocated right now.
 
         In the backward pass a module's forward with grad enabled is activation
-        checkpointing recomputing a block: what it allocates is activations again.
+        checkpointing recomputing a block: what it allocates is activations again. Any
+        other backward allocation is an activation's gradient or a temporary ("other"):
+        "gradients" are parameter gradients only, retagged when autograd accumulates one
+        into ``param.grad`` (:func:`on_forward_pre` hooks each parameter for that).
         """
         if self.allocating_as is not None:
             return self.allocating_as
@@ -125,7 +128,7 @@ class RankAccounting(DispatchMode):
         if in_backward():
             if self.modules.recomputing and torch.is_grad_enabled():
                 return "activations"
-            return "gradients"
+            return "other"
         if self.modules.inside_module and torch.is_grad_enabled():
             return "activations"
         return "other"
@@ -562,6 +565,17 @@ def on_forward_pre(module, args):
         for param in own_parameters(module):
             if param is not None:
                 acc.retag(storage_key(local_tensor(param)), "parameters")
+                if param.requires_grad and not getattr(param, "_sim_grad_hook", False):
+                    param.register_post_accumulate_grad_hook(_on_accumulated_grad)
+                    param._sim_grad_hook = True
+
+
+def _on_accumulated_grad(param):
+    """Autograd has accumulated ``param``'s gradient into ``param.grad``: that memory is a
+    parameter gradient (allocated in backward as "other", like an activation's gradient)."""
+    acc = current()
+    if acc is not None and param.grad is not None:
+        acc.retag(storage_key(local_tensor(param.grad)), "gradients")
 
 
 def on_forward_post(module, args, output):
