@@ -43,6 +43,8 @@ def test_pointer_names_the_call_a_failure_line_sends_the_learner_to():
 @pytest.mark.parametrize("lab, package", [
     ("labs/03_data_parallel.ipynb", "workbook.lesson03_data_parallel"),
     ("labs/04_model_parallel.ipynb", "workbook.lesson04_model_parallel"),
+    ("labs/05_pipeline_parallel.ipynb", "workbook.lesson05_pipeline_parallel"),
+    ("labs/07_zero_fsdp.ipynb", "workbook.lesson07_zero_fsdp"),
 ])
 def test_every_unwritten_exercise_is_a_nudge_pointing_to_its_progressive_hints(lab, package):
     # The lab's NotImplementedError messages are one nudge each, not the code: each names
