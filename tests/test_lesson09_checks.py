@@ -259,6 +259,13 @@ def test_two_mlp_matrices_for_swiglu_are_caught(capsys):
           "LLaMA-7B, B = 256, recompute='none'", "three with SwiGLU")
 
 
+def test_an_unrecognised_flops_slip_gets_the_general_hint(capsys):
+    # attention's products counted once (2·B·s²·h), a slip with no hint of its own: the
+    # check used to crash on the general hint (a loop variable shadowed `hint`)
+    fails(capsys, checks.check_model_flops, learner_flops(attention=2),
+          "❌ FLOPs per iteration", "count forward first")
+
+
 def test_flops_that_raise_or_loop_are_reported(capsys, short_timeout):
     def raises(cfg, batch, recompute="none"):
         return cfg.kv_heads * 2              # None for multi-head attention

@@ -287,10 +287,10 @@ def _bubble_hint(case, got):
              ((p - 1) / m, "interleaving v chunks per GPU makes each slot v times "
                            "shorter: divide by v."),
              (100 * (p - 1) / (v * m), "return a fraction (0.05), not a percentage (5).")]
-    for value, hint in slips:
+    for value, slip in slips:
         if math.isclose(got, value, rel_tol=1e-9) and not math.isclose(
                 got, (p - 1) / (v * m), rel_tol=1e-9):
-            return hint
+            return slip
     return BUBBLE_HINT
 
 
@@ -387,9 +387,9 @@ def _flops_hint(cfg, batch, recompute, got):
         slips.append((exact(cfg, batch, "full") + logits,
                       "full recomputation runs every layer's forward again, not the output "
                       "layer (the lesson and Eq. 3 count it once per pass)."))
-    for value, hint in slips:
+    for value, slip in slips:
         if math.isclose(got, value, rel_tol=1e-6):
-            return hint
+            return slip
     if cfg.swiglu or cfg.kv != cfg.heads:
         return ("count each matrix: Q and the output projection h × h, K and V h × "
                 "(kv_heads · head_dim), and the MLP's h × ffn_hidden matrices: three with "
