@@ -369,6 +369,12 @@ def _traces():
         trace[6] *= factor
         cases.append((f"8 ranks × 40 steps, rank 6 {num(factor)}× slower throughout",
                       trace, expected))
+    # exactly 1.2×, with no jitter: "more than 1.2×" says no straggler, a ">=" says rank 6
+    # (0.25 s is a power of two, so 1.2 × 0.25 / 0.25 is exactly 1.2 however it is computed)
+    trace = torch.full((8, 40), 0.25, dtype=torch.float64)
+    trace[6] *= STRAGGLER_THRESHOLD
+    cases.append(("8 ranks × 40 steps, rank 6 exactly 1.2× slower throughout (not more)",
+                  trace, None))
     return cases
 
 
@@ -478,6 +484,10 @@ RECOVERY_CASES = (
     # the second failure strikes whichever worker took over the first one's task: a plan
     # that moves only task w of dead worker w leaves that task on a dead worker
     (2, 4, [(3, ("worker", 2)), (5, ("worker", HEIR))]),
+    # the next worker up is already dead when worker 3 fails, and a job of 3 workers:
+    # "give it to worker (dead + 1) % 4" picks a dead worker or one that does not exist
+    (2, 4, [(3, ("worker", 0)), (5, ("worker", 3))]),
+    (2, 3, [(4, ("worker", 2))]),
 )
 
 
