@@ -307,6 +307,26 @@ def test_checkpointing_ignoring_the_recompute_peak_does_not_fit(capsys):
           "Hint: block i runs (in forward, and again in backward")
 
 
+def test_checkpointing_table_for_the_labs_own_caps_fails(capsys):
+    """Answers typed in for the three caps the lab shows: the drawn caps catch them."""
+    table = {1584: [1, 3], 1000: [0, 1, 2, 3], 696: [0, 1, 2, 3, 4]}
+    fails(capsys, checks.check_checkpointing,
+          lambda profile, cap: table.get(round(cap / 2**20), list(range(8))),
+          "❌ activation checkpointing: cap ")
+
+
+def test_checkpointing_with_a_strict_less_than_fails_on_a_drawn_cap(capsys):
+    """"Fits the cap" includes a peak equal to it: a strict < chooses a costlier set."""
+    def choose(profile, cap):
+        subsets = [set(c) for k in range(9) for c in itertools.combinations(range(8), k)]
+        fitting = [s for s in subsets if MINE["peak_activations"](profile, s) < cap]
+        if not fitting:
+            return None
+        return sorted(min(fitting, key=lambda s: sum(profile[i]["recompute"] for i in s)))
+
+    fails(capsys, checks.check_checkpointing, choose, "❌ activation checkpointing: cap ")
+
+
 def test_checkpointing_returning_none_is_reported(capsys):
     fails(capsys, checks.check_checkpointing, lambda profile, cap: None,
           "cap 1584 MiB: returned None", "Hint: return a list of block indices")
