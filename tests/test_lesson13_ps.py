@@ -1,0 +1,122 @@
+"""Lesson 13's race-free parameter server: the check passes the reference written as a
+learner would, refuses the reference itself, and reports each wrong answer (a lost update,
+a broken staleness bound, a deadlock that only some interleavings reach, a server that never
+returns, an unwritten exercise) as one line that names the cause and the seed to replay."""
+
+import pytest
+
+import _wrong_ps as W
+from _check_helpers import fails, line, learner_namespace, not_started
+from workbook import checking
+from workbook.lesson13_interview_prep import _reference_ps as R
+from workbook.lesson13_interview_prep import parameter_server as ps
+
+check = ps.check_parameter_server
+NAME = "race-free parameter server"
+
+
+@pytest.fixture
+def short_timeout(monkeypatch):
+    monkeypatch.setattr(checking, "TIMEOUT", 1.0)
+
+
+def learner(serve):
+    """``serve`` with the reference's worker side, as the check takes them."""
+    return (serve, W.push, W.pull, W.sync)
+
+
+def test_the_reference_typed_by_a_learner_passes(capsys):
+    mine = learner_namespace(R, R.serve, R.push, R.pull, R.sync)
+    ok, text = line(capsys, check, *(mine[n] for n in ("serve", "push", "pull", "sync")))
+    assert ok, text
+    assert text == (f"✅ {NAME}: no lost update, staleness violation or deadlock in 61 "
+                    "interleavings (3 workers, 4 steps, bound 1, sync at step 3)")
+
+
+def test_the_reference_itself_is_refused(capsys):
+    text = fails(capsys, lambda args: check(*args), (R.serve, R.push, R.pull, R.sync),
+                 "reference answer")
+    assert text.startswith(f"❌ {NAME}: this function is the workbook's own")
+
+
+def test_last_writer_wins_loses_an_update(capsys):
+    text = fails(capsys, lambda args: check(*args), ps.PLANTED_BUG,
+                 "was lost (its place in the final parameters is still 0)",
+                 "params -= lr * grad")
+
+
+def test_a_server_without_bound_breaks_the_staleness_bound(capsys):
+    fails(capsys, lambda args: check(*args), learner(W.serve_without_bound),
+          "got parameters without worker", "must see every update of steps <",
+          "clock[worker] - min(clock) <= bound")
+
+
+def test_answering_before_applying_breaks_the_staleness_bound(capsys):
+    fails(capsys, lambda args: check(*args), learner(W.serve_answers_before_applying),
+          "got parameters without worker")
+
+
+def test_a_server_that_never_rechecks_deadlocks(capsys):
+    fails(capsys, lambda args: check(*args), learner(W.serve_never_rechecks),
+          "round-robin order: deadlock (rank 0: recv from any rank",
+          "after every push, look at all the waiting ones")
+
+
+def test_head_of_line_deadlocks_under_some_interleavings_only(capsys):
+    program = ps.Program(*learner(W.serve_head_of_line))
+    verdicts = {seed: ps.run_once(program, seed) for seed in range(12)}
+    passing = [seed for seed, v in verdicts.items() if v is None]
+    failing = [seed for seed, v in verdicts.items() if v is not None]
+    assert passing and failing, verdicts
+    assert {verdicts[s].kind for s in failing} == {"deadlock"}
+    # the seed replays its interleaving: the same finding, word for word
+    seed = failing[0]
+    assert str(ps.run_once(program, seed)) == str(verdicts[seed])
+    assert ps.run_once(program, passing[0]) is None
+    fails(capsys, lambda args: check(*args), learner(W.serve_head_of_line), "deadlock")
+
+
+def test_a_gradient_received_from_any_source_is_caught(capsys):
+    fails(capsys, lambda args: check(*args), learner(W.serve_gradient_from_any),
+          "mismatch in send/recv")
+
+
+def test_a_server_that_spins_is_stopped(capsys, short_timeout):
+    fails(capsys, lambda args: check(*args), learner(W.serve_spins),
+          "rank 0 was still running after 1 s of wall-clock time",
+          "without calling dist.recv never ends")
+
+
+def test_an_unwritten_exercise_is_not_started(capsys):
+    not_started(capsys, check, learner(W.serve_not_started), NAME,
+                "the server's loop: receive a header from any worker, ...")
+
+
+def test_explore_names_the_first_seed_and_it_replays(capsys):
+    found = ps.explore(ps.PLANTED_BUG, seeds=range(5, 30), round_robin=False,
+                       bound=ps.STEPS, sync_every=None)
+    out = capsys.readouterr().out
+    assert found is not None and found.kind == "lost update"
+    assert found.seed == 5, found   # the first seed tried: every interleaving loses one
+    assert out.startswith("schedule_seed=5: worker ")
+    assert "Replay it: explore(program, seeds=[5], round_robin=False)." in out
+    again = ps.run_once(ps.PLANTED_BUG, 5, bound=ps.STEPS, sync_every=None)
+    assert str(again) == str(found)
+
+
+def test_explore_says_when_nothing_was_found(capsys):
+    assert ps.explore(R, seeds=range(3)) is None
+    assert capsys.readouterr().out == (
+        "no lost update, staleness violation or deadlock in 4 interleaving(s) "
+        "(round-robin and schedule seeds 0-2)\n")
+
+
+def test_judge_names_lost_and_doubled_updates():
+    import torch
+    final = torch.full((12,), -ps.LR, dtype=torch.float64)
+    assert ps.judge(final, []) is None
+    final[5] = 0.0
+    assert ps.judge(final, [])[1].startswith("worker 2's update of step 1 was lost")
+    final[5] = -2 * ps.LR
+    assert "applied 2 times" in ps.judge(final, [])[1]
+    assert ps.judge(None, [])[1] == "serve returned None, not the parameters"
