@@ -45,3 +45,22 @@ def mcp_protocol():
         explain="Interviewers test for bluffing too. OSDI'20 did publish BytePS (a unified "
                 "architecture for accelerating distributed DNN training), which is the closest "
                 "real thing.")
+
+
+def spares_or_idle():
+    """In the lab."""
+    return quiz.choice(
+        "100 runs of 8 nodes share 1,000 nodes, and nodes fail at 5 % a day. What do 50 hot "
+        "spares held outside the scheduler buy, compared with leaving those 50 nodes in the pool?",
+        [("Nothing: idle nodes in the pool already replace failed ones", "Partly true: a "
+         "failed run restarts on idle nodes too. But a spare also replaces the failed node "
+         "itself within minutes, so the pool does not shrink while it is repaired."),
+         "A failed node's place is filled in minutes, so the pool keeps its size during the "
+         "hours of repair",
+         ("Fewer failures", "Spares fail like any node; they change what a failure costs, "
+                            "not how often it happens.")],
+        answer="A failed node's place is filled in minutes, so the pool keeps its size during "
+               "the hours of repair",
+        explain="With 200 nodes idle anyway (800 busy) the day's result hardly changes: the "
+                "idle nodes absorb the failures. Spares matter when the runs fill the pool — "
+                "the lesson's 10-node runs with none missed the day.")
