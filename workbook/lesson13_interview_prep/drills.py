@@ -22,6 +22,7 @@ Answers are graded with a tolerance (``rel_tol``, by level) and units: "1.5 GB",
 docs/drills.md says how drills are built and how to add one.
 """
 
+import importlib
 import math
 import random
 import re
@@ -31,7 +32,8 @@ from simcluster import costmodel, planner, serving
 from simcluster import scheduling as sched
 from simcluster import spec as sc_spec
 from workbook import outputs
-from workbook.checking import Failure, answers, check, number, on_a_rank, raised
+from workbook.checking import (Failure, check, number, on_a_rank, raised,
+                               refuse_reference)
 from workbook.lesson04_model_parallel.demos import p2p_formula
 from workbook.lesson06_tensor_parallel.demos import tp_comm_elements
 from workbook.lesson07_zero_fsdp.demos import model_state_bytes
@@ -1428,6 +1430,458 @@ def grade(question, response):
                      value)
     ratio = value / question.answer if question.answer else math.inf
     how = "too high" if value > question.answer else "too low"
-    factor = f" ({sig(ratio)}× the answer)" if ratio > 0 and (ratio >= 1.5 or ratio <= 0.67) \
+    factor = f" ({sig(ratio, 2)}× the answer)" if ratio > 0 and (ratio >= 1.5 or ratio <= 0.67) \
         else ""
     return Grade("wrong", f"❌ {show(value, question.unit)} is {how}{factor}.", value)
+
+
+# ------------------------------------------------------------------ timed mode
+
+
+class Session:
+    """A timed drill session without widgets (the widget of :func:`timed` drives one).
+
+    For each question in turn: :meth:`approach` (how you would solve it, in words: graded
+    interviews ask for it first), then :meth:`answer` (a number; an invalid one may be
+    retyped). The worked answer is only available (:meth:`worked`) once the question is
+    answered. :meth:`tick` counts the clock down; an answer after the time is up is
+    graded, shown, but scores nothing. :attr:`score` counts answers right in time.
+    """
+
+    def __init__(self, questions, seconds=None):
+        self.questions = list(questions)
+        if not self.questions:
+            raise ValueError("a session needs at least one question (drills.draw(...))")
+        self.seconds = seconds
+        self.index = 0
+        self.approaches = [None] * len(self.questions)
+        self.grades = [None] * len(self.questions)
+        self.in_time = [False] * len(self.questions)
+        self.remaining = self._limit(self.questions[0])
+
+    def _limit(self, question):
+        return SECONDS[question.level] if self.seconds is None else self.seconds
+
+    @property
+    def question(self):
+        """The current question, or None when the session is over."""
+        return self.questions[self.index] if self.index < len(self.questions) else None
+
+    @property
+    def done(self):
+        return self.index >= len(self.questions)
+
+    @property
+    def answered(self):
+        """Whether the current question has a valid answer (correct or wrong)."""
+        return not self.done and self.grades[self.index] is not None
+
+    def tick(self, seconds=1):
+        """Count the clock down by ``seconds`` (until the current question is answered)."""
+        if not self.done and not self.answered:
+            self.remaining = max(0, self.remaining - seconds)
+        return self.remaining
+
+    def approach(self, text):
+        """Record the approach to the current question; it must say something."""
+        if self.done:
+            raise ValueError("the session is over")
+        if not isinstance(text, str) or len(text.strip()) < 3:
+            raise ValueError("write your approach first: which formula, which terms "
+                             "dominate, what you would look up")
+        self.approaches[self.index] = text.strip()
+
+    def answer(self, response):
+        """Grade ``response`` for the current question (after :meth:`approach`)."""
+        if self.done:
+            raise ValueError("the session is over")
+        if self.approaches[self.index] is None:
+            return Grade("invalid", "⚠️ write your approach first, then the number")
+        if self.answered:
+            return self.grades[self.index]
+        result = grade(self.question, response)
+        if result.status != "invalid":
+            self.grades[self.index] = result
+            self.in_time[self.index] = self.remaining > 0
+        return result
+
+    def worked(self):
+        """The current question's worked answer and takeaway, once answered."""
+        if not self.answered:
+            raise ValueError("answer the question first: the worked answer comes after")
+        q = self.question
+        late = "" if self.in_time[self.index] else "\n\n⏰ answered after the time: no point."
+        return (f"{self.grades[self.index].message}{late}\n\n**Your approach:** "
+                f"{self.approaches[self.index]}\n\n**Worked answer.** {q.worked}\n\n"
+                f"**Takeaway.** {q.takeaway}")
+
+    def next(self):
+        """Move on to the next question (the current one must be answered)."""
+        if not self.answered:
+            raise ValueError("answer the question first")
+        self.index += 1
+        if not self.done:
+            self.remaining = self._limit(self.question)
+
+    @property
+    def score(self):
+        """Questions answered correctly within their time."""
+        return sum(bool(g and g.correct and t) for g, t in zip(self.grades, self.in_time))
+
+    def summary(self):
+        """One line: the score, and how many were right at all."""
+        right = sum(bool(g and g.correct) for g in self.grades)
+        return (f"Score: {self.score} / {len(self.questions)} right in time "
+                f"({right} right in all).")
+
+
+def _md(markdown):
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"text/markdown": markdown, "text/plain": markdown}}
+
+
+class Timed:
+    """The countdown widget over a :class:`Session`; what :func:`timed` returns.
+
+    Displayed, it is one output whose markdown and plain-text forms say only what the
+    session is (level, number of questions, time) — never a question's answer: answers
+    and worked answers reach the widget only after an answer is checked.
+    """
+
+    def __init__(self, session, title):
+        self.session, self.title = session, title
+        self._widget = None
+        self._task = None
+
+    def text(self):
+        return (f"{self.title}: {len(self.session.questions)} questions, "
+                "approach first, then the number. Run this cell to start the clock.")
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = {}
+        widget = self.widget()
+        if widget is not None:
+            bundle.update(widget._repr_mimebundle_())
+        bundle["text/plain"] = self.text()
+        bundle["text/markdown"] = f"**{self.text()}**"
+        return bundle
+
+    def widget(self):
+        """The ipywidgets box (built once), or None without ipywidgets."""
+        if self._widget is not None:
+            return self._widget
+        try:
+            import ipywidgets as w
+        except ImportError:
+            return None
+        self._prompt, self._feedback = w.Output(), w.Output()
+        self._clock = w.Label()
+        self._approach = w.Textarea(placeholder="your approach: formula, terms, estimate",
+                                    layout=w.Layout(width="100%", height="4em"))
+        self._number = w.Text(placeholder="your answer, e.g. 1.5 GB",
+                              layout=w.Layout(width="16em"))
+        self._go = w.Button(description="Approach done", button_style="info")
+        self._check = w.Button(description="Check", button_style="primary")
+        self._next = w.Button(description="Next")
+        self._go.on_click(lambda _: self._submit_approach())
+        self._check.on_click(lambda _: self._submit_answer())
+        self._next.on_click(lambda _: self._advance())
+        self._answer_row = w.HBox([self._number, self._check])
+        self._widget = w.VBox([self._prompt, self._clock, self._approach, self._go,
+                               self._answer_row, self._feedback, self._next])
+        self._show_question()
+        return self._widget
+
+    def _say(self, markdown):
+        self._feedback.outputs = (_md(markdown),) if markdown else ()
+
+    def _show_question(self):
+        s = self.session
+        if s.done:
+            self._prompt.outputs = (_md(f"### {s.summary()}"),)
+            for box in (self._clock, self._approach, self._go, self._answer_row,
+                        self._next):
+                box.layout.display = "none"
+            return
+        q = s.question
+        self._prompt.outputs = (_md(f"**{self.title} — question {s.index + 1} of "
+                                    f"{len(s.questions)}** (lesson {q.lesson}, {q.level})"
+                                    f"\n\n{q.text} *(answer in {q.unit or 'a number'})*"),)
+        self._approach.value = self._number.value = ""
+        self._approach.disabled = False
+        self._go.layout.display = None
+        self._answer_row.layout.display = "none"     # the number comes after the approach
+        self._next.layout.display = "none"
+        self._say("")
+        self._update_clock()
+        self._start_clock()
+
+    def _update_clock(self):
+        r = self.session.remaining
+        self._clock.value = f"⏱ {r // 60}:{r % 60:02d} left" if r > 0 else \
+            "⏰ time's up — answer anyway to see the worked answer (no point)"
+
+    def _start_clock(self):
+        import asyncio
+        if self._task is not None:
+            self._task.cancel()
+        try:
+            loop = asyncio.get_event_loop()
+        except RuntimeError:
+            return
+        if not loop.is_running():            # no kernel loop (a script, a test): no clock
+            return
+
+        async def countdown(index):
+            while self.session.index == index and not self.session.answered \
+                    and self.session.remaining > 0:
+                await asyncio.sleep(1)
+                self.session.tick(1)
+                self._update_clock()
+
+        self._task = loop.create_task(countdown(self.session.index))
+
+    def _submit_approach(self):
+        try:
+            self.session.approach(self._approach.value)
+        except ValueError as error:
+            self._say(f"⚠️ {error}")
+            return
+        self._approach.disabled = True
+        self._go.layout.display = "none"
+        self._answer_row.layout.display = None
+        self._say("")
+
+    def _submit_answer(self):
+        result = self.session.answer(self._number.value)
+        if result.status == "invalid":
+            self._say(result.message)
+            return
+        self._answer_row.layout.display = "none"
+        self._say(self.session.worked())
+        self._next.layout.display = None
+        self._update_clock()
+
+    def _advance(self):
+        self.session.next()
+        self._show_question()
+
+
+def timed(level=None, n=5, seed=0, seconds=None, lesson=None):
+    """A timed drill session of ``n`` questions of ``level`` (None: any) drawn with
+    ``seed``, ``seconds`` per question (default by level: :data:`SECONDS`). The last
+    expression of a cell: it shows the countdown widget."""
+    session = Session(draw(level, n, seed, lesson), seconds)
+    title = f"Drills ({level or 'all levels'}, seed {seed})"
+    return Timed(session, title)
+
+
+# ------------------------------------------------------------------ the lab's checks
+
+def _reference():
+    """The lab's answers (``_reference_drills``), imported inside the checks only, so that
+    importing the drills never loads them (as :func:`workbook.checking.answers` does)."""
+    return importlib.import_module(f"{__package__}._reference_drills")
+
+
+# The lab's drill set: one question from five lessons, fixed numbers.
+DRILL_SET = (("ring_allreduce_time", 13), ("zero3_per_gpu", 13), ("gpipe_bubble", 13),
+             ("young_checkpoint_interval", 13), ("kv_cache_size", 13))
+NOT_ANSWERS = ("answer", "answer_text", "worked")   # what a learner's code may not read
+
+
+def drill_set():
+    """The lab's drill set: ``{name: Question}``."""
+    return {name: make(name, seed) for name, seed in DRILL_SET}
+
+
+def show_drill_set():
+    """Print the lab's drill set: each question's name, text and unit (no answers)."""
+    for name, q in drill_set().items():
+        print(f"{name}  (lesson {q.lesson}; answer in {q.unit or 'a number'})")
+        print(f"    {q.text}\n")
+
+
+def _names_used(code):
+    """Every attribute and global name ``code`` and the code nested in it (lambdas,
+    comprehensions) use."""
+    found = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            found |= _names_used(const)
+    return found
+
+
+def _refuse_answer_reading(fn, hint):
+    code = getattr(fn, "__code__", None)
+    read = _names_used(code) & set(NOT_ANSWERS) if code is not None else set()
+    if read:
+        raise Failure(f"your function reads a drill's computed answer ({', '.join(sorted(read))}); "
+                      "work the numbers out yourself", hint)
+
+
+def _unmarked(message):
+    """A grade's message without its ❌/⚠️ mark (the check's line has its own)."""
+    return message.split(" ", 1)[1] if message[:1] in ("❌", "⚠") else message
+
+
+def _learner_dict(answers_fn, what, keys):
+    """The dict ``answers_fn()`` returns (run on a simulated rank, under a time limit)."""
+    if isinstance(answers_fn, dict):
+        got = answers_fn
+    elif callable(answers_fn):
+        try:
+            got = on_a_rank(answers_fn, (), what)
+        except Failure:
+            raise
+        except Exception as error:  # noqa: BLE001 — reported like any learner error
+            raise raised(what, error) from None
+    else:
+        raise Failure(f"{what} must be a function returning a dict, got {answers_fn!r}",
+                      "def my_answers(): return {'name': value, ...}")
+    if got is None:
+        raise Failure(f"{what} returned None", "return a dict {name: answer} at the end")
+    if not isinstance(got, dict):
+        raise Failure(f"{what} returned a {type(got).__name__}, not a dict",
+                      "return a dict {name: answer}")
+    missing = [k for k in keys if k not in got]
+    if missing:
+        raise Failure(f"{what}: no answer for {', '.join(missing)}",
+                      f"give all of {', '.join(keys)}")
+    return got
+
+
+@check("drill set")
+def check_drill_set(answers_fn):
+    """Grade the learner's answers to :data:`DRILL_SET`: ``answers_fn()`` returns
+    ``{name: answer}``, each a number in the question's unit or text with a unit
+    ("1.2 ms"), graded as :func:`grade` does."""
+    hint = "show_drill_set() prints the questions; a number is read in the unit asked."
+    if callable(answers_fn):
+        refuse_reference(answers_fn, _reference().drill_answers)
+        _refuse_answer_reading(answers_fn, hint)
+    questions = drill_set()
+    got = _learner_dict(answers_fn, "your drill answers", list(questions))
+    for name, q in questions.items():
+        response = got[name]
+        if number(response) is None and not isinstance(response, str):
+            raise Failure(f"{name}: {response!r} is not a number or a text like '1.2 ms'",
+                          hint)
+        result = grade(q, number(response) if number(response) is not None else response)
+        if not result.correct:
+            raise Failure(f"{name}: {_unmarked(result.message)}", q.takeaway)
+    return f"all {len(questions)} drills right (lessons " \
+           f"{', '.join(q.lesson for q in questions.values())})"
+
+
+# -------------------------------------------- an estimate in the scaling book's style
+
+ESTIMATE_MODEL = planner.TransformerConfig(
+    layers=80, hidden=8192, heads=64, kv_heads=8, seq_len=4096, vocab=32000,
+    ffn_hidden=28672, swiglu=True, tied_embeddings=False)
+ESTIMATE_LAYOUT = dict(tp=8, pp=8, dp=16, global_batch=1024, micro_batch=1,
+                       recompute="selective")
+ESTIMATE_KEYS = ("flops", "compute_s", "bubble", "tp_comm_s", "dp_comm_s", "dominant")
+TERMS = {"tp": "tp_communication", "pp": "pp_communication", "dp": "dp_communication",
+         "bubble": "bubble"}
+ESTIMATE_TOL = {"flops": 0.15, "compute_s": 0.15, "bubble": 0.1, "tp_comm_s": 0.2,
+                "dp_comm_s": 0.2}
+ESTIMATE_UNITS = {"flops": "FLOP", "compute_s": "s", "bubble": "%", "tp_comm_s": "s",
+                  "dp_comm_s": "s"}
+
+
+def estimate_cluster():
+    """The 1,024 H100s of the estimate: 128 DGX H100 nodes."""
+    return sc_spec.preset("dgx-h100", nodes=128)
+
+
+def estimate_problem():
+    """The text of the estimation problem (lesson 13's lab)."""
+    cluster = estimate_cluster()
+    fabric, nic = cluster.nodes[0].fabric, cluster.inter_node_link
+    L = ESTIMATE_LAYOUT
+    return (
+        f"A 70 B LLaMA-style model ({sig(planner.parameter_count(ESTIMATE_MODEL) / 1e9)} B "
+        f"parameters: {_model_text(ESTIMATE_MODEL)}, SwiGLU MLP of {_n(ESTIMATE_MODEL.ffn)}, "
+        f"vocabulary {_n(ESTIMATE_MODEL.vocab)}, sequences of {_n(ESTIMATE_MODEL.seq_len)} "
+        f"tokens) trains on 1,024 H100s (128 DGX nodes; 989 TFLOP/s bf16 each) with "
+        f"tp={L['tp']} inside each node, pp={L['pp']}, dp={L['dp']}; {_n(L['global_batch'])} "
+        f"sequences per step, micro-batch {L['micro_batch']}, 1F1B, selective recomputation.\n"
+        f"NVLink: {show(fabric.effective_bandwidth_among(8), 'GB/s')} per GPU, "
+        f"α = {show(fabric.latency, 'µs')}. InfiniBand: "
+        f"{show(nic.effective_bandwidth, 'GB/s')} per GPU (one NIC each), "
+        f"α = {show(nic.latency, 'µs')}.\nEstimate, per step:\n"
+        "  flops      the model's training FLOPs (no recomputation)\n"
+        "  compute_s  those FLOPs at peak on all GPUs (a lower bound on the step)\n"
+        "  bubble     the pipeline bubble, as a fraction of the step\n"
+        "  tp_comm_s  one GPU's TP all-reduces (4 per layer and micro-batch, of the bf16 "
+        "b·s·h activation, ring α-β, not overlapped)\n"
+        "  dp_comm_s  one GPU's gradient all-reduce (its bf16 shard 2N/(tp·pp), ring over "
+        "dp on InfiniBand)\n"
+        "  dominant   after compute, which costs most: 'tp', 'pp', 'dp' or 'bubble'?")
+
+
+def _estimate_expected():
+    """``(expected values, the planner's Estimate)``: formulas in code and the planner."""
+    cfg, cluster, L = ESTIMATE_MODEL, estimate_cluster(), ESTIMATE_LAYOUT
+    est = planner.estimate(cfg, cluster, **L)
+    gpus = L["tp"] * L["pp"] * L["dp"]
+    m = L["global_batch"] // (L["dp"] * L["micro_batch"])
+    fabric, nic = cluster.nodes[0].fabric, cluster.inter_node_link
+    nvlink = _link(fabric.latency, fabric.effective_bandwidth_among(L["tp"]))
+    ib = _link(nic.latency, nic.effective_bandwidth)
+    activation = 2 * L["micro_batch"] * cfg.seq_len * cfg.hidden
+    flops = planner.flops_per_iteration(cfg, L["global_batch"], "none")
+    expected = {
+        "flops": flops,
+        "compute_s": flops / (gpus * H100.peak_flops["bfloat16"]),
+        "bubble": bubble_formula(L["pp"], m),
+        "tp_comm_s": 4 * cfg.layers // L["pp"] * m * costmodel.flat_time(
+            "all_reduce", "flat_ring", L["tp"], activation, nvlink),
+        "dp_comm_s": costmodel.flat_time(
+            "all_reduce", "flat_ring", L["dp"],
+            2 * planner.parameter_count(cfg) / (L["tp"] * L["pp"]), ib),
+        "dominant": max(TERMS, key=lambda k: est.breakdown[TERMS[k]]),
+    }
+    return expected, est
+
+
+@check("step-time estimate")
+def check_estimate(estimate_fn):
+    """Grade the learner's estimate of :func:`estimate_problem`: ``estimate_fn()``
+    returns ``{key: value}`` for :data:`ESTIMATE_KEYS` (numbers in s, FLOP, a fraction;
+    or text with units), each within :data:`ESTIMATE_TOL` of the formula in code; the
+    dominant term must be the planner's. The ✅ line compares with the planner."""
+    hint = "estimate_problem() prints the question; start from 6·N·tokens."
+    if callable(estimate_fn):
+        refuse_reference(estimate_fn, _reference().estimate)
+    got = _learner_dict(estimate_fn, "your estimate", list(ESTIMATE_KEYS))
+    expected, est = _estimate_expected()
+    for key in ESTIMATE_KEYS[:-1]:
+        q = Question(key, "hard", "09", 0, key, expected[key], ESTIMATE_UNITS[key],
+                     ESTIMATE_TOL[key], "", "")
+        response = got[key]
+        value = number(response)
+        if value is None and not isinstance(response, str):
+            raise Failure(f"{key}: {response!r} is not a number", hint)
+        result = grade(q, value if value is not None else response)
+        if not result.correct:
+            raise Failure(f"{key}: {_unmarked(result.message)}", {
+                "flops": "6 FLOPs per parameter per token (2 forward, 4 backward).",
+                "compute_s": "FLOPs / (GPUs × 989 TFLOP/s).",
+                "bubble": "m = batch / (dp · micro-batch); bubble (p − 1)/(m + p − 1).",
+                "tp_comm_s": "layers per stage × micro-batches × 4 × ring all-reduce time "
+                             "2(t−1)α + 2(t−1)/t · n/B on NVLink.",
+                "dp_comm_s": "ring over dp: 2(dp−1)α + 2(dp−1)/dp · shard/B on InfiniBand.",
+            }[key])
+    dominant = str(got["dominant"]).strip().lower()
+    if dominant not in TERMS:
+        raise Failure(f"dominant: {got['dominant']!r} is not one of "
+                      f"{', '.join(map(repr, TERMS))}", "name one term")
+    if dominant != expected["dominant"]:
+        raise Failure(f"dominant: {dominant!r} is not what costs most after compute",
+                      "compare your tp, dp and bubble seconds (bubble × step)")
+    b = est.breakdown
+    return (f"within tolerance; the planner predicts {sig(est.step_time)} s per step "
+            f"(MFU {sig(est.mfu * 100)}%): compute {sig(b['compute'])} s (kernels below "
+            f"peak), TP {sig(b['tp_communication'])} s, bubble {sig(b['bubble'])} s")
