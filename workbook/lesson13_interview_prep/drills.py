@@ -31,15 +31,12 @@ from dataclasses import dataclass, field
 from simcluster import costmodel, planner, serving
 from simcluster import scheduling as sched
 from simcluster import spec as sc_spec
+from simcluster.goodput import daly_interval, expected_goodput, young_interval
 from workbook import outputs
 from workbook.checking import (Failure, check, number, on_a_rank, raised,
                                refuse_reference)
-from workbook.lesson04_model_parallel.demos import p2p_formula
-from workbook.lesson06_tensor_parallel.demos import tp_comm_elements
-from workbook.lesson07_zero_fsdp.demos import model_state_bytes
-from workbook.lesson08_memory_and_precision.demos import korthikanti_bytes
-from workbook.lesson10_failure_handling.demos import (daly_interval, expected_goodput,
-                                                       young_interval)
+from workbook.formulas import (korthikanti_bytes, model_state_bytes, p2p_formula,
+                               tp_comm_elements)
 from workbook.models import activation_bytes
 from workbook.pipeline import bubble_formula, bubble_uneven
 
