@@ -1,6 +1,9 @@
 """The checks of lab 13 (interview preparation), on the protocol of
 :mod:`workbook.checking`.
 
+* :func:`check_parameter_server` (from :mod:`.parameter_server`): push/pull/sync and the
+  server's loop, explored over 61 interleavings (``schedule_seed``);
+* :func:`check_drill_set` (from :mod:`.drills`): five drills answered in your own units;
 * :func:`check_design`: your design for the lab's scenario (:data:`.lab.LAB_SCENARIO`),
   graded 40/30/30 by :func:`.design.evaluate` (planner, failure model, scheduler); it
   passes at :data:`.design.PASS_SCORE` of 100, and a failing line names the rubric item
@@ -14,6 +17,9 @@ imported inside the checks only.
 
 from workbook.checking import Failure, answers, check, on_a_rank, refuse_reference
 from workbook.lesson13_interview_prep import design, lab
+# the parameter server's and the drills' checks live beside their code
+from workbook.lesson13_interview_prep.drills import check_drill_set, check_estimate  # noqa: F401
+from workbook.lesson13_interview_prep.parameter_server import check_parameter_server  # noqa: F401
 
 _reference = answers(__name__)
 
@@ -27,6 +33,9 @@ def check_design(my_design):
         value = on_a_rank(my_design, (), "my_design()")
     else:
         value = my_design
+    if not isinstance(value, dict):
+        raise Failure(f"my_design() returned {type(value).__name__}, not a dict",
+                      "end my_design() with return {\"nodes_per_run\": ..., ...}")
     try:
         grade = design.evaluate(value, lab.LAB_SCENARIO)
     except ValueError as error:
@@ -41,7 +50,3 @@ def check_design(my_design):
                       "print design.check_design(my_design(), lab.LAB_SCENARIO) for the whole "
                       "table; change the choice that costs the most, then run this again")
     return f"{grade.total}/100 ({summary})"
-
-
-# The parameter server's check lives beside its explorer.
-from workbook.lesson13_interview_prep.parameter_server import check_parameter_server  # noqa: E402,F401
