@@ -1,7 +1,7 @@
 """Lesson 13's race-free parameter server: the check passes the reference written as a
 learner would, refuses the reference itself, and reports each wrong answer (a lost update,
 a broken staleness bound, a deadlock that only some interleavings reach, a server that never
-returns, an unwritten exercise) as one line that names the cause and the seed to replay."""
+returns, an unwritten exercise) as one line that names the cause and the schedule seed to replay."""
 
 import pytest
 
@@ -69,7 +69,7 @@ def test_head_of_line_deadlocks_under_some_interleavings_only(capsys):
     failing = [seed for seed, v in verdicts.items() if v is not None]
     assert passing and failing, verdicts
     assert {verdicts[s].kind for s in failing} == {"deadlock"}
-    # the seed replays its interleaving: the same finding, word for word
+    # a schedule seed replays its interleaving: the same finding, word for word
     seed = failing[0]
     assert str(ps.run_once(program, seed)) == str(verdicts[seed])
     assert ps.run_once(program, passing[0]) is None

@@ -202,8 +202,8 @@ def run_once(program, schedule_seed=None, **options):
 def explore(program, seeds=SEEDS, round_robin=True, quiet=False, **options):
     """Run ``program`` under round-robin order (if ``round_robin``), then under every
     ``schedule_seed`` in ``seeds``; stop at the first run that loses an update, breaks the
-    staleness bound, deadlocks or never ends, print it with the seed that replays it, and
-    return it (a :class:`Finding`). Returns None (and says so) if every run was right.
+    staleness bound, deadlocks or never ends, print it with the schedule seed that
+    replays it, and return it (a :class:`Finding`). Returns None (and says so) if every run was right.
     ``options``: ``workers``, ``steps``, ``bound``, ``lr``, ``sync_every``
     (:func:`run_program`)."""
     orders = ([None] if round_robin else []) + list(seeds)
