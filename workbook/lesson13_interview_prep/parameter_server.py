@@ -216,8 +216,9 @@ def explore(program, seeds=SEEDS, round_robin=True, quiet=False, **options):
                 print(f"{finding}.{replay}")
             return finding
     if not quiet:
+        plural = "s" if len(orders) != 1 else ""
         print(f"no lost update, staleness violation or deadlock in {len(orders)} "
-              f"interleaving(s) ({_span(seeds, round_robin)})")
+              f"interleaving{plural} ({_span(seeds, round_robin)})")
     return None
 
 
@@ -255,46 +256,60 @@ def check_parameter_server(serve, push, pull, sync):
             f"{SYNC_EVERY})")
 
 
-# A planted bug for the lesson: workers push new *parameters* (what they pulled, minus
-# their step), and the server keeps the latest. Correct when the workers take turns;
-# under another interleaving two workers pull the same parameters and the second push
-# overwrites the first one's update. No bound, no sync: it is not the lab's answer.
+# A planted bug for the lesson. Workers push their new *parameters* (what they pulled,
+# minus their step); the server turns each into a difference against the parameters it
+# served for that step, params += new - served[step]. But it keeps one copy per *step*,
+# not per worker: when two workers were served different parameters for the same step,
+# the later copy replaces the earlier, and a push is measured against parameters it never
+# saw. In round-robin order the workers of a step are served the same parameters and all
+# is well; in other orders updates are lost. No staleness bound, no sync: not the lab's
+# answer.
 _pulled = {}   # rank -> the parameters it last pulled (ranks are threads of one process)
 
 
-def _last_writer_serve(params, lr, workers, steps, bound):
+def _per_step_serve(params, lr, workers, steps, bound):
     header = torch.zeros(1)
+    clock = {w: 0 for w in workers}
+    served = {}                              # step -> parameters served for it (the bug)
     for _ in range(2 * len(workers) * steps):   # every worker: a pull and a push per step
         src = dist.recv(header)
         if header.item() == PUSH:
-            dist.recv(params, src)          # the worker's new parameters replace ours
+            new = torch.empty_like(params)
+            dist.recv(new, src)
+            params += new - served[clock[src]]
+            clock[src] += 1
         else:
             dist.send(params, src)
+            served[clock[src]] = params.clone()
     return params
 
 
-def _last_writer_push(gradients):
+def _push_parameters(gradients):
     dist.send(torch.tensor([float(PUSH)]), SERVER)
     dist.send(_pulled[dist.get_rank()] - LR * gradients, SERVER)
 
 
-def _last_writer_pull(params):
+def _pull_remembering(params):
     dist.send(torch.tensor([float(PULL)]), SERVER)
     dist.recv(params, SERVER)
     _pulled[dist.get_rank()] = params.clone()
     return params
 
 
-PLANTED_BUG = Program(_last_writer_serve, _last_writer_push, _last_writer_pull,
-                      _last_writer_pull)
+PLANTED_BUG = Program(_per_step_serve, _push_parameters, _pull_remembering,
+                      _pull_remembering)
+PLANTED_OPTIONS = {"bound": STEPS, "sync_every": None}   # only lost updates count
 
 
 def demo(seeds=range(20)):
-    """The lesson's demo: the planted last-writer-wins server under round-robin order and
-    under ``seeds`` (no bound, no sync: only lost updates count), then the reference
-    server (bound 1, a sync at step 3) under the same orders. Prints one line each."""
-    print("last-writer-wins server: ", end="")
-    found = explore(PLANTED_BUG, seeds, bound=STEPS, sync_every=None)
-    print("the reference server:    ", end="")
+    """The lesson's demo: the planted server (:data:`PLANTED_BUG`) under round-robin order
+    alone, then under ``seeds`` too (no bound, no sync: only lost updates count); then the
+    reference server (bound 1, a sync at step 3) under the same orders. Returns the
+    planted bug's :class:`Finding`."""
+    print("planted bug, round-robin only: ", end="")
+    explore(PLANTED_BUG, [], **PLANTED_OPTIONS)
+    print("planted bug, with seeds:       ", end="")
+    found = explore(PLANTED_BUG, seeds, **PLANTED_OPTIONS)
+    print("the reference server:          ", end="")
     explore(Program(*(getattr(_reference_ps(), name) for name in Program._fields)), seeds)
     return found
