@@ -143,3 +143,15 @@ def test_judge_names_lost_and_doubled_updates():
     final[5] = -2 * ps.LR
     assert "applied 2 times" in ps.judge(final, [])[1]
     assert ps.judge(None, [])[1] == "serve returned None, not the parameters"
+
+
+def test_replay_shows_every_pull_in_order(capsys):
+    found = ps.replay(ps.PLANTED_BUG, 0, **ps.PLANTED_OPTIONS)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == ps.WORKERS * ps.STEPS + 2
+    assert out[0] == "worker 1 pulls for step 0: 1:.... 2:.... 3:...."
+    assert out[-2].startswith("final parameters:          1:")
+    assert out[-1] == str(found) and found.kind == "lost update"
+    lost = ps.missing(ps.run_program(ps.PLANTED_BUG, 0, **ps.PLANTED_OPTIONS)[0])
+    assert lost and found.what.startswith(lost[0])
+    assert out[-2].count(".") == len(lost)

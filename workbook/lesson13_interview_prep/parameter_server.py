@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 import simcluster as sc
+from workbook import outputs
 from workbook.checking import Failure, NotStarted, check, refuse_reference, simulate
 
 SERVER = 0                 # the rank that holds the parameters
@@ -83,8 +84,15 @@ def _position(worker_index, step, steps):
     return worker_index * steps + step
 
 
-def _update_name(position, steps):
+def update_name(position, steps=STEPS):
+    """``"worker 2's update of step 1"``: what position ``position`` of the parameters
+    records (worker ranks are 1, 2, ...; steps 0, 1, ...)."""
     return f"worker {position // steps + 1}'s update of step {position % steps}"
+
+
+def missing(params, steps=STEPS):
+    """The updates ``params`` (a run's parameters) does not contain, by name."""
+    return [update_name(i, steps) for i, value in enumerate(params.tolist()) if value == 0.0]
 
 
 def run_program(program, schedule_seed=None, workers=WORKERS, steps=STEPS, bound=BOUND,
@@ -127,11 +135,11 @@ def judge(final, seen, lr=LR, steps=STEPS, bound=BOUND):
                 "pushed its last gradient.")
     for position, value in enumerate(final.tolist()):
         if value == 0.0:
-            return ("lost update", f"{_update_name(position, steps)} was lost (its place "
+            return ("lost update", f"{update_name(position, steps)} was lost (its place "
                     "in the final parameters is still 0)", HINTS_PS["lost"])
         if value != -lr:
             times = value / -lr
-            return ("lost update", f"{_update_name(position, steps)} was applied "
+            return ("lost update", f"{update_name(position, steps)} was applied "
                     f"{times:g} times, not once", HINTS_PS["twice"])
     for worker, step, how, got in seen:
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != (size,):
@@ -147,7 +155,7 @@ def judge(final, seen, lr=LR, steps=STEPS, bound=BOUND):
                         f"every update of steps < {step} - {lead}"
                         if lead else f"every update of steps < {step}")
                 return ("staleness", f"worker {worker}'s {how}() at step {step} got "
-                        f"parameters without {_update_name(position, steps)}, but must see "
+                        f"parameters without {update_name(position, steps)}, but must see "
                         f"{rule}", HINTS_PS["own" if own else how])
     return None
 
@@ -199,27 +207,35 @@ def run_once(program, schedule_seed=None, **options):
     return None if verdict is None else Finding(schedule_seed, *verdict)
 
 
-def explore(program, seeds=SEEDS, round_robin=True, quiet=False, **options):
+def explore(program, seeds=SEEDS, round_robin=True, quiet=False, progress=False,
+            **options):
     """Run ``program`` under round-robin order (if ``round_robin``), then under every
     ``schedule_seed`` in ``seeds``; stop at the first run that loses an update, breaks the
     staleness bound, deadlocks or never ends, print it with the schedule seed that
-    replays it, and return it (a :class:`Finding`). Returns None (and says so) if every run was right.
+    replays it, and return it (a :class:`Finding`). Returns None (and says so) if every
+    run was right. ``progress``: show a progress bar (60 seeds take a few seconds).
     ``options``: ``workers``, ``steps``, ``bound``, ``lr``, ``sync_every``
     (:func:`run_program`)."""
     orders = ([None] if round_robin else []) + list(seeds)
-    for seed in orders:
-        finding = run_once(program, seed, **options)
-        if finding is not None:
-            if not quiet:
-                replay = ("" if seed is None else
-                          f" Replay it: explore(program, seeds=[{seed}], round_robin=False).")
-                print(f"{finding}.{replay}")
-            return finding
-    if not quiet:
+    bar = outputs.progress(orders, "interleavings") if progress else None
+    try:
+        finding = next((found for found in (run_once(program, seed, **options)
+                                            for seed in (bar if progress else orders))
+                        if found is not None), None)
+    finally:
+        if bar is not None:
+            bar.close()
+    if quiet:
+        return finding
+    if finding is not None:
+        replay = ("" if finding.seed is None else
+                  f" Replay it: explore(program, seeds=[{finding.seed}], round_robin=False).")
+        print(f"{finding}.{replay}")
+    else:
         plural = "s" if len(orders) != 1 else ""
         print(f"no lost update, staleness violation or deadlock in {len(orders)} "
               f"interleaving{plural} ({_span(seeds, round_robin)})")
-    return None
+    return finding
 
 
 def _span(seeds, round_robin):
@@ -245,7 +261,7 @@ def check_parameter_server(serve, push, pull, sync):
                          (pull, reference.pull), (sync, reference.sync)):
         refuse_reference(mine, theirs)
     program = Program(serve, push, pull, sync)
-    finding = explore(program, quiet=True)
+    finding = explore(program, quiet=True, progress=True)
     if finding is not None:
         replay = ("" if finding.seed is None else
                   f" (replay: explore(Program(serve, push, pull, sync), "
@@ -299,6 +315,28 @@ def _pull_remembering(params):
 PLANTED_BUG = Program(_per_step_serve, _push_parameters, _pull_remembering,
                       _pull_remembering)
 PLANTED_OPTIONS = {"bound": STEPS, "sync_every": None}   # only lost updates count
+
+
+def grid(params, steps=STEPS):
+    """Which updates ``params`` holds, one group per worker: ``"1:xx.. 2:x... 3:...."``
+    (``x``: worker 1's step 0 and 1 are in, ``.``: not (yet))."""
+    marks = ["x" if value != 0.0 else "." for value in params.tolist()]
+    return " ".join(f"{w + 1}:{''.join(marks[w * steps:(w + 1) * steps])}"
+                    for w in range(len(marks) // steps))
+
+
+def replay(program, schedule_seed, **options):
+    """Run ``program`` once more under ``schedule_seed`` and print, in the order they
+    happened, what every pull (or sync) got and what the final parameters hold
+    (:func:`grid`), then the verdict. Returns the :class:`Finding` or None."""
+    final, seen = run_program(program, schedule_seed, **options)
+    steps = options.get("steps", STEPS)
+    for worker, step, how, got in seen:
+        print(f"worker {worker} {how}s for step {step}: {grid(got, steps)}")
+    print(f"final parameters:          {grid(final, steps)}")
+    finding = run_once(program, schedule_seed, **options)
+    print(finding if finding is not None else f"{_order(schedule_seed)}: all updates in")
+    return finding
 
 
 def demo(seeds=range(20)):
