@@ -122,8 +122,7 @@ def test_the_lesson_demo(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith("no lost update, staleness violation or deadlock in 1 "
                            "interleaving (round-robin)")
-    assert out[1].endswith(f"{found}. Replay it: explore(program, seeds=[{found.seed}], "
-                           "round_robin=False).")
+    assert out[1] == f"planted bug, with seeds:       {found}"
     assert out[2].endswith("in 11 interleavings (round-robin and schedule seeds 0-9)")
 
 

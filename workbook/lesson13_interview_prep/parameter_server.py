@@ -216,7 +216,8 @@ def explore(program, seeds=SEEDS, round_robin=True, quiet=False, progress=False,
     run was right. ``progress``: show a progress bar (60 seeds take a few seconds).
     ``options``: ``workers``, ``steps``, ``bound``, ``lr``, ``sync_every``
     (:func:`run_program`)."""
-    orders = ([None] if round_robin else []) + list(seeds)
+    seeds = list(seeds)
+    orders = ([None] if round_robin else []) + seeds
     bar = outputs.progress(orders, "interleavings") if progress else None
     try:
         finding = next((found for found in (run_once(program, seed, **options)
@@ -225,17 +226,22 @@ def explore(program, seeds=SEEDS, round_robin=True, quiet=False, progress=False,
     finally:
         if bar is not None:
             bar.close()
-    if quiet:
-        return finding
-    if finding is not None:
-        replay = ("" if finding.seed is None else
-                  f" Replay it: explore(program, seeds=[{finding.seed}], round_robin=False).")
-        print(f"{finding}.{replay}")
-    else:
-        plural = "s" if len(orders) != 1 else ""
-        print(f"no lost update, staleness violation or deadlock in {len(orders)} "
-              f"interleaving{plural} ({_span(seeds, round_robin)})")
+    if not quiet:
+        print(verdict(finding, seeds, round_robin))
     return finding
+
+
+def verdict(finding, seeds, round_robin=True):
+    """What :func:`explore` prints: the finding and how to replay it, or that the runs
+    under round-robin order and ``seeds`` were all right."""
+    if finding is not None:
+        if finding.seed is None:
+            return f"{finding}."
+        return (f"{finding}. Replay it: explore(program, seeds=[{finding.seed}], "
+                "round_robin=False).")
+    count = len(list(seeds)) + bool(round_robin)
+    return (f"no lost update, staleness violation or deadlock in {count} "
+            f"interleaving{'s' if count != 1 else ''} ({_span(seeds, round_robin)})")
 
 
 def _span(seeds, round_robin):
@@ -344,10 +350,13 @@ def demo(seeds=range(20)):
     alone, then under ``seeds`` too (no bound, no sync: only lost updates count); then the
     reference server (bound 1, a sync at step 3) under the same orders. Returns the
     planted bug's :class:`Finding`."""
-    print("planted bug, round-robin only: ", end="")
-    explore(PLANTED_BUG, [], **PLANTED_OPTIONS)
-    print("planted bug, with seeds:       ", end="")
-    found = explore(PLANTED_BUG, seeds, **PLANTED_OPTIONS)
-    print("the reference server:          ", end="")
-    explore(Program(*(getattr(_reference_ps(), name) for name in Program._fields)), seeds)
+    reference = Program(*(getattr(_reference_ps(), name) for name in Program._fields))
+    for name, program, orders, options in (
+            ("planted bug, round-robin only", PLANTED_BUG, [], PLANTED_OPTIONS),
+            ("planted bug, with seeds", PLANTED_BUG, seeds, PLANTED_OPTIONS),
+            ("the reference server", reference, seeds, {})):
+        finding = explore(program, orders, quiet=True, **options)
+        print(f"{name + ':':31s}{finding or verdict(finding, orders)}")
+        if program is PLANTED_BUG:
+            found = finding
     return found
