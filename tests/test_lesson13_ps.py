@@ -154,3 +154,14 @@ def test_replay_shows_every_pull_in_order(capsys):
     lost = ps.missing(ps.run_program(ps.PLANTED_BUG, 0, **ps.PLANTED_OPTIONS)[0])
     assert lost and found.what.startswith(lost[0])
     assert out[-2].count(".") == len(lost)
+
+
+def test_a_server_that_returns_something_else_is_named(capsys):
+    reference_serve = learner_namespace(R, R.serve)["serve"]
+
+    def serve_returns_a_slice(params, lr, workers, steps, bound):
+        return reference_serve(params, lr, workers, steps, bound)[:3]
+
+    fails(capsys, lambda args: check(*args), learner(serve_returns_a_slice),
+          "round-robin order: serve returned a float64 tensor of shape (3,), not the "
+          "parameters")

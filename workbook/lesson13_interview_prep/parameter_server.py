@@ -99,8 +99,10 @@ def run_program(program, schedule_seed=None, workers=WORKERS, steps=STEPS, bound
                 lr=LR, sync_every=SYNC_EVERY):
     """Run ``program`` once: rank 0 serves, ranks 1..``workers`` pull (every
     ``sync_every``-th step: sync) and push ``steps`` times. Returns
-    ``(final parameters, [(worker, step, how, parameters it got)])``; raises what the run
-    raised (a deadlock, an error on a rank). No accounting: only the order matters here.
+    ``(final parameters, [(worker, step, how, parameters it got)])``, in the order the
+    pulls returned. A deadlock, an error on a rank or a run that never ends raises
+    :class:`~workbook.checking.Failure` (:func:`~workbook.checking.simulate`). No
+    accounting: only the order matters here (workers: 7 at most, one DGX node).
     """
     size = workers * steps
     seen = []
@@ -126,10 +128,12 @@ def run_program(program, schedule_seed=None, workers=WORKERS, steps=STEPS, bound
     return run.results[SERVER], seen
 
 
-def judge(final, seen, lr=LR, steps=STEPS, bound=BOUND):
-    """The first thing wrong with one run's result, as ``(kind, what, hint)``, or None."""
-    size = len(final) if isinstance(final, torch.Tensor) else None
-    if size is None or final.dtype != torch.float64 or final.dim() != 1:
+def judge(final, seen, lr=LR, steps=STEPS, bound=BOUND, workers=WORKERS):
+    """The first thing wrong with one run's result (:func:`run_program`), as
+    ``(kind, what, hint)``, or None."""
+    size = workers * steps
+    if not isinstance(final, torch.Tensor) or final.dtype != torch.float64 or \
+            tuple(final.shape) != (size,):
         return ("error", f"serve returned {_describe(final)}, not the parameters",
                 "return params (the float64 tensor serve was given) once every worker has "
                 "pushed its last gradient.")
@@ -202,7 +206,7 @@ def run_once(program, schedule_seed=None, **options):
         hint = {"deadlock": HINTS_PS["deadlock"], "never ends": HINTS_PS["timeout"]}.get(
             kind, failure.hint)
         return Finding(schedule_seed, kind, text, hint)
-    keys = {k: options[k] for k in ("lr", "steps", "bound") if k in options}
+    keys = {k: options[k] for k in ("lr", "steps", "bound", "workers") if k in options}
     verdict = judge(final, seen, **keys)
     return None if verdict is None else Finding(schedule_seed, *verdict)
 
