@@ -181,6 +181,25 @@ def test_session_asks_for_the_approach_first_and_hides_the_worked_answer():
     assert s.summary() == "Score: 1 / 3 right in time (2 right in all)."
 
 
+def test_a_set_clock_runs_across_questions():
+    questions = drills.draw(level="warm-up", n=2, seed=2)
+    s = drills.Session(questions, seconds=100, per="set")
+    s.approach("formula")
+    s.tick(60)
+    s.answer(questions[0].answer_text)
+    s.next()
+    assert s.remaining == 40                     # not reset for the next question
+    s.approach("formula")
+    s.tick(50)
+    s.answer(questions[1].answer_text)
+    assert s.score == 1
+    assert drills.Session(questions, per="set").remaining == 2 * drills.SECONDS["warm-up"]
+    with pytest.raises(ValueError, match="per must be"):
+        drills.Session(questions, per="day")
+    with pytest.raises(ValueError, match="seconds must be"):
+        drills.Session(questions, seconds=-5)
+
+
 def _widget_state(widget):
     states, todo = [], [widget]
     while todo:
