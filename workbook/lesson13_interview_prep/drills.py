@@ -26,14 +26,13 @@ import importlib
 import math
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from simcluster import costmodel, planner, serving
 from simcluster import scheduling as sched
 from simcluster import spec as sc_spec
 from workbook import outputs
-from workbook.checking import (Failure, check, number, on_a_rank, raised,
-                               refuse_reference)
+from workbook.checking import Failure, check, number, on_a_rank, refuse_reference
 from workbook.lesson04_model_parallel.demos import p2p_formula
 from workbook.lesson06_tensor_parallel.demos import tp_comm_elements
 from workbook.lesson07_zero_fsdp.demos import model_state_bytes
@@ -295,10 +294,10 @@ class Drill:
         answer = float(out["answer"])
         if not math.isfinite(answer):
             raise ValueError(f"drill {self.name}, seed {seed}: the answer is {answer}")
-        q = Question(self.name, self.level, self.lesson, seed, out["text"], answer,
-                     readable_unit(answer, out["unit"]), self.rel_tol, "", out["takeaway"])
-        worked = f"{out['worked']}\n\n**Answer: {q.answer_text}**"
-        return Question(**{**q.__dict__, "worked": worked})
+        unit = readable_unit(answer, out["unit"])
+        worked = f"{out['worked']}\n\n**Answer: {show(answer, unit)}**"
+        return Question(self.name, self.level, self.lesson, seed, out["text"], answer, unit,
+                        self.rel_tol, worked, out["takeaway"])
 
 
 DRILLS = {}
@@ -312,6 +311,8 @@ def drill(level, lesson, rel_tol=None):
     def register(make):
         if make.__name__ in DRILLS:
             raise ValueError(f"a drill called {make.__name__!r} exists already")
+        make.__doc__ = make.__doc__ or (f"Lesson {lesson}'s {level} drill: draws its "
+                                        "numbers from ``rng``; see :func:`make`.")
         DRILLS[make.__name__] = Drill(make.__name__, level, lesson, make,
                                       REL_TOL[level] if rel_tol is None else rel_tol)
         return make
@@ -1383,9 +1384,8 @@ def prefill_time_roofline(rng):
 
 def names(level=None, lesson=None):
     """The registered drills' names, in registration order (lesson 00 first)."""
-    for value, allowed, what in ((level, LEVELS, "level"), ):
-        if value is not None and value not in allowed:
-            raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+    if level is not None and level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
     return [d.name for d in DRILLS.values()
             if (level is None or d.level == level) and (lesson is None or d.lesson == lesson)]
 
@@ -1420,6 +1420,7 @@ class Grade:
 
     @property
     def correct(self):
+        """Whether the response is right within the tolerance."""
         return self.status == "correct"
 
     def __str__(self):
@@ -1497,6 +1498,7 @@ class Session:
 
     @property
     def done(self):
+        """Whether every question has been answered and left."""
         return self.index >= len(self.questions)
 
     @property
@@ -1582,6 +1584,7 @@ class Timed:
         self._task = None
 
     def text(self):
+        """What a stored output shows: the session, never a question's answer."""
         return (f"{self.title}: {len(self.session.questions)} questions, "
                 "approach first, then the number. Run this cell to start the clock.")
 
@@ -1760,12 +1763,7 @@ def _learner_dict(answers_fn, what, keys):
     if isinstance(answers_fn, dict):
         got = answers_fn
     elif callable(answers_fn):
-        try:
-            got = on_a_rank(answers_fn, (), what)
-        except Failure:
-            raise
-        except Exception as error:  # noqa: BLE001 — reported like any learner error
-            raise raised(what, error) from None
+        got = on_a_rank(answers_fn, (), what)   # an exception or endless loop: a Failure
     else:
         raise Failure(f"{what} must be a function returning a dict, got {answers_fn!r}",
                       "def my_answers(): return {'name': value, ...}")
