@@ -20,9 +20,6 @@ WORKBOOK = ROOT / "workbook"
 LESSONS = sorted(p.name for p in WORKBOOK.iterdir() if re.fullmatch(r"lesson\d\d_\w+", p.name))
 # what several lessons share; a lab may import the protocol and these, besides its lesson
 SHARED = {"workbook.checking", "workbook.quiz", "workbook.pipeline", "workbook.models"}
-# Lesson 13's drills review lessons 00-12: they compute answers with the formulas those
-# lessons' demos define (never their checks or answers), rather than copying them.
-REVIEW = {"workbook.lesson13_interview_prep.drills"}
 
 
 def _module_name(path):
@@ -96,9 +93,6 @@ def test_no_lesson_package_imports_another_nor_an_old_name():
         assert not imported & old, f"{name} imports a deprecated name: {imported & old}"
         lesson = _lesson_of(name)
         others = {i for i in imported if _lesson_of(i) not in (None, lesson)}
-        if name in REVIEW:
-            others = {i for i in others
-                      if not re.fullmatch(r"workbook\.lesson\d\d_\w+\.demos(\.\w+)?", i)}
         assert not others, f"{name} imports another lesson's package: {others}"
 
 

@@ -137,10 +137,13 @@ def test_grade_never_raises_and_reads_percentages_both_ways():
     assert drills.grade(small, "0.5%").correct
 
 
-def test_wrong_answers_say_how_far_off_without_the_answer():
+def test_wrong_answers_say_how_far_off_and_explain_only_after_an_answer():
     q = drills.make("zero1_per_gpu", 2)
-    message = drills.grade(q, q.answer * 10 / 1e9).message     # in GB, the unit asked
-    assert "10× the answer" in message and q.answer_text not in message
+    wrong = drills.grade(q, q.answer * 10 / 1e9)                 # in GB, the unit asked
+    assert "10× the answer" in wrong.message and q.answer_text not in wrong.message
+    assert q.worked in str(wrong) and q.takeaway in wrong._repr_markdown_()
+    invalid = drills.grade(q, "ten")
+    assert invalid.explanation == "" and q.answer_text not in str(invalid)
 
 
 def test_sig_prints_only_digits_noise_cannot_move():

@@ -26,13 +26,14 @@ import importlib
 import math
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from simcluster import costmodel, planner, serving
 from simcluster import scheduling as sched
 from simcluster import spec as sc_spec
 from workbook import outputs
-from workbook.checking import Failure, check, number, on_a_rank, refuse_reference
+from workbook.checking import (Failure, check, number, on_a_rank, raised,
+                               refuse_reference)
 from workbook.lesson04_model_parallel.demos import p2p_formula
 from workbook.lesson06_tensor_parallel.demos import tp_comm_elements
 from workbook.lesson07_zero_fsdp.demos import model_state_bytes
@@ -1412,11 +1413,14 @@ def draw(level=None, n=5, seed=0, lesson=None):
 @dataclass(frozen=True)
 class Grade:
     """``status``: ``"correct"``, ``"wrong"`` or ``"invalid"`` (not a number in a unit of
-    the right kind); ``value``: the response in base units (None if invalid)."""
+    the right kind); ``message``: the one-line verdict; ``value``: the response in base
+    units (None if invalid); ``explanation``: the worked answer and the takeaway, there
+    once the response is a valid answer (right or wrong), empty before."""
 
     status: str
     message: str
     value: float = None
+    explanation: str = ""
 
     @property
     def correct(self):
@@ -1424,7 +1428,10 @@ class Grade:
         return self.status == "correct"
 
     def __str__(self):
-        return self.message
+        return f"{self.message}\n\n{self.explanation}".strip()
+
+    def _repr_markdown_(self):
+        return str(self)
 
 
 def _close(value, answer, rel_tol):
@@ -1434,7 +1441,10 @@ def _close(value, answer, rel_tol):
 def grade(question, response):
     """Grade ``response`` (a number in the question's unit, or text such as "1.5 GB",
     "about 3e9", "12%") against ``question``'s computed answer, within its tolerance.
-    Never raises for a bad response: it becomes an ``"invalid"`` :class:`Grade`."""
+    Never raises for a bad response: it becomes an ``"invalid"`` :class:`Grade`. A valid
+    answer, right or wrong, comes with the worked answer (``str(grade)``, or the grade
+    as a cell's last expression); the one-line ``message`` never holds a wrong answer's
+    solution (the lab's checks print it)."""
     try:
         value = parse(response, question.unit)
     except ParseError as error:
@@ -1442,15 +1452,17 @@ def grade(question, response):
     if unit_kind(question.unit)[0] == "fraction" and "%" not in str(response) \
             and abs(value) <= 1 and _close(value / 100, question.answer, question.rel_tol):
         value /= 100        # a bare "0.5" for an answer of 0.5 %: read as a percentage
+    explanation = f"**Worked answer.** {question.worked}\n\n**Takeaway.** {question.takeaway}"
     if _close(value, question.answer, question.rel_tol):
         return Grade("correct", f"✅ {show(value, question.unit)} is right (the computed answer "
                      f"is {question.answer_text}; ±{sig(question.rel_tol * 100)}% counts).",
-                     value)
+                     value, explanation)
     ratio = value / question.answer if question.answer else math.inf
     how = "too high" if value > question.answer else "too low"
     factor = f" ({sig(ratio, 2)}× the answer)" if ratio > 0 and (ratio >= 1.5 or ratio <= 0.67) \
         else ""
-    return Grade("wrong", f"❌ {show(value, question.unit)} is {how}{factor}.", value)
+    return Grade("wrong", f"❌ {show(value, question.unit)} is {how}{factor}.", value,
+                 explanation)
 
 
 # ------------------------------------------------------------------ timed mode
