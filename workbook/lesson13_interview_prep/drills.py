@@ -225,18 +225,20 @@ def show(value, unit):
     return f"{number_text} {unit}".strip()
 
 
-# Units a question may switch between so that its answer reads 1 to 999 (3,900 MB is
-# asked as 3.9 GB, 0.02 GB as 20 MB). Hours, minutes and days are chosen by the drill.
+# Units a question may switch between when its answer would read 1,000 or more, or below
+# 0.1, in the drill's unit (3,900 MB is asked as 3.9 GB, 0.02 GB as 20 MB; 0.36 ms stays).
+# Hours, minutes and days are chosen by the drill.
 _LADDERS = (("B", "KB", "MB", "GB", "TB", "PB"), ("µs", "ms", "s"),
             ("FLOP", "GFLOP", "TFLOP", "PFLOP", "EFLOP"), ("GB/s", "TB/s"),
             ("GFLOP/s", "TFLOP/s", "PFLOP/s"))
 
 
 def readable_unit(value, unit):
-    """The unit of ``unit``'s ladder in which ``value`` (base units) reads from 1 to 999:
+    """``unit``, or the unit of its ladder in which ``value`` (base units) reads from 1 to
+    999 when in ``unit`` it would read 1,000 or more, or below 0.1:
     ``readable_unit(3.9e9, "MB") == "GB"``; other units are kept."""
     ladder = next((lad for lad in _LADDERS if unit in lad), None)
-    if ladder is None or value <= 0:
+    if ladder is None or value <= 0 or 0.1 <= value / unit_kind(unit)[1] < 1000:
         return unit
     fitting = [u for u in ladder if value / unit_kind(u)[1] >= 1]
     return fitting[-1] if fitting else ladder[0]
