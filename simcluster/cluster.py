@@ -133,7 +133,7 @@ class Cluster:
                                               speed_factor, link_factor)
         faults = _faults.check(faults, world_size, len(self.spec.nodes))
         _faults.check_restarts(max_restarts, min_world_size, restart_delay, world_size)
-        validation.check_schedule_seed(schedule_seed)
+        schedule_seed = validation.check_schedule_seed(schedule_seed)
         if faults and not accounting:
             raise ValueError("faults happen at simulated times, and accounting=False keeps "
                              "no simulated time: run with accounting on")

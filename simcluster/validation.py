@@ -270,15 +270,17 @@ def check_timeout(timeout):
 
 
 def check_schedule_seed(seed):
-    """``schedule_seed`` is None or an int >= 0 (a bool is not a seed)."""
+    """``schedule_seed`` is None or an int >= 0 (a bool is not a seed); returns it as a
+    Python int (``random.Random`` refuses numpy's)."""
     if seed is None:
-        return
+        return None
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise TypeError(f"schedule_seed must be an int >= 0 (or None for round-robin), got "
                         f"{seed!r} ({type(seed).__name__})")
     if seed < 0:
         raise ValueError(f"schedule_seed must be an int >= 0 (or None for round-robin), got "
                          f"{seed}")
+    return int(seed)
 
 
 def _check_factor(argument, key, factor):

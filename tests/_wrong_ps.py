@@ -175,3 +175,51 @@ def serve_answers_before_applying(params, lr, workers, steps, bound):
         _answer(params, clock, waiting)
         params -= lr * gradient
     return params
+
+
+# Workers that push new parameters (what they pulled, minus their step) instead of the
+# gradient; the server turns them back into a difference with the parameters it last sent.
+_pulled = {}
+
+
+def push_parameters(gradients):
+    from workbook.lesson13_interview_prep.parameter_server import LR
+    dist.send(torch.tensor([float(PUSH)]), SERVER)
+    dist.send(_pulled[dist.get_rank()] - LR * gradients, SERVER)
+
+
+def pull_remembering(params):
+    pull(params)
+    _pulled[dist.get_rank()] = params.clone()
+    return params
+
+
+def sync_remembering(params):
+    sync(params)
+    _pulled[dist.get_rank()] = params.clone()
+    return params
+
+
+def serve_snapshot_per_step(params, lr, workers, steps, bound):
+    """Applies each push as (new parameters - the parameters it served for that step),
+    keeping one copy per step, not per worker: right in round-robin order, where the
+    workers of a step are served the same parameters; other orders lose updates."""
+    clock, waiting, header = {w: 0 for w in workers}, [], torch.zeros(1)
+    served = {}
+    while sum(clock.values()) < steps * len(workers):
+        src = dist.recv(header)
+        if header.item() == PUSH:
+            new = torch.empty_like(params)
+            dist.recv(new, src)
+            params += new - served[clock[src]]
+            clock[src] += 1
+        else:
+            waiting.append((src, bound if header.item() == PULL else 0))
+        slowest = min(clock.values())
+        for request in list(waiting):
+            worker, lead = request
+            if clock[worker] - slowest <= lead:
+                dist.send(params, worker)
+                served[clock[worker]] = params.clone()
+                waiting.remove(request)
+    return params

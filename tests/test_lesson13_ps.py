@@ -1,7 +1,7 @@
 """Lesson 13's race-free parameter server: the check passes the reference written as a
 learner would, refuses the reference itself, and reports each wrong answer (a lost update,
 a broken staleness bound, a deadlock that only some interleavings reach, a server that never
-returns, an unwritten exercise) as one line that names the cause and the seed to replay."""
+returns, an unwritten exercise) as one line that names the cause and the schedule seed to replay."""
 
 import pytest
 
@@ -39,10 +39,21 @@ def test_the_reference_itself_is_refused(capsys):
     assert text.startswith(f"❌ {NAME}: this function is the workbook's own")
 
 
-def test_last_writer_wins_loses_an_update(capsys):
-    text = fails(capsys, lambda args: check(*args), ps.PLANTED_BUG,
+def test_a_lost_update_that_only_other_interleavings_show(capsys):
+    answer = (W.serve_snapshot_per_step, W.push_parameters, W.pull_remembering,
+              W.sync_remembering)
+    program = ps.Program(*answer)
+    assert ps.run_once(program, None) is None          # round-robin order: all is well
+    verdicts = {seed: ps.run_once(program, seed) for seed in range(8)}
+    lost = [seed for seed, v in verdicts.items() if v is not None]
+    assert lost and len(lost) < len(verdicts), verdicts
+    assert {verdicts[s].kind for s in lost} == {"lost update"}
+    text = fails(capsys, lambda args: check(*args), answer,
+                 f"❌ {NAME}: schedule_seed={lost[0]}: worker ",
                  "was lost (its place in the final parameters is still 0)",
-                 "params -= lr * grad")
+                 f"seeds=[{lost[0]}], round_robin=False", "params -= lr * grad")
+    # the schedule seed named replays it: the same finding, word for word
+    assert str(ps.run_once(program, lost[0])) in text
 
 
 def test_a_server_without_bound_breaks_the_staleness_bound(capsys):
@@ -69,7 +80,7 @@ def test_head_of_line_deadlocks_under_some_interleavings_only(capsys):
     failing = [seed for seed, v in verdicts.items() if v is not None]
     assert passing and failing, verdicts
     assert {verdicts[s].kind for s in failing} == {"deadlock"}
-    # the seed replays its interleaving: the same finding, word for word
+    # a schedule seed replays its interleaving: the same finding, word for word
     seed = failing[0]
     assert str(ps.run_once(program, seed)) == str(verdicts[seed])
     assert ps.run_once(program, passing[0]) is None
@@ -92,22 +103,33 @@ def test_an_unwritten_exercise_is_not_started(capsys):
                 "the server's loop: receive a header from any worker, ...")
 
 
-def test_explore_names_the_first_seed_and_it_replays(capsys):
-    found = ps.explore(ps.PLANTED_BUG, seeds=range(5, 30), round_robin=False,
-                       bound=ps.STEPS, sync_every=None)
+def test_explore_names_the_first_seed_that_loses_an_update_and_it_replays(capsys):
+    assert ps.explore(ps.PLANTED_BUG, [], **ps.PLANTED_OPTIONS) is None   # round-robin
+    capsys.readouterr()
+    found = ps.explore(ps.PLANTED_BUG, seeds=range(30), **ps.PLANTED_OPTIONS)
     out = capsys.readouterr().out
     assert found is not None and found.kind == "lost update"
-    assert found.seed == 5, found   # the first seed tried: every interleaving loses one
-    assert out.startswith("schedule_seed=5: worker ")
-    assert "Replay it: explore(program, seeds=[5], round_robin=False)." in out
-    again = ps.run_once(ps.PLANTED_BUG, 5, bound=ps.STEPS, sync_every=None)
+    earlier = [ps.run_once(ps.PLANTED_BUG, s, **ps.PLANTED_OPTIONS) for s in range(found.seed)]
+    assert earlier == [None] * found.seed       # the first seed that shows it
+    assert out.startswith(f"schedule_seed={found.seed}: worker ")
+    assert f"Replay it: explore(program, seeds=[{found.seed}], round_robin=False)." in out
+    again = ps.run_once(ps.PLANTED_BUG, found.seed, **ps.PLANTED_OPTIONS)
     assert str(again) == str(found)
+
+
+def test_the_lesson_demo(capsys):
+    found = ps.demo(range(10))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("no lost update, staleness violation or deadlock in 1 "
+                           "interleaving (round-robin)")
+    assert out[1] == f"planted bug, with seeds:       {found}"
+    assert out[2].endswith("in 11 interleavings (round-robin and schedule seeds 0-9)")
 
 
 def test_explore_says_when_nothing_was_found(capsys):
     assert ps.explore(R, seeds=range(3)) is None
     assert capsys.readouterr().out == (
-        "no lost update, staleness violation or deadlock in 4 interleaving(s) "
+        "no lost update, staleness violation or deadlock in 4 interleavings "
         "(round-robin and schedule seeds 0-2)\n")
 
 
@@ -120,3 +142,26 @@ def test_judge_names_lost_and_doubled_updates():
     final[5] = -2 * ps.LR
     assert "applied 2 times" in ps.judge(final, [])[1]
     assert ps.judge(None, [])[1] == "serve returned None, not the parameters"
+
+
+def test_replay_shows_every_pull_in_order(capsys):
+    found = ps.replay(ps.PLANTED_BUG, 0, **ps.PLANTED_OPTIONS)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == ps.WORKERS * ps.STEPS + 2
+    assert out[0] == "worker 1 pulls for step 0: 1:.... 2:.... 3:...."
+    assert out[-2].startswith("final parameters:          1:")
+    assert out[-1] == str(found) and found.kind == "lost update"
+    lost = ps.missing(ps.run_program(ps.PLANTED_BUG, 0, **ps.PLANTED_OPTIONS)[0])
+    assert lost and found.what.startswith(lost[0])
+    assert out[-2].count(".") == len(lost)
+
+
+def test_a_server_that_returns_something_else_is_named(capsys):
+    reference_serve = learner_namespace(R, R.serve)["serve"]
+
+    def serve_returns_a_slice(params, lr, workers, steps, bound):
+        return reference_serve(params, lr, workers, steps, bound)[:3]
+
+    fails(capsys, lambda args: check(*args), learner(serve_returns_a_slice),
+          "round-robin order: serve returned a float64 tensor of shape (3,), not the "
+          "parameters")

@@ -222,6 +222,25 @@ def show(value, unit):
     return f"{number_text} {unit}".strip()
 
 
+# Units a question may switch between when its answer would read 1,000 or more, or below
+# 0.1, in the drill's unit (3,900 MB is asked as 3.9 GB, 0.02 GB as 20 MB; 0.36 ms stays).
+# Hours, minutes and days are chosen by the drill.
+_LADDERS = (("B", "KB", "MB", "GB", "TB", "PB"), ("µs", "ms", "s"),
+            ("FLOP", "GFLOP", "TFLOP", "PFLOP", "EFLOP"), ("GB/s", "TB/s"),
+            ("GFLOP/s", "TFLOP/s", "PFLOP/s"))
+
+
+def readable_unit(value, unit):
+    """``unit``, or the unit of its ladder in which ``value`` (base units) reads from 1 to
+    999 when in ``unit`` it would read 1,000 or more, or below 0.1:
+    ``readable_unit(3.9e9, "MB") == "GB"``; other units are kept."""
+    ladder = next((lad for lad in _LADDERS if unit in lad), None)
+    if ladder is None or value <= 0 or 0.1 <= value / unit_kind(unit)[1] < 1000:
+        return unit
+    fitting = [u for u in ladder if value / unit_kind(u)[1] >= 1]
+    return fitting[-1] if fitting else ladder[0]
+
+
 def _n(x):
     """An input of a question: 1,024 for 1024, 0.5 for 0.5."""
     if float(x).is_integer():
@@ -275,10 +294,10 @@ class Drill:
         answer = float(out["answer"])
         if not math.isfinite(answer):
             raise ValueError(f"drill {self.name}, seed {seed}: the answer is {answer}")
-        q = Question(self.name, self.level, self.lesson, seed, out["text"], answer,
-                     out["unit"], self.rel_tol, "", out["takeaway"])
-        worked = f"{out['worked']}\n\n**Answer: {q.answer_text}**"
-        return Question(**{**q.__dict__, "worked": worked})
+        unit = readable_unit(answer, out["unit"])
+        worked = f"{out['worked']}\n\n**Answer: {show(answer, unit)}**"
+        return Question(self.name, self.level, self.lesson, seed, out["text"], answer, unit,
+                        self.rel_tol, worked, out["takeaway"])
 
 
 DRILLS = {}
@@ -292,6 +311,8 @@ def drill(level, lesson, rel_tol=None):
     def register(make):
         if make.__name__ in DRILLS:
             raise ValueError(f"a drill called {make.__name__!r} exists already")
+        make.__doc__ = make.__doc__ or (f"Lesson {lesson}'s {level} drill: draws its "
+                                        "numbers from ``rng``; see :func:`make`.")
         DRILLS[make.__name__] = Drill(make.__name__, level, lesson, make,
                                       REL_TOL[level] if rel_tol is None else rel_tol)
         return make
@@ -510,7 +531,7 @@ def reduce_scatter_time(rng):
               "Reduce-scatter is half an all-reduce: what ZeRO-2 and FSDP run on gradients.")
 
 
-@drill("hard", "01", rel_tol=0.3)
+@drill("hard", "01")
 def nccl_cross_node_allreduce(rng):
     nodes = rng.choice((2, 4, 8, 16, 32))
     n = rng.choice((256e6, 1e9, 4e9))
@@ -1288,7 +1309,7 @@ def decode_latency_floor(rng):
               "Decode at batch 1 is memory-bound: weights / HBM bandwidth per token.")
 
 
-@drill("interview", "12", rel_tol=0.15)
+@drill("interview", "12", rel_tol=0.2)
 def decode_step_roofline(rng):
     name, cfg = _serving_model(rng)
     tp = 8 if cfg.layers == 80 else 1
@@ -1343,7 +1364,7 @@ def decode_compute_bound_batch(rng):
               "Decode is memory-bound up to a batch of ~the ridge point / 2 per byte.")
 
 
-@drill("interview", "12", rel_tol=0.15)
+@drill("interview", "12", rel_tol=0.2)
 def prefill_time_roofline(rng):
     name, cfg = _serving_model(rng)
     tokens = rng.choice((512, 2048, 4096))
@@ -1363,9 +1384,8 @@ def prefill_time_roofline(rng):
 
 def names(level=None, lesson=None):
     """The registered drills' names, in registration order (lesson 00 first)."""
-    for value, allowed, what in ((level, LEVELS, "level"), ):
-        if value is not None and value not in allowed:
-            raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+    if level is not None and level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
     return [d.name for d in DRILLS.values()
             if (level is None or d.level == level) and (lesson is None or d.lesson == lesson)]
 
@@ -1392,18 +1412,25 @@ def draw(level=None, n=5, seed=0, lesson=None):
 @dataclass(frozen=True)
 class Grade:
     """``status``: ``"correct"``, ``"wrong"`` or ``"invalid"`` (not a number in a unit of
-    the right kind); ``value``: the response in base units (None if invalid)."""
+    the right kind); ``message``: the one-line verdict; ``value``: the response in base
+    units (None if invalid); ``explanation``: the worked answer and the takeaway, there
+    once the response is a valid answer (right or wrong), empty before."""
 
     status: str
     message: str
     value: float = None
+    explanation: str = ""
 
     @property
     def correct(self):
+        """Whether the response is right within the tolerance."""
         return self.status == "correct"
 
     def __str__(self):
-        return self.message
+        return f"{self.message}\n\n{self.explanation}".strip()
+
+    def _repr_markdown_(self):
+        return str(self)
 
 
 def _close(value, answer, rel_tol):
@@ -1413,7 +1440,10 @@ def _close(value, answer, rel_tol):
 def grade(question, response):
     """Grade ``response`` (a number in the question's unit, or text such as "1.5 GB",
     "about 3e9", "12%") against ``question``'s computed answer, within its tolerance.
-    Never raises for a bad response: it becomes an ``"invalid"`` :class:`Grade`."""
+    Never raises for a bad response: it becomes an ``"invalid"`` :class:`Grade`. A valid
+    answer, right or wrong, comes with the worked answer (``str(grade)``, or the grade
+    as a cell's last expression); the one-line ``message`` never holds a wrong answer's
+    solution (the lab's checks print it)."""
     try:
         value = parse(response, question.unit)
     except ParseError as error:
@@ -1421,15 +1451,17 @@ def grade(question, response):
     if unit_kind(question.unit)[0] == "fraction" and "%" not in str(response) \
             and abs(value) <= 1 and _close(value / 100, question.answer, question.rel_tol):
         value /= 100        # a bare "0.5" for an answer of 0.5 %: read as a percentage
+    explanation = f"**Worked answer.** {question.worked}\n\n**Takeaway.** {question.takeaway}"
     if _close(value, question.answer, question.rel_tol):
         return Grade("correct", f"✅ {show(value, question.unit)} is right (the computed answer "
                      f"is {question.answer_text}; ±{sig(question.rel_tol * 100)}% counts).",
-                     value)
+                     value, explanation)
     ratio = value / question.answer if question.answer else math.inf
     how = "too high" if value > question.answer else "too low"
     factor = f" ({sig(ratio, 2)}× the answer)" if ratio > 0 and (ratio >= 1.5 or ratio <= 0.67) \
         else ""
-    return Grade("wrong", f"❌ {show(value, question.unit)} is {how}{factor}.", value)
+    return Grade("wrong", f"❌ {show(value, question.unit)} is {how}{factor}.", value,
+                 explanation)
 
 
 # ------------------------------------------------------------------ timed mode
@@ -1443,18 +1475,29 @@ class Session:
     retyped). The worked answer is only available (:meth:`worked`) once the question is
     answered. :meth:`tick` counts the clock down; an answer after the time is up is
     graded, shown, but scores nothing. :attr:`score` counts answers right in time.
+
+    ``per="question"``: each question gets ``seconds`` (default by level, :data:`SECONDS`);
+    ``per="set"``: one clock for the whole set (default: the questions' times summed).
     """
 
-    def __init__(self, questions, seconds=None):
+    def __init__(self, questions, seconds=None, per="question"):
         self.questions = list(questions)
         if not self.questions:
             raise ValueError("a session needs at least one question (drills.draw(...))")
-        self.seconds = seconds
+        if per not in ("question", "set"):
+            raise ValueError(f"per must be 'question' or 'set', got {per!r}")
+        if seconds is not None and (number(seconds) is None or not seconds > 0):
+            raise ValueError(f"seconds must be a positive number, got {seconds!r}")
+        self.seconds, self.per = seconds, per
         self.index = 0
         self.approaches = [None] * len(self.questions)
         self.grades = [None] * len(self.questions)
         self.in_time = [False] * len(self.questions)
-        self.remaining = self._limit(self.questions[0])
+        if per == "set":
+            self.remaining = seconds if seconds is not None else \
+                sum(SECONDS[q.level] for q in self.questions)
+        else:
+            self.remaining = self._limit(self.questions[0])
 
     def _limit(self, question):
         return SECONDS[question.level] if self.seconds is None else self.seconds
@@ -1466,6 +1509,7 @@ class Session:
 
     @property
     def done(self):
+        """Whether every question has been answered and left."""
         return self.index >= len(self.questions)
 
     @property
@@ -1517,7 +1561,7 @@ class Session:
         if not self.answered:
             raise ValueError("answer the question first")
         self.index += 1
-        if not self.done:
+        if not self.done and self.per == "question":
             self.remaining = self._limit(self.question)
 
     @property
@@ -1551,6 +1595,7 @@ class Timed:
         self._task = None
 
     def text(self):
+        """What a stored output shows: the session, never a question's answer."""
         return (f"{self.title}: {len(self.session.questions)} questions, "
                 "approach first, then the number. Run this cell to start the clock.")
 
@@ -1614,8 +1659,9 @@ class Timed:
         self._start_clock()
 
     def _update_clock(self):
-        r = self.session.remaining
-        self._clock.value = f"⏱ {r // 60}:{r % 60:02d} left" if r > 0 else \
+        r = int(math.ceil(self.session.remaining))
+        where = "for this question" if self.session.per == "question" else "for the set"
+        self._clock.value = f"⏱ {r // 60}:{r % 60:02d} left {where}" if r > 0 else \
             "⏰ time's up — answer anyway to see the worked answer (no point)"
 
     def _start_clock(self):
@@ -1664,11 +1710,12 @@ class Timed:
         self._show_question()
 
 
-def timed(level=None, n=5, seed=0, seconds=None, lesson=None):
+def timed(level=None, n=5, seed=0, seconds=None, per="question", lesson=None):
     """A timed drill session of ``n`` questions of ``level`` (None: any) drawn with
-    ``seed``, ``seconds`` per question (default by level: :data:`SECONDS`). The last
-    expression of a cell: it shows the countdown widget."""
-    session = Session(draw(level, n, seed, lesson), seconds)
+    ``seed``: ``seconds`` per question (``per="question"``, default by level:
+    :data:`SECONDS`) or for the whole set (``per="set"``). The last expression of a
+    cell: it shows the countdown widget."""
+    session = Session(draw(level, n, seed, lesson), seconds, per)
     title = f"Drills ({level or 'all levels'}, seed {seed})"
     return Timed(session, title)
 
@@ -1727,12 +1774,7 @@ def _learner_dict(answers_fn, what, keys):
     if isinstance(answers_fn, dict):
         got = answers_fn
     elif callable(answers_fn):
-        try:
-            got = on_a_rank(answers_fn, (), what)
-        except Failure:
-            raise
-        except Exception as error:  # noqa: BLE001 — reported like any learner error
-            raise raised(what, error) from None
+        got = on_a_rank(answers_fn, (), what)   # an exception or endless loop: a Failure
     else:
         raise Failure(f"{what} must be a function returning a dict, got {answers_fn!r}",
                       "def my_answers(): return {'name': value, ...}")

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 import simcluster as sc
+from workbook import outputs
 from workbook.checking import Failure, NotStarted, check, refuse_reference, simulate
 
 SERVER = 0                 # the rank that holds the parameters
@@ -83,16 +84,25 @@ def _position(worker_index, step, steps):
     return worker_index * steps + step
 
 
-def _update_name(position, steps):
+def update_name(position, steps=STEPS):
+    """``"worker 2's update of step 1"``: what position ``position`` of the parameters
+    records (worker ranks are 1, 2, ...; steps 0, 1, ...)."""
     return f"worker {position // steps + 1}'s update of step {position % steps}"
+
+
+def missing(params, steps=STEPS):
+    """The updates ``params`` (a run's parameters) does not contain, by name."""
+    return [update_name(i, steps) for i, value in enumerate(params.tolist()) if value == 0.0]
 
 
 def run_program(program, schedule_seed=None, workers=WORKERS, steps=STEPS, bound=BOUND,
                 lr=LR, sync_every=SYNC_EVERY):
     """Run ``program`` once: rank 0 serves, ranks 1..``workers`` pull (every
     ``sync_every``-th step: sync) and push ``steps`` times. Returns
-    ``(final parameters, [(worker, step, how, parameters it got)])``; raises what the run
-    raised (a deadlock, an error on a rank). No accounting: only the order matters here.
+    ``(final parameters, [(worker, step, how, parameters it got)])``, in the order the
+    pulls returned. A deadlock, an error on a rank or a run that never ends raises
+    :class:`~workbook.checking.Failure` (:func:`~workbook.checking.simulate`). No
+    accounting: only the order matters here (workers: 7 at most, one DGX node).
     """
     size = workers * steps
     seen = []
@@ -118,20 +128,22 @@ def run_program(program, schedule_seed=None, workers=WORKERS, steps=STEPS, bound
     return run.results[SERVER], seen
 
 
-def judge(final, seen, lr=LR, steps=STEPS, bound=BOUND):
-    """The first thing wrong with one run's result, as ``(kind, what, hint)``, or None."""
-    size = len(final) if isinstance(final, torch.Tensor) else None
-    if size is None or final.dtype != torch.float64 or final.dim() != 1:
+def judge(final, seen, lr=LR, steps=STEPS, bound=BOUND, workers=WORKERS):
+    """The first thing wrong with one run's result (:func:`run_program`), as
+    ``(kind, what, hint)``, or None."""
+    size = workers * steps
+    if not isinstance(final, torch.Tensor) or final.dtype != torch.float64 or \
+            tuple(final.shape) != (size,):
         return ("error", f"serve returned {_describe(final)}, not the parameters",
                 "return params (the float64 tensor serve was given) once every worker has "
                 "pushed its last gradient.")
     for position, value in enumerate(final.tolist()):
         if value == 0.0:
-            return ("lost update", f"{_update_name(position, steps)} was lost (its place "
+            return ("lost update", f"{update_name(position, steps)} was lost (its place "
                     "in the final parameters is still 0)", HINTS_PS["lost"])
         if value != -lr:
             times = value / -lr
-            return ("lost update", f"{_update_name(position, steps)} was applied "
+            return ("lost update", f"{update_name(position, steps)} was applied "
                     f"{times:g} times, not once", HINTS_PS["twice"])
     for worker, step, how, got in seen:
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != (size,):
@@ -147,7 +159,7 @@ def judge(final, seen, lr=LR, steps=STEPS, bound=BOUND):
                         f"every update of steps < {step} - {lead}"
                         if lead else f"every update of steps < {step}")
                 return ("staleness", f"worker {worker}'s {how}() at step {step} got "
-                        f"parameters without {_update_name(position, steps)}, but must see "
+                        f"parameters without {update_name(position, steps)}, but must see "
                         f"{rule}", HINTS_PS["own" if own else how])
     return None
 
@@ -194,31 +206,46 @@ def run_once(program, schedule_seed=None, **options):
         hint = {"deadlock": HINTS_PS["deadlock"], "never ends": HINTS_PS["timeout"]}.get(
             kind, failure.hint)
         return Finding(schedule_seed, kind, text, hint)
-    keys = {k: options[k] for k in ("lr", "steps", "bound") if k in options}
+    keys = {k: options[k] for k in ("lr", "steps", "bound", "workers") if k in options}
     verdict = judge(final, seen, **keys)
     return None if verdict is None else Finding(schedule_seed, *verdict)
 
 
-def explore(program, seeds=SEEDS, round_robin=True, quiet=False, **options):
+def explore(program, seeds=SEEDS, round_robin=True, quiet=False, progress=False,
+            **options):
     """Run ``program`` under round-robin order (if ``round_robin``), then under every
     ``schedule_seed`` in ``seeds``; stop at the first run that loses an update, breaks the
-    staleness bound, deadlocks or never ends, print it with the seed that replays it, and
-    return it (a :class:`Finding`). Returns None (and says so) if every run was right.
+    staleness bound, deadlocks or never ends, print it with the schedule seed that
+    replays it, and return it (a :class:`Finding`). Returns None (and says so) if every
+    run was right. ``progress``: show a progress bar (60 seeds take a few seconds).
     ``options``: ``workers``, ``steps``, ``bound``, ``lr``, ``sync_every``
     (:func:`run_program`)."""
-    orders = ([None] if round_robin else []) + list(seeds)
-    for seed in orders:
-        finding = run_once(program, seed, **options)
-        if finding is not None:
-            if not quiet:
-                replay = ("" if seed is None else
-                          f" Replay it: explore(program, seeds=[{seed}], round_robin=False).")
-                print(f"{finding}.{replay}")
-            return finding
+    seeds = list(seeds)
+    orders = ([None] if round_robin else []) + seeds
+    bar = outputs.progress(orders, "interleavings") if progress else None
+    try:
+        finding = next((found for found in (run_once(program, seed, **options)
+                                            for seed in (bar if progress else orders))
+                        if found is not None), None)
+    finally:
+        if bar is not None:
+            bar.close()
     if not quiet:
-        print(f"no lost update, staleness violation or deadlock in {len(orders)} "
-              f"interleaving(s) ({_span(seeds, round_robin)})")
-    return None
+        print(verdict(finding, seeds, round_robin))
+    return finding
+
+
+def verdict(finding, seeds, round_robin=True):
+    """What :func:`explore` prints: the finding and how to replay it, or that the runs
+    under round-robin order and ``seeds`` were all right."""
+    if finding is not None:
+        if finding.seed is None:
+            return f"{finding}."
+        return (f"{finding}. Replay it: explore(program, seeds=[{finding.seed}], "
+                "round_robin=False).")
+    count = len(list(seeds)) + bool(round_robin)
+    return (f"no lost update, staleness violation or deadlock in {count} "
+            f"interleaving{'s' if count != 1 else ''} ({_span(seeds, round_robin)})")
 
 
 def _span(seeds, round_robin):
@@ -244,7 +271,7 @@ def check_parameter_server(serve, push, pull, sync):
                          (pull, reference.pull), (sync, reference.sync)):
         refuse_reference(mine, theirs)
     program = Program(serve, push, pull, sync)
-    finding = explore(program, quiet=True)
+    finding = explore(program, quiet=True, progress=True)
     if finding is not None:
         replay = ("" if finding.seed is None else
                   f" (replay: explore(Program(serve, push, pull, sync), "
@@ -255,46 +282,85 @@ def check_parameter_server(serve, push, pull, sync):
             f"{SYNC_EVERY})")
 
 
-# A planted bug for the lesson: workers push new *parameters* (what they pulled, minus
-# their step), and the server keeps the latest. Correct when the workers take turns;
-# under another interleaving two workers pull the same parameters and the second push
-# overwrites the first one's update. No bound, no sync: it is not the lab's answer.
+# A planted bug for the lesson. Workers push their new *parameters* (what they pulled,
+# minus their step); the server turns each into a difference against the parameters it
+# served for that step, params += new - served[step]. But it keeps one copy per *step*,
+# not per worker: when two workers were served different parameters for the same step,
+# the later copy replaces the earlier, and a push is measured against parameters it never
+# saw. In round-robin order the workers of a step are served the same parameters and all
+# is well; in other orders updates are lost. No staleness bound, no sync: not the lab's
+# answer.
 _pulled = {}   # rank -> the parameters it last pulled (ranks are threads of one process)
 
 
-def _last_writer_serve(params, lr, workers, steps, bound):
+def _per_step_serve(params, lr, workers, steps, bound):
     header = torch.zeros(1)
+    clock = {w: 0 for w in workers}
+    served = {}                              # step -> parameters served for it (the bug)
     for _ in range(2 * len(workers) * steps):   # every worker: a pull and a push per step
         src = dist.recv(header)
         if header.item() == PUSH:
-            dist.recv(params, src)          # the worker's new parameters replace ours
+            new = torch.empty_like(params)
+            dist.recv(new, src)
+            params += new - served[clock[src]]
+            clock[src] += 1
         else:
             dist.send(params, src)
+            served[clock[src]] = params.clone()
     return params
 
 
-def _last_writer_push(gradients):
+def _push_parameters(gradients):
     dist.send(torch.tensor([float(PUSH)]), SERVER)
     dist.send(_pulled[dist.get_rank()] - LR * gradients, SERVER)
 
 
-def _last_writer_pull(params):
+def _pull_remembering(params):
     dist.send(torch.tensor([float(PULL)]), SERVER)
     dist.recv(params, SERVER)
     _pulled[dist.get_rank()] = params.clone()
     return params
 
 
-PLANTED_BUG = Program(_last_writer_serve, _last_writer_push, _last_writer_pull,
-                      _last_writer_pull)
+PLANTED_BUG = Program(_per_step_serve, _push_parameters, _pull_remembering,
+                      _pull_remembering)
+PLANTED_OPTIONS = {"bound": STEPS, "sync_every": None}   # only lost updates count
+
+
+def grid(params, steps=STEPS):
+    """Which updates ``params`` holds, one group per worker: ``"1:xx.. 2:x... 3:...."``
+    (``x``: worker 1's step 0 and 1 are in, ``.``: not (yet))."""
+    marks = ["x" if value != 0.0 else "." for value in params.tolist()]
+    return " ".join(f"{w + 1}:{''.join(marks[w * steps:(w + 1) * steps])}"
+                    for w in range(len(marks) // steps))
+
+
+def replay(program, schedule_seed, **options):
+    """Run ``program`` once more under ``schedule_seed`` and print, in the order they
+    happened, what every pull (or sync) got and what the final parameters hold
+    (:func:`grid`), then the verdict. Returns the :class:`Finding` or None."""
+    final, seen = run_program(program, schedule_seed, **options)
+    steps = options.get("steps", STEPS)
+    for worker, step, how, got in seen:
+        print(f"worker {worker} {how}s for step {step}: {grid(got, steps)}")
+    print(f"final parameters:          {grid(final, steps)}")
+    finding = run_once(program, schedule_seed, **options)
+    print(finding if finding is not None else f"{_order(schedule_seed)}: all updates in")
+    return finding
 
 
 def demo(seeds=range(20)):
-    """The lesson's demo: the planted last-writer-wins server under round-robin order and
-    under ``seeds`` (no bound, no sync: only lost updates count), then the reference
-    server (bound 1, a sync at step 3) under the same orders. Prints one line each."""
-    print("last-writer-wins server: ", end="")
-    found = explore(PLANTED_BUG, seeds, bound=STEPS, sync_every=None)
-    print("the reference server:    ", end="")
-    explore(Program(*(getattr(_reference_ps(), name) for name in Program._fields)), seeds)
+    """The lesson's demo: the planted server (:data:`PLANTED_BUG`) under round-robin order
+    alone, then under ``seeds`` too (no bound, no sync: only lost updates count); then the
+    reference server (bound 1, a sync at step 3) under the same orders. Returns the
+    planted bug's :class:`Finding`."""
+    reference = Program(*(getattr(_reference_ps(), name) for name in Program._fields))
+    for name, program, orders, options in (
+            ("planted bug, round-robin only", PLANTED_BUG, [], PLANTED_OPTIONS),
+            ("planted bug, with seeds", PLANTED_BUG, seeds, PLANTED_OPTIONS),
+            ("the reference server", reference, seeds, {})):
+        finding = explore(program, orders, quiet=True, **options)
+        print(f"{name + ':':31s}{finding or verdict(finding, orders)}")
+        if program is PLANTED_BUG:
+            found = finding
     return found
