@@ -26,15 +26,14 @@ import importlib
 import math
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from simcluster import costmodel, planner, serving
 from simcluster import scheduling as sched
 from simcluster import spec as sc_spec
 from simcluster.goodput import daly_interval, expected_goodput, young_interval
 from workbook import outputs
-from workbook.checking import (Failure, check, number, on_a_rank, raised,
-                               refuse_reference)
+from workbook.checking import Failure, check, number, on_a_rank, refuse_reference
 from workbook.formulas import (korthikanti_bytes, model_state_bytes, p2p_formula,
                                tp_comm_elements)
 from workbook.models import activation_bytes
