@@ -20,6 +20,19 @@ NBVAL_LAX    += labs
 # own machine, rather than on a learner's (docs/determinism.md).
 NBVAL_ENV := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41
 
+# Parallel pytest-xdist workers for `make test`: one per CPU core (at most 8). The tests
+# and the notebook kernels run Python on one core each, so one worker per core keeps every
+# core busy; `make test JOBS=1` runs the tests in one worker, one after the other.
+JOBS ?= $(shell $(PYTHON) -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, \
+	'sched_getaffinity') else os.cpu_count(); print(max(1, min(8, n or 1)))" 2>/dev/null || echo 1)
+# A test module runs whole in one worker (tests/conftest.py); so does a notebook (its cells
+# share one kernel).
+XDIST_TESTS  = -n $(JOBS) --dist loadfile
+XDIST_NBVAL  = -n $(JOBS) --dist loadfile
+# When make started (seconds since 1970), before .venv was set up: `make test` prints how
+# long the setup took, and the total.
+STARTED := $(shell date +%s)
+
 # Extra arguments for `jupyter lab`, e.g. `make lab LAB_ARGS="--port=9999 --no-browser"`.
 LAB_ARGS ?=
 
@@ -29,6 +42,7 @@ LAB_ARGS ?=
 help:
 	@echo "make lab        set up .venv, then start JupyterLab on notebooks/"
 	@echo "make test       set up .venv, then run the tests and check the notebooks"
+	@echo "                (JOBS=n parallel workers; default one per CPU core)"
 	@echo "make progress   run your labs and show which exercises pass"
 	@echo "make doctor     check this machine before a workshop (no setup needed)"
 	@echo "make slides     build reveal.js slides of the lessons into build/slides/ (offline)"
@@ -51,21 +65,30 @@ setup: $(STAMP)
 lab: $(STAMP)
 	JUPYTER=$(BIN)/jupyter scripts/lab.sh $(LAB_ARGS)
 
-# Every step runs even when an earlier one fails, so one CI run reports everything.
+# Every step runs even when an earlier one fails, so one CI run reports everything. The
+# time of each step (setup included: a fresh clone installs everything) is printed at the end.
 test: $(STAMP)
-	@status=0; \
-	echo "$(PYTEST) tests"; \
-	$(PYTEST) tests || status=1; \
+	@status=0; summary=""; \
+	record() { summary="$$summary$$(printf '  %-34s%6d s   %s' "$$1" "$$2" "$$3")\n"; }; \
+	step() { name=$$1; shift; echo "$$*"; began=$$(date +%s); \
+	    if "$$@"; then verdict=passed; else verdict=FAILED; status=1; fi; \
+	    record "$$name" $$(( $$(date +%s) - began )) $$verdict; }; \
+	record "setup (venv and install)" $$(( $$(date +%s) - $(STARTED) )) done; \
+	step "unit tests (tests/)" $(PYTEST) $(XDIST_TESTS) tests; \
 	for run in $(NBVAL_STRICT:%=%:--nbval) $(NBVAL_LAX:%=%:--nbval-lax); do \
 	    dir=$${run%%:*}; mode=$${run#*:}; \
 	    if [ -n "$$(find "$$dir" -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' \
 	                2>/dev/null | head -n 1)" ]; then \
-	        echo "$(NBVAL_ENV) $(PYTEST) $$mode --nbval-current-env $$dir"; \
-	        $(NBVAL_ENV) $(PYTEST) $$mode --nbval-current-env "$$dir" || status=1; \
+	        step "nbval $$dir/ ($$mode)" \
+	            env $(NBVAL_ENV) $(PYTEST) $$mode --nbval-current-env $(XDIST_NBVAL) "$$dir"; \
 	    else \
-	        echo "nbval: no notebooks in $$dir/, skipped"; \
+	        echo "nbval: no notebooks in $$dir/, skipped"; record "nbval $$dir/" 0 skipped; \
 	    fi; \
 	done; \
+	echo; echo "make test: the time of each step ($(JOBS) workers; $$(uptime | sed 's/.*load/load/'))"; \
+	printf '%b' "$$summary"; \
+	printf '  %-34s%6d s   %s\n' total $$(( $$(date +%s) - $(STARTED) )) \
+	    "$$([ $$status = 0 ] && echo passed || echo FAILED)"; \
 	exit $$status
 
 # A lab that holds a learner's work is kept; FORCE=1 replaces it anyway.

@@ -29,9 +29,13 @@ The repetitions of sim, serial floor and gloo are interleaved (sim, serial, gloo
 ...) so that the noise of a shared machine hits all three alike; the gloo workers stay
 alive between repetitions, idle on a queue while the other two run.
 
-Goals (docs/reference-numbers.md), each judged on the loop time: the default
+Goals (docs/reference-numbers.md), judged on the loop (the two on the serial floor on its
+CPU time, the one on gloo on its wall time): the default
 ``cluster.run`` (simulated time and memory on) ≤ 1.5 × serial floor and ≥ 1 / 4 of gloo's
-speed (gloo / sim ≥ 4); the simulator alone (``accounting=False``) ≤ 1.3 × serial floor.
+speed (gloo / sim ≥ 4); the simulator alone (``accounting=False``) ≤ 1.2 × serial floor.
+The default run is also measured on the accounting's reference path
+(``SIMCLUSTER_FAST_PATH=0``, docs/architecture.md "The accounting fast path"), side by
+side: before and after the fast path, in one run.
 ``gloo / sim`` end-to-end (start-up included) and the empty-dispatch-mode floor are
 printed alongside.
 """
@@ -51,7 +55,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-RAW_GOAL = 1.3          # sim with accounting=False / serial floor, at most
+RAW_GOAL = 1.2          # sim with accounting=False / serial floor, at most
 ACCOUNTING_GOAL = 1.5   # the default sim (simulated time and memory) / serial floor, at most
 GLOO_GOAL = 4.0         # gloo / the default sim, at least
 
@@ -157,6 +161,21 @@ def run_sim(cfg, data, accounting=True):
                       accounting=accounting)
     end_to_end = time.perf_counter() - start
     return loop_time(run.results), end_to_end, run.results
+
+
+@contextlib.contextmanager
+def fast_path(enabled):
+    """A ``with`` block in which runs use the accounting fast path or (``enabled`` False)
+    the reference per-op path: ``SIMCLUSTER_FAST_PATH``."""
+    was = os.environ.get("SIMCLUSTER_FAST_PATH")
+    os.environ["SIMCLUSTER_FAST_PATH"] = "1" if enabled else "0"
+    try:
+        yield
+    finally:
+        if was is None:
+            del os.environ["SIMCLUSTER_FAST_PATH"]
+        else:
+            os.environ["SIMCLUSTER_FAST_PATH"] = was
 
 
 # ------------------------------------------------------------- the serial floor
@@ -302,7 +321,7 @@ def _measure(cfg, repeats, e2e_repeats, out):
     out(f"bench_ddp: {cfg.describe()}")
     out("  torch.set_num_threads(1) in all three variants; OMP_NUM_THREADS=1 for the gloo "
         "workers")
-    names = ["serial", "serial_watched", "sim", "sim_raw", "gloo"]
+    names = ["serial", "serial_watched", "sim", "sim_reference", "sim_raw", "gloo"]
     m = {n: {"loop": [], "e2e": [], "cpu": []} for n in names}
 
     # Gloo end-to-end: spawn -> every rank has finished its first (cold) training loop.
@@ -329,6 +348,11 @@ def _measure(cfg, repeats, e2e_repeats, out):
             m["sim"]["loop"].append(loop)
             m["sim"]["e2e"].append(e2e)
             m["sim"]["cpu"].append(loop_cpu(sim_res, one_process=True))
+            with fast_path(False):
+                loop, e2e, res = run_sim(cfg, data)
+            m["sim_reference"]["loop"].append(loop)
+            m["sim_reference"]["e2e"].append(e2e)
+            m["sim_reference"]["cpu"].append(loop_cpu(res, one_process=True))
             loop, e2e, res = run_sim(cfg, data, accounting=False)
             m["sim_raw"]["loop"].append(loop)
             m["sim_raw"]["e2e"].append(e2e)
@@ -360,6 +384,9 @@ def _measure(cfg, repeats, e2e_repeats, out):
         "gloo_over_sim_e2e": (statistics.median(m["gloo"]["e2e"])
                               / statistics.median(m["sim"]["e2e"])),
         "sim_raw_over_serial": paired("sim_raw", "serial"),
+        "sim_raw_over_serial_cpu": paired("sim_raw", "serial", "cpu"),
+        "reference_over_serial": paired("sim_reference", "serial"),
+        "reference_over_serial_cpu": paired("sim_reference", "serial", "cpu"),
         "watched_over_serial": paired("serial_watched", "serial"),
         # The sim and gloo trained the same model on the same data: losses must agree
         # (up to the order of floating-point sums inside gloo's all-reduce).
@@ -368,8 +395,10 @@ def _measure(cfg, repeats, e2e_repeats, out):
         "sim_deterministic": all(a["loss"] == b["loss"] and a["checksum"] == b["checksum"]
                                  for a, b in zip(sim_first, sim_res)),
     })
-    result["accounting_goal_met"] = result["sim_over_serial"] <= ACCOUNTING_GOAL
-    result["raw_goal_met"] = result["sim_raw_over_serial"] <= RAW_GOAL
+    # judged on CPU time: on a shared machine wall time also pays for waking the next
+    # rank's thread behind other processes
+    result["accounting_goal_met"] = result["sim_over_serial_cpu"] <= ACCOUNTING_GOAL
+    result["raw_goal_met"] = result["sim_raw_over_serial_cpu"] <= RAW_GOAL
     result["gloo_goal_met"] = result["gloo_over_sim"] >= GLOO_GOAL
     _report(result, cfg, out)
     return result
@@ -378,6 +407,7 @@ def _measure(cfg, repeats, e2e_repeats, out):
 LABELS = {"serial": "serial floor (1 process)",
           "serial_watched": "  under an empty dispatch mode",
           "sim": "sim (cluster.run, 4 threads)",
+          "sim_reference": "  sim, reference per-op path",
           "sim_raw": "  sim, accounting=False", "gloo": "gloo (4 processes)"}
 
 
@@ -407,17 +437,21 @@ def _report(r, cfg, out):
     out(f"  sim / serial floor = {r['sim_over_serial']:.2f}  (best/best "
         f"{r['sim_over_serial_best']:.2f}, CPU {r['sim_over_serial_cpu']:.2f})   "
         f"goal <= {ACCOUNTING_GOAL}: {verdict(r['accounting_goal_met'])}")
+    out(f"  before the fast path (SIMCLUSTER_FAST_PATH=0) / serial floor = "
+        f"{r['reference_over_serial']:.2f} (CPU {r['reference_over_serial_cpu']:.2f})")
     out(f"  gloo / sim         = {r['gloo_over_sim']:.2f}  (best/best "
         f"{r['gloo_over_sim_best']:.2f})   goal >= {GLOO_GOAL}: {verdict(r['gloo_goal_met'])}")
     out(f"  gloo / sim end-to-end (start-up included) = {r['gloo_over_sim_e2e']:.1f}: the goal "
         f"would be {verdict(r['gloo_over_sim_e2e'] >= GLOO_GOAL)} on this measure")
-    out(f"  sim with accounting=False / serial floor = {r['sim_raw_over_serial']:.2f}   "
+    out(f"  sim with accounting=False / serial floor = {r['sim_raw_over_serial']:.2f} "
+        f"(CPU {r['sim_raw_over_serial_cpu']:.2f})   "
         f"goal <= {RAW_GOAL}: {verdict(r['raw_goal_met'])} (the rest of the gap above is "
         "simulated time and memory)")
     out(f"  serial floor under an empty dispatch mode / serial floor = "
         f"{r['watched_over_serial']:.2f} (what seeing every op from Python costs, before "
         "any accounting)")
-    out("  ratios: median over repetitions of the paired ratio of loop wall times.")
+    out("  ratios: median over repetitions of the paired ratio of loop wall times (CPU: of "
+        "loop CPU times);\n  the two goals on the serial floor are judged on CPU.")
 
 
 def _parse(argv):

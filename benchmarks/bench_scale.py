@@ -14,10 +14,14 @@ each) run:
    size and takes one SGD step.
 3. **DDP step** — the same step with the model wrapped in ``DistributedDataParallel``
    (its constructor also checks parameter shapes with an all_gather and broadcasts the
-   parameters from rank 0). Above 256 ranks this phase runs with ``accounting=False``
-   unless ``--ddp-accounting`` is given: the shape check costs O(ranks) aten ops per rank,
-   O(ranks^2) in all, each through the accounting dispatch mode (measured: ~11 min at
-   1,024 ranks with accounting, ~30 s without, on two busy cores).
+   parameters from rank 0). The shape check costs O(ranks) aten ops per rank, O(ranks^2)
+   in all, each through the accounting dispatch mode: 3 per peer (an ``empty_like``
+   buffer, a ``select``, an ``.item()``), ~3.1 M at 1,024 ranks.
+
+Every phase runs with accounting on, at every size (``--no-accounting`` turns it off).
+``--reference`` also runs each phase on the accounting's reference per-op path
+(``SIMCLUSTER_FAST_PATH=0``) right after it and prints the ratio: the fast path's gain,
+measured side by side.
 
 For 2 and 3 the updated parameters must be identical on every rank and match a serial
 reference (each rank's gradient computed one after another in this process, summed in
@@ -40,6 +44,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+from benchmarks.bench_ddp import fast_path
 
 IN, OUT, BATCH, LR = 16, 4, 8, 0.1
 
@@ -142,35 +148,25 @@ def _run(cluster, fn, ranks, accounting):
     return time.perf_counter() - start, time.process_time() - cpu, run.results
 
 
-# Above this many ranks the DDP phase runs with accounting off unless asked otherwise:
-# DDP's constructor checks parameter shapes with an all_gather whose per-rank cost is
-# O(world size) aten ops (world_size outputs, then .item() on each), so O(n^2) ops in all,
-# each through the accounting dispatch mode: ~11 min at 1,024 ranks on two busy cores.
-DDP_ACCOUNTING_MAX_RANKS = 256
-
-
-def main(ranks=1024, repeats=3, quick=False, accounting=True, ddp_accounting=None,
-         phases=None, verbose=True):
+def main(ranks=1024, repeats=3, quick=False, accounting=True, phases=None, compare=False,
+         verbose=True):
     """Run the phases on ``ranks`` simulated ranks; print and return the measurements.
 
-    ``ddp_accounting``: accounting for the DDP phase; None = ``accounting`` up to
-    ``DDP_ACCOUNTING_MAX_RANKS`` ranks, off above.
+    ``compare``: also run each phase on the accounting's reference per-op path.
     """
     out = print if verbose else (lambda *a, **k: None)
     if quick:
         ranks, repeats = 16, 1
-    if ddp_accounting is None:
-        ddp_accounting = accounting and ranks <= DDP_ACCOUNTING_MAX_RANKS
     cluster = big_cluster()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _measure(cluster, ranks, repeats, accounting, ddp_accounting, phases, out)
+        return _measure(cluster, ranks, repeats, accounting, phases, compare, out)
     finally:
         torch.set_num_threads(threads)
 
 
-def _measure(cluster, ranks, repeats, accounting, ddp_accounting, phases, out):
+def _measure(cluster, ranks, repeats, accounting, phases, compare, out):
     out(f"bench_scale: {ranks} simulated ranks on {cluster!r}; torch.set_num_threads(1); "
         f"median of {repeats}")
     out(f"  peak RSS before: {peak_rss_mib():.0f} MiB\n")
@@ -188,12 +184,17 @@ def _measure(cluster, ranks, repeats, accounting, ddp_accounting, phases, out):
     for label, fn in PHASES:
         if phases is not None and fn.__name__ not in phases:
             continue
-        acct = ddp_accounting if fn is ddp_rank else accounting
-        times, cpus = [], []
+        acct = accounting
+        times, cpus, ref_times, ref_cpus = [], [], [], []
         for _ in range(repeats):
             seconds, cpu, results = _run(cluster, fn, ranks, acct)
             times.append(seconds)
             cpus.append(cpu)
+            if compare and acct:   # interleaved with the fast path's repetitions
+                with fast_path(False):
+                    seconds, cpu, _ = _run(cluster, fn, ranks, acct)
+                ref_times.append(seconds)
+                ref_cpus.append(cpu)
         if fn is allreduce_rank:
             ok, detail = check_allreduce(results, ranks)
         else:
@@ -205,17 +206,21 @@ def _measure(cluster, ranks, repeats, accounting, ddp_accounting, phases, out):
                              "all": times, "cpu": cpu,
                              "per_rank": wall / ranks, "cpu_per_rank": cpu / ranks,
                              "peak_rss_mib": rss, "ok": ok, "detail": detail}
+        if ref_times:
+            rows[fn.__name__]["reference"] = {"wall": statistics.median(ref_times),
+                                              "cpu": statistics.median(ref_cpus)}
         out(f"  {label:<28}{'on' if acct else 'off':>5}{wall:>12.2f} s{min(times):>7.2f} s"
             f"{cpu:>7.2f} s"
             f"{wall / ranks * 1e3:>8.2f} ms{cpu / ranks * 1e3:>7.2f} ms{rss:>6.0f} MiB  "
             f"{'yes' if ok else 'NO'}: {detail}")
+        if ref_times:
+            ref_wall, ref_cpu = statistics.median(ref_times), statistics.median(ref_cpus)
+            out(f"  {'  reference per-op path':<28}{'on':>5}{ref_wall:>12.2f} s"
+                f"{min(ref_times):>7.2f} s{ref_cpu:>7.2f} s   before / after: wall "
+                f"{ref_wall / wall:.2f}, CPU {ref_cpu / cpu:.2f}")
     out("\n  acct = cluster.run(accounting=...): simulated time and memory charged per aten op."
         "\n  CPU = process CPU time of the cluster.run call (all threads): less sensitive "
         "than wall\n  time to other load on the machine.")
-    if accounting and not ddp_accounting and (phases is None or "ddp_rank" in phases):
-        out(f"  DDP ran with accounting off: above {DDP_ACCOUNTING_MAX_RANKS} ranks DDP's "
-            "constructor costs O(ranks^2) aten ops\n  (its parameter-shape all_gather), each "
-            "through the accounting dispatch mode; --ddp-accounting forces it on.")
     return {"ranks": ranks, "serial_reference_s": serial, "phases": rows,
             "peak_rss_mib": peak_rss_mib()}
 
@@ -226,9 +231,9 @@ def _parse(argv):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-accounting", action="store_true",
                    help="cluster.run(accounting=False): no simulated time or memory")
-    p.add_argument("--ddp-accounting", action="store_true",
-                   help=f"accounting on for the DDP phase even above "
-                        f"{DDP_ACCOUNTING_MAX_RANKS} ranks (slow: O(ranks^2) ops)")
+    p.add_argument("--reference", action="store_true",
+                   help="also run each phase on the reference per-op accounting path "
+                        "(SIMCLUSTER_FAST_PATH=0): before / after the fast path")
     p.add_argument("--quick", action="store_true", help="16 ranks, one repetition")
     return p.parse_args(argv)
 
@@ -236,6 +241,5 @@ def _parse(argv):
 if __name__ == "__main__":
     args = _parse(sys.argv[1:])
     result = main(ranks=args.ranks, repeats=args.repeats, quick=args.quick,
-                  accounting=not args.no_accounting,
-                  ddp_accounting=True if args.ddp_accounting else None)
+                  accounting=not args.no_accounting, compare=args.reference)
     sys.exit(0 if all(p["ok"] for p in result["phases"].values()) else 1)

@@ -149,6 +149,8 @@ def variants(cfg, data):
          lambda: sim(cfg, data, False, no_rng_switching)),
         ("4-rank DDP sim, accounting off", lambda: sim(cfg, data, False)),
         ("4-rank DDP sim (default cluster.run)", lambda: sim(cfg, data)),
+        ("  the same, reference per-op path (SIMCLUSTER_FAST_PATH=0)",
+         lambda: sim(cfg, data, True, lambda: bd.fast_path(False))),
         ("  what-if: default, dispatch mode that only runs the op",
          lambda: sim(cfg, data, True, bare_dispatch_mode)),
     ]

@@ -1056,16 +1056,49 @@ def on_side_stream():
     return torch.cpu._current_stream is not torch.cpu._default_cpu_stream
 
 
+_FakeTensor = None   # torch._subclasses.fake_tensor.FakeTensor, imported when first asked
+
+
 def is_fake(tensor):
     """True for a FakeTensor: shapes and dtypes, no data."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    global _FakeTensor
+    if _FakeTensor is None:   # (a collective asks once per tensor: import once)
+        from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+    return isinstance(tensor, _FakeTensor)
 
-    return isinstance(tensor, FakeTensor)
+
+_get_dispatch_mode = torch._C._get_dispatch_mode
+FAKE_MODE_KEY = torch._C._TorchDispatchModeKey.FAKE
 
 
 def fake_mode_active():
     """True inside :func:`fake_tensor_mode` (new tensors are fake)."""
-    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+    return _get_dispatch_mode(FAKE_MODE_KEY) is not None
+
+
+def op_kernel(func):
+    """What calling the aten op ``func`` calls: ``func(*a, **k)`` is ``op_kernel(func)(*a,
+    **k)``, without ``OpOverload.__call__``'s Python frame (the accounting calls it for
+    every op)."""
+    kernel = getattr(func, "_op", None) if type(func) is torch._ops.OpOverload else None
+    return func if kernel is None else kernel
+
+
+@contextlib.contextmanager
+def set_aside(mode):
+    """A ``with`` block in which the dispatch mode ``mode`` sees no op, if it is the
+    innermost mode of the calling thread and no fake mode is active (it yields True);
+    otherwise nothing changes (it yields False). The simulator's own work (a collective's
+    result) then runs straight into torch's kernels instead of through Python per op."""
+    n = torch._C._len_torch_dispatch_stack()
+    if n == 0 or torch._C._get_dispatch_stack_at(n - 1) is not mode or fake_mode_active():
+        yield False
+        return
+    torch._C._pop_torch_dispatch_stack(None)
+    try:
+        yield True
+    finally:
+        torch._C._push_on_torch_dispatch_stack(mode)
 
 
 def fake_dispatch(func, args, kwargs):

@@ -41,14 +41,17 @@ reduce-scatter (``.to("cpu")``, also a no-op to torch) are handed to the host ac
 """
 
 import contextlib
+import os
 from typing import NamedTuple
 
 import torch
 
 from . import context
-from ._torch_internals import (FAKE, SUBCLASS, DispatchMode, ModuleStack, dispatch_kind,
-                               fake_dispatch, fake_mode_active, flop_formula, in_backward,
-                               key_of_storage, on_side_stream, own_parameters, storage_key)
+from ._torch_internals import (FAKE, FAKE_MODE_KEY, SUBCLASS, DispatchMode, ModuleStack,
+                               _get_dispatch_mode, dispatch_kind, fake_dispatch,
+                               fake_mode_active, flop_formula, in_backward, key_of_storage,
+                               on_side_stream, op_kernel, own_parameters, set_aside,
+                               storage_key)
 from .clock import CollectiveRecord, RankClock
 from .memory import MemoryAccount
 from .storage import NodeStorage
@@ -98,9 +101,11 @@ class RankAccounting(DispatchMode):
         self.module_time = recorder.module_time[rank]
 
     @contextlib.contextmanager
-    def paused(self):
+    def paused(self, bypass=False):
         """Charge nothing inside this block: the simulator's own work (the copies and
-        reductions that stand in for communication) is not the rank's compute."""
+        reductions that stand in for communication) is not the rank's compute.
+        (``bypass``: see :meth:`FastRankAccounting.paused`; here its ops still come to
+        this mode, which only runs them.)"""
         was, self._paused = self._paused, True
         try:
             yield
@@ -111,7 +116,10 @@ class RankAccounting(DispatchMode):
         """The category of memory allocated right now.
 
         In the backward pass a module's forward with grad enabled is activation
-        checkpointing recomputing a block: what it allocates is activations again.
+        checkpointing recomputing a block: what it allocates is activations again. Any
+        other backward allocation is an activation's gradient or a temporary ("other"):
+        "gradients" are parameter gradients only, retagged when autograd accumulates one
+        into ``param.grad`` (:func:`on_forward_pre` hooks each parameter for that).
         """
         if self.allocating_as is not None:
             return self.allocating_as
@@ -120,7 +128,7 @@ class RankAccounting(DispatchMode):
         if in_backward():
             if self.modules.recomputing and torch.is_grad_enabled():
                 return "activations"
-            return "gradients"
+            return "other"
         if self.modules.inside_module and torch.is_grad_enabled():
             return "activations"
         return "other"
@@ -329,6 +337,94 @@ class RankAccounting(DispatchMode):
                 account.allocate(key, storage.nbytes(), category, storage)
 
 
+class FastRankAccounting(RankAccounting):
+    """:class:`RankAccounting` with the fast path: the same charges (clock, memory by
+    category, events), for fewer Python calls per op; the default.
+
+    * The simulator's own work (a collective's result, a message's copy) runs with the
+      mode set aside (:func:`~simcluster._torch_internals.set_aside`), straight into
+      torch's kernels, where :class:`RankAccounting` sees each op only to charge nothing.
+      Taken when this mode is the innermost one and no fake mode is active; otherwise
+      the ops come here as before.
+    * Each op's fixed facts (view, timeless, FLOP formula, special, kernel, TF32) are
+      looked up by ``id(func)``, and the kernel is called directly.
+
+    ``SIMCLUSTER_FAST_PATH=0`` in the environment selects :class:`RankAccounting`, the
+    reference that ``tests/test_fast_path.py`` compares this one against.
+    """
+
+    @contextlib.contextmanager
+    def paused(self, bypass=False):
+        """:meth:`RankAccounting.paused`; with ``bypass``, the ops of the block also skip
+        this mode (the simulator's own copies and reductions, on plain tensors)."""
+        was, self._paused = self._paused, True
+        try:
+            if bypass:
+                with set_aside(self):
+                    yield
+            else:
+                yield
+        finally:
+            self._paused = was
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # RankAccounting.__torch_dispatch__, step for step, with fewer calls: keep the
+        # two in step (tests/test_fast_path.py runs the lessons' workloads on both).
+        fake = False
+        for t in types:
+            if t is not _TENSOR:
+                kind = _KIND.get(t) or _kind(t)
+                if kind is SUBCLASS:
+                    return NotImplemented
+                if kind is FAKE:
+                    fake = True
+        is_view, timeless, counter, special, kernel = (_FAST_INFO.get(id(func))
+                                                       or _fast_info(func))
+        if fake or _get_dispatch_mode(FAKE_MODE_KEY) is not None:
+            if self._paused or is_view:
+                return fake_dispatch(func, args, kwargs or {})
+            run = fake_dispatch
+        elif self._paused or is_view:
+            return kernel(*args, **kwargs) if kwargs else kernel(*args)
+        else:
+            run = None
+        kwargs = kwargs or {}
+        if special is not None:
+            return special(self, run or _call, args, kwargs)
+        inputs = []
+        for v in args:
+            if isinstance(v, _TENSOR):
+                inputs.append(v)
+            elif isinstance(v, (list, tuple)):
+                for x in v:
+                    if isinstance(x, _TENSOR):
+                        inputs.append(x)
+        if kwargs:
+            _tensors(kwargs.values(), inputs)
+        clock = self.clock
+        if clock.pending_reads:
+            for t in inputs:
+                clock.wait_for_read(storage_key(t))
+        if self.host.total or self.host_step or (kwargs and kwargs.get("pin_memory")):
+            return self._dispatch_with_host(func, run or _call, args, kwargs, inputs,
+                                            timeless, counter)
+        out = kernel(*args, **kwargs) if run is None else run(func, args, kwargs)
+        outputs = [out] if type(out) is _TENSOR else _outputs(out)
+        self._count_memory(outputs, self.memory)
+        if not timeless:
+            self._charge(func, counter, args, kwargs, out, inputs, outputs, False)
+        return out
+
+
+def rank_accounting(rank, recorder):
+    """The accounting dispatch mode for ``rank``: :class:`FastRankAccounting`, or the
+    reference :class:`RankAccounting` if ``SIMCLUSTER_FAST_PATH=0`` (read at each run)."""
+    fast = os.environ.get(FAST_PATH_ENV, "1") != "0"
+    return (FastRankAccounting if fast else RankAccounting)(rank, recorder)
+
+
+FAST_PATH_ENV = "SIMCLUSTER_FAST_PATH"
+_TENSOR = torch.Tensor
 _F32 = torch.float32
 # fp32 matrix multiplies that cuBLAS runs on tensor cores in TF32 when the rank allows it
 _TF32_OPS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm,
@@ -400,6 +496,20 @@ def _kind(cls):
     return kind
 
 
+_FAST_INFO = {}   # id(op) -> _op_info(op) + (its kernel,); ops live as long as torch
+
+
+def _fast_info(func):
+    """:func:`_op_info` of ``func`` and the kernel that calling it calls, looked up by
+    ``id(func)``: an ``OpOverload``'s own hash is a Python call."""
+    info = _FAST_INFO[id(func)] = (*_op_info(func), op_kernel(func))
+    _KEPT.append(func)   # its id stays its own
+    return info
+
+
+_KEPT = []
+
+
 def _op_info(func):
     """``(is_view, timeless, flop_formula, special)`` of an aten op, computed once per op;
     ``special`` is the :class:`RankAccounting` method that answers it instead of torch."""
@@ -435,11 +545,14 @@ def allocating_as(category):
         acc.allocating_as = was
 
 
-def paused():
+def paused(bypass=False):
     """A ``with`` block in which the calling rank is charged nothing (see
-    :meth:`RankAccounting.paused`); does nothing outside a rank or without accounting."""
+    :meth:`RankAccounting.paused`); does nothing outside a rank or without accounting.
+    ``bypass``: the block's ops may skip the dispatch mode altogether (the fast path:
+    :meth:`FastRankAccounting.paused`); only for the simulator's own work, whose ops
+    the mode would only run."""
     acc = current()
-    return contextlib.nullcontext() if acc is None else acc.paused()
+    return contextlib.nullcontext() if acc is None else acc.paused(bypass)
 
 
 def on_forward_pre(module, args):
@@ -452,6 +565,17 @@ def on_forward_pre(module, args):
         for param in own_parameters(module):
             if param is not None:
                 acc.retag(storage_key(local_tensor(param)), "parameters")
+                if param.requires_grad and not getattr(param, "_sim_grad_hook", False):
+                    param.register_post_accumulate_grad_hook(_on_accumulated_grad)
+                    param._sim_grad_hook = True
+
+
+def _on_accumulated_grad(param):
+    """Autograd has accumulated ``param``'s gradient into ``param.grad``: that memory is a
+    parameter gradient (allocated in backward as "other", like an activation's gradient)."""
+    acc = current()
+    if acc is not None and param.grad is not None:
+        acc.retag(storage_key(local_tensor(param.grad)), "gradients")
 
 
 def on_forward_post(module, args, output):

@@ -462,7 +462,7 @@ class SimProcessGroup(dist.ProcessGroup):
         if coll.failed is None and len(coll.args) == len(group.ranks):
             self._charge(coll, nbytes)   # fails it if a member dies before it ends
             if coll.failed is None:
-                with accounting.paused():
+                with accounting.paused(bypass=True):
                     try:
                         error = finish([coll.args[r] for r in range(len(group.ranks))])
                     except RuntimeError as exc:  # e.g. an output tensor of the wrong size
@@ -767,7 +767,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 self._world.faults.fail_message(send, reason)
                 self._world.faults.fail_message(recv, reason)
                 return
-        with torch.no_grad(), accounting.paused():
+        with torch.no_grad(), accounting.paused(bypass=True):
             collectives.copy_bytes(send.tensor, recv.tensor)
         send.done = recv.done = True
         if recorder is not None:

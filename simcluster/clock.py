@@ -102,6 +102,8 @@ class RankClock:
         self.events = []
         self.overlap_slowdown = overlap_slowdown
         self._ready_at = {}   # storage key -> time an async collective finishes writing it
+        self.pending_reads = self._ready_at   # the same dict, read (never written) by
+        # the accounting's fast path, which skips has_pending_reads' call per op
         self._busy_starts, self._busy_ends = [], []  # communication spans, sorted, disjoint
         self.deadline = math.inf
         self._on_deadline = None   # called (and raises) when the clock reaches the deadline

@@ -232,7 +232,7 @@ class Cluster:
             world.faults.schedule_crash(rank, fault.at, str(fault))
 
         def rank_context(rank):
-            mode = _accounting.RankAccounting(rank, recorder) if recorder else None
+            mode = _accounting.rank_accounting(rank, recorder) if recorder else None
             return RankContext(rank, world, mode, _torch_internals.rank_registry())
 
         def rank_main(rank):

@@ -382,6 +382,7 @@ class Estimate:
     memory: dict
     device_memory: int
     breakdown: dict
+    dp_traffic: float = 0.0     # seconds of DP communication before any overlap
 
     @property
     def gpus(self):
@@ -680,8 +681,12 @@ def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, sched
 
     # --- data parallel
     stage_params = max(_stage_parameters(cfg, pp, tp))
-    dp_exposed = _dp_exposed(costs, tuple(i * tp for i in range(dp)), stage_params,
-                             layers, m, pp, zero, compute_mb + recompute_mb) if dp > 1 else 0.0
+    dp_ranks = tuple(i * tp for i in range(dp))
+    dp_exposed = _dp_exposed(costs, dp_ranks, stage_params, layers, m, pp, zero,
+                             compute_mb + recompute_mb) if dp > 1 else 0.0
+    # the same collectives with no compute to hide behind: what overlap has to hide
+    dp_traffic = _dp_exposed(costs, dp_ranks, stage_params, layers, m, pp, zero,
+                             0.0) if dp > 1 else 0.0
 
     shard = dp if zero >= 1 else 1
     optimizer = dev.memory_bound(ADAM_BYTES_PER_PARAMETER * stage_params / shard)
@@ -705,7 +710,7 @@ def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, sched
                     model_flops=flops_per_iteration(cfg, global_batch, "none"),
                     hardware_flops=flops_per_iteration(cfg, global_batch, recompute),
                     peak_flops=dev.peak, memory=memory, device_memory=device.memory,
-                    breakdown=breakdown)
+                    breakdown=breakdown, dp_traffic=dp_traffic)
 
 
 def _dp_exposed(costs, ranks, params, layers, m, pp, zero, busy_mb):
@@ -787,7 +792,12 @@ def _zero3_unsharded(params, weights, grads, layers, pp):
 
 
 def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes, fused):
-    """Bytes per GPU by category on the worse of the first and the last stage."""
+    """Bytes per GPU by category on the worse of the first and the last stage.
+
+    "activations" is what the layers store for their backward, as Korthikanti et al. 2022
+    count it (Table 2 per layer, times the layers and micro-batches in flight; their
+    Figure 1); "workspace" is what comes on top at the peak: the activations of the layer
+    being recomputed and back-propagated, and the output layer's fp32 logits."""
     scale = value_bytes / 2  # the formulas count 16-bit activations
     per_layer = activation_memory_per_layer(cfg, b, tp, sp, recompute) * scale
     working = 0.0  # the layer being recomputed and back-propagated holds its activations
@@ -807,9 +817,8 @@ def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes
     stages = []
     for params, held, extra in ((first_params, in_flight, 0.0),
                                 (last_params, max(1, in_flight - (pp - 1)), logits)):
-        activations = per_layer * (cfg.layers // pp) * held + working + extra
-        if pp == 1:
-            activations += logits
+        activations = per_layer * (cfg.layers // pp) * held
+        workspace = working + (logits if pp == 1 else extra)
         weights = params * WEIGHT_BYTES / (dp if zero >= 3 else 1)
         grads = params * GRADIENT_BYTES / (dp if zero >= 2 else 1)
         if zero == 3 and dp > 1:
@@ -819,7 +828,8 @@ def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes
             "parameters": int(weights),
             "gradients": int(grads),
             "optimizer": int(params * OPTIMIZER_BYTES / (dp if zero >= 1 else 1)),
-            "activations": int(activations)})
+            "activations": int(activations),
+            "workspace": int(workspace)})
         if pp == 1:
             break
     return max(stages, key=lambda d: sum(d.values()))

@@ -207,3 +207,60 @@ def test_a_plain_function_returns_its_value_and_the_lesson_checks_use_no_other_c
 ])
 def test_number_accepts_every_real_and_nothing_else(value, expected):
     assert checking.number(value) == expected
+
+
+def test_every_learner_run_has_one_limit_well_under_progress_cell_timeout():
+    # A runaway function must show the check's own ❌, not `make progress`'s cell timeout
+    # (120 s): plain and accounting runs alike, with room for the rest of the check.
+    import inspect as _inspect
+
+    from workbook import progress
+
+    cell_timeout = _inspect.signature(progress.run_lab).parameters["timeout"].default
+    assert checking.ACCOUNTING_TIMEOUT == checking.TIMEOUT
+    assert checking.TIMEOUT * 4 <= cell_timeout
+
+
+def test_an_endless_loop_in_a_run_with_accounting_is_stopped_after_the_same_limit(monkeypatch):
+    monkeypatch.setattr(checking, "ACCOUNTING_TIMEOUT", 1.0)
+
+    def forever():
+        x = 0
+        while True:
+            x += 1
+
+    with pytest.raises(Failure) as info:
+        checking.simulate(Case(2, 1).cluster(), forever, 2, lambda rank: "case", accounting=True)
+    assert "still running after 1 s" in info.value.what
+
+
+@pytest.mark.parametrize("code", [None, 2])
+def test_sys_exit_from_learner_code_a_check_calls_itself_is_a_cross(capsys, code):
+    import sys
+
+    @checking.check("thing")
+    def check_thing(fn):
+        fn()
+        return "passed"
+
+    assert check_thing(lambda: sys.exit(code)) is False
+    out = capsys.readouterr().out
+    assert out.startswith(f"❌ thing: your code called sys.exit({code!r})")
+    assert checking.HINTS["exit"] in out
+
+
+def test_sys_exit_on_a_rank_is_a_cross_naming_the_case():
+    import sys
+
+    with pytest.raises(Failure) as info:
+        checking.simulate(Case(2, 1).cluster(), lambda: sys.exit(1), 2, lambda rank: "case 1")
+    assert "called sys.exit(1)" in info.value.what
+
+
+def test_ctrl_c_is_not_swallowed_by_a_check():
+    @checking.check("thing")
+    def check_thing():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        check_thing()

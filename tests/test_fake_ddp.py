@@ -139,7 +139,10 @@ def test_large_model_is_accounted_without_being_allocated():
     assert all(c.ranks == tuple(range(8)) or list(c.ranks) == list(range(8)) for c in reduces)
     assert run.results[0]["parameters"] == psi
     peak = run.peak_memory(0)
-    assert peak["parameters"] == psi and peak["gradients"] >= psi
+    # the total peaks in backward, before the last layer's gradient is accumulated into
+    # its .grad (until then it is "other", like an activation's gradient)
+    assert peak["parameters"] == psi and peak["gradients"] <= psi
+    assert run.category_peaks(0)["gradients"] == psi
     assert psi * 2 <= peak["total"] < psi * 4
 
 

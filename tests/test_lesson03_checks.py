@@ -51,10 +51,10 @@ OverlappedDDP, DistributedTrainer = MINE["OverlappedDDP"], MINE["DistributedTrai
      "gradients equal DDP's on world sizes 1, 2, 3, 4, 5, 8 (bitwise on 1, 2, 4, 8)"),
     (checks.check_allreduce_in_buckets, MINE["allreduce_in_buckets"],
      "gradients and all-reduces equal DDP's on world sizes 1, 2, 3, 4, 5, 8, bucket caps "
-     "4000, 1100, 300 bytes"),
+     "4000, 1360, 336 bytes"),
     (checks.check_overlapped_ddp, OverlappedDDP,
      "gradients and all-reduces equal DDP's on world sizes 1, 2, 3, 4, 5, 8, bucket caps "
-     "4000, 1100, 300 bytes; 9.5 µs of communication hidden behind backward (DDP: 4.3 µs)"),
+     "4000, 1360, 336 bytes; 9.5 µs of communication hidden behind backward (DDP: 4.3 µs)"),
     (checks.check_accumulation, MINE["train_with_accumulation"],
      "one all-reduce per optimizer step and the big-batch parameters on (world size, "
      "micro-batches) (1, 1), (2, 4), (3, 2), (4, 3), (5, 2), (8, 2)"),
@@ -132,21 +132,16 @@ def calls_a_method_tensors_lack(model):
         p.grad.all_reduce()
 
 
-AVERAGE_VALUES = ("all_reduce (SUM) each gradient in place on every rank, then divide by "
-                  "the world size; every rank must end with the same mean (all_reduce, not "
-                  "reduce).")
+AVERAGE_VALUES = checks.AVERAGE_HINTS["values"]
 
 
 @pytest.mark.parametrize("answer, message", [
     (forgot_to_divide, "world size 2, step 1: rank 0, 0.weight: 2× DDP's (the sum, not the "
-     "mean): element 0 is -0.03474, DDP has -0.01737 — Hint: divide every gradient by the "
-     "world size after the all-reduce: all_reduce sums."),
+     "mean): element 0 is -0.03474, DDP has -0.01737 — Hint: " + checks.AVERAGE_HINTS["times"]),
     (divided_twice, "world size 2, step 1: rank 0, 0.weight: 1/2 of DDP's: element 0 is "
-     "-0.008685, DDP has -0.01737 — Hint: divide once, by the world size: you divided more "
-     "than once (or by p²)."),
+     "-0.008685, DDP has -0.01737 — Hint: " + checks.AVERAGE_HINTS["over"]),
     (only_the_weights, "world size 2, step 1: rank 0, 0.bias: the gradient is still this "
-     "rank's own (not averaged): element 0 is 0.01438, DDP has 0.02602 — Hint: every "
-     "parameter's gradient needs the all-reduce: loop over model.parameters(), skip none."),
+     "rank's own (not averaged): element 0 is 0.01438, DDP has 0.02602 — Hint: " + checks.AVERAGE_HINTS["own"]),
     (reduce_to_rank_0, "world size 2, step 1: rank 1, 0.weight: differs from DDP's: element "
      "0 is -0.02785, DDP has -0.01737 — Hint: " + AVERAGE_VALUES),
     (rank_1_skips_a_parameter, "world size 2: mismatch in all_reduce #0 on group WORLD: the "
@@ -202,6 +197,19 @@ def closes_before_the_cap(model, cap):
     _all_reduce_buckets(model, buckets + [current])
 
 
+def closes_past_the_cap(model, cap):
+    # `size > cap` where the lab says "reaches the cap or more": a bucket of exactly the
+    # cap stays open (caught only by a cap that lands on a running total)
+    buckets, current, size = [], [], 0
+    for q in reversed(list(model.parameters())):
+        current.append(q)
+        size += q.numel() * q.element_size()
+        if size > cap:
+            buckets.append(current)
+            current, size = [], 0
+    _all_reduce_buckets(model, buckets + ([current] if current else []))
+
+
 def never_copies_back(model, cap):
     for bucket in MINE["bucket_parameters"](model.parameters(), cap):
         dist.all_reduce(torch.cat([q.grad.reshape(-1) for q in bucket]))
@@ -211,26 +219,23 @@ def rank_1_uses_twice_the_cap(model, cap):
     MINE["allreduce_in_buckets"](model, 2 * cap if dist.get_rank() == 1 else cap)
 
 
-COPY_BACK_HINT = ("torch.cat makes a new tensor: after its all-reduce, copy each gradient's "
-                  "slice back (param.grad.copy_(...)), divided by the world size.")
-BUCKET_HINT = ("walk model.parameters() in REVERSE order, add each gradient to the current "
-               "bucket, and close the bucket as soon as it holds at least bucket_cap_bytes; "
-               "then one all_reduce per bucket, of the flattened gradients (torch.cat of "
-               "grad.reshape(-1)).")
+COPY_BACK_HINT, BUCKET_HINT = checks.COPY_BACK_HINT, checks.BUCKET_HINT
 
 
 @pytest.mark.parametrize("answer, message", [
     (lambda model, cap: MINE["average_gradients"](model),
      "world size 1, bucket cap 4000 bytes, step 1: rank 0 called 6 collective(s) "
      "(all_reduce); DDP all-reduces 1 bucket(s) — Hint: " + BUCKET_HINT),
-    (buckets_in_parameter_order, "world size 1, bucket cap 1100 bytes: your all-reduces "
+    (buckets_in_parameter_order, "world size 1, bucket cap 1360 bytes: your all-reduces "
      "carry 1600, 336 bytes; DDP's buckets carry 1360, 576 bytes — Hint: " + BUCKET_HINT),
-    (closes_before_the_cap, "world size 1, bucket cap 1100 bytes, step 1: rank 0 called 3 "
-     "collective(s) (all_reduce); DDP all-reduces 2 bucket(s) — Hint: " + BUCKET_HINT),
+    (closes_before_the_cap, "world size 1, bucket cap 336 bytes, step 1: rank 0 called 4 "
+     "collective(s) (all_reduce); DDP all-reduces 3 bucket(s) — Hint: " + BUCKET_HINT),
+    (closes_past_the_cap, "world size 1, bucket cap 1360 bytes: your all-reduces carry "
+     "1424, 512 bytes; DDP's buckets carry 1360, 576 bytes — Hint: " + BUCKET_HINT),
     (never_copies_back, "world size 2, bucket cap 4000 bytes, step 1: rank 0, 0.weight: the "
      "gradient is still this rank's own (not averaged): element 0 is 0.02095, DDP has "
      "-0.01737 — Hint: " + COPY_BACK_HINT),
-    (rank_1_uses_twice_the_cap, "world size 2, bucket cap 1100 bytes: mismatch in "
+    (rank_1_uses_twice_the_cap, "world size 2, bucket cap 1360 bytes: mismatch in "
      "all_reduce #0 on group WORLD: the shape differs (rank 0: (340,), rank 1: (484,)) — "
      "Hint: every rank must call the same collectives, in the same order, with matching "
      "arguments."),
@@ -247,6 +252,24 @@ class ForgetsToWait(OverlappedDDP):
         p = dist.get_world_size()
         for i, flat, _ in self.pending:
             MINE["_reduce_bucket"](self.buckets[i], flat, p)
+        self.pending, self.ready = [], [0] * len(self.buckets)
+
+
+class CopiesBackInReverse(OverlappedDDP):
+    """Waits, but writes the flat tensor's slices back to the wrong gradients: the
+    overlap check must not blame wait() for that."""
+
+    def finish(self):
+        p = dist.get_world_size()
+        for i, flat, work in self.pending:
+            work.wait()
+            flat /= p
+            offset = 0
+            for q in reversed(self.buckets[i]):
+                n = q.numel()
+                q.grad.copy_(flat[offset:offset + n].view_as(q.grad) if q.grad.numel() == n
+                             else q.grad)
+                offset += n
         self.pending, self.ready = [], [0] * len(self.buckets)
 
 
@@ -275,19 +298,17 @@ class HookRaises(OverlappedDDP):
 
 
 @pytest.mark.parametrize("answer, message", [
-    (ForgetsToWait, "world size 2, bucket cap 4000 bytes, step 1: rank 0, 0.weight: differs "
-     "from DDP's: element 0 is 0.01048, DDP has -0.01737 — Hint: finish() must wait() on "
-     "every bucket's work before it copies the averaged values back: an async all-reduce "
-     "has not finished when the call returns."),
+    (ForgetsToWait, "world size 2, bucket cap 4000 bytes, step 1: rank 0, 0.weight: the "
+     "gradient is this rank's own divided by 2: the all-reduce had not summed it yet when "
+     "it was copied back — Hint: " + checks.WAIT_HINT),
+    (CopiesBackInReverse, "world size 1, bucket cap 4000 bytes, step 1: rank 0, 0.weight: "
+     "differs from DDP's: element 0 is -0.09328, DDP has -0.01825 — Hint: "
+     + checks.COPY_VALUES_HINT),
     (AllReducesInFinish, "world size 4, four 256×256 layers, bucket cap 65536 bytes: no "
-     "communication overlapped backward (hidden time 0; DDP hides 4.3 µs) — Hint: launch "
-     "each bucket's all-reduce from the hook (dist.all_reduce(flat, async_op=True)) as soon "
-     "as its last gradient is ready, not in finish(): then it runs while backward computes "
-     "the earlier layers."),
+     "communication overlapped backward (hidden time 0; DDP hides 4.3 µs) — Hint: "
+     + checks.OVERLAP_HINT),
     (NeverResetsItsCounters, "world size 1, bucket cap 4000 bytes, step 2: rank 0 called 0 "
-     "collective(s) (none); DDP all-reduces 1 bucket(s) — Hint: finish() must also reset "
-     "what counts each bucket's ready gradients: the hooks fire again in the next step's "
-     "backward."),
+     "collective(s) (none); DDP all-reduces 1 bucket(s) — Hint: " + checks.RESET_HINT),
     (HookRaises, "world size 1, bucket cap 4000 bytes: rank 0 raised KeyError: 'bucket of "
      "this parameter' — Hint: " + checking.HINTS["exception"]),
 ])
@@ -346,12 +367,7 @@ def rank_1_never_syncs(ddp_model, optimizer, micro_batches, loss_fn):
     return MINE["train_with_accumulation"](ddp_model, optimizer, micro_batches, loss_fn)
 
 
-ACCUMULATION_HINT = ("divide each micro-batch's loss by the number of micro-batches, run "
-                     "forward and backward of every micro-batch but the last inside `with "
-                     "ddp_model.no_sync():`, then optimizer.step() and optimizer.zero_grad() "
-                     "once.")
-IN_NO_SYNC = ("run forward AND backward of every micro-batch but the last inside `with "
-              "ddp_model.no_sync():` (DDP decides in forward whether backward all-reduces).")
+ACCUMULATION_HINT, IN_NO_SYNC = checks.ACCUMULATION_HINT, checks.IN_NO_SYNC_HINT
 
 
 @pytest.mark.parametrize("answer, message", [
@@ -363,8 +379,7 @@ IN_NO_SYNC = ("run forward AND backward of every micro-batch but the last inside
      "0.weight, element 0: -0.01774, the big-batch run has -0.006516 — Hint: "
      + ACCUMULATION_HINT),
     (everything_in_no_sync, "world size 1, 1 micro-batch of 2, optimizer step 1: rank 0 "
-     "all-reduced 0 time(s); DDP needs 1 (one bucket) — Hint: the last micro-batch's "
-     "backward must run outside no_sync(): that one all-reduces the accumulated gradients."),
+     "all-reduced 0 time(s); DDP needs 1 (one bucket) — Hint: " + checks.LAST_OUTSIDE_HINT),
     (rank_1_never_syncs, "world size 2, 4 micro-batches of 2: deadlock (rank 0: all_reduce "
      "#3 on group WORLD; rank 1: returned) — Hint: rank 1 returned while others wait in a "
      "collective: every rank of a group must call each of its collectives."),
@@ -423,6 +438,23 @@ class IgnoresAccumulation(DistributedTrainer):
         return [p.detach().clone() for p in model.parameters()]
 
 
+class RightRowsWrongStep(DistributedTrainer):
+    """The rows are right; exercise 4 is wrong (the loss is not scaled by 1/k)."""
+
+    def train(self, make_model, inputs, targets, loss_fn, lr, steps):
+        rank, b, k = dist.get_rank(), self.batch_size, self.gradient_accumulation
+        model = DDP(make_model())
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        for step in range(steps):
+            start = step * self.global_batch + rank * b * k
+            for i in range(k):
+                rows = slice(start + i * b, start + (i + 1) * b)
+                loss_fn(model(inputs[rows]), targets[rows]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return [p.detach().clone() for p in model.parameters()]
+
+
 class Rank3Raises(DistributedTrainer):
     def train(self, *args):
         if dist.get_rank() == 3:
@@ -432,9 +464,8 @@ class Rank3Raises(DistributedTrainer):
 
 SEED_CASE = ("DistributedTrainer(nodes=3, gpus_per_node=2, batch_size=2, "
              "gradient_accumulation=2)")
-PLACEMENT_HINT = ("build 3 node(s) of 2 GPU(s) each: sc.Cluster(sc.ClusterSpec(name, "
-                  "tuple(sc.NodeSpec(f'node{i}', gpus_per_node) for i in range(nodes)))); a "
-                  "preset has 8 GPUs per node.")
+PLACEMENT_HINT = ("the ranks need 3 node(s) of 2 GPU(s) each; a preset node has 8. "
+                  "(more help: checks.hint('trainer'))")
 
 
 @pytest.mark.parametrize("answer, message", [
@@ -443,14 +474,19 @@ PLACEMENT_HINT = ("build 3 node(s) of 2 GPU(s) each: sc.Cluster(sc.ClusterSpec(n
     (OneBigNode, "the cluster has 1 node(s), expected 3 — Hint: " + PLACEMENT_HINT),
     (BatchSizeIsGlobal, "global_batch is 2, expected batch_size × nodes × gpus_per_node × "
      "gradient_accumulation = 24 — Hint: batch_size is per GPU, as in the article: the global "
-     "batch multiplies it by every GPU and every micro-batch."),
+     "batch counts every GPU and every micro-batch. (more help: checks.hint('trainer'))"),
     (EveryRankTakesTheSameSamples, "rank 0, 0.weight, element 0: 0.0003162, the big-batch "
-     "run has -0.001584 — Hint: rank r's samples of step s start at s·global_batch + "
-     "r·batch_size·gradient_accumulation; train each step with your "
-     "train_with_accumulation."),
+     "run has -0.001584 — Hint: the ranks' micro-batches are not the rows the lab gives "
+     "them: within a step, rank r's rows start after those of ranks 0 … r−1. (more help: "
+     "checks.hint('trainer'))"),
+    (RightRowsWrongStep, "rank 0, 0.weight, element 0: -0.000532, the big-batch run has "
+     "-0.001584 — Hint: every rank took the right rows, so the step itself is wrong: does "
+     "your train_with_accumulation pass exercise 4's check? (more help: "
+     "checks.hint('trainer'))"),
     (IgnoresAccumulation, "rank 0 computed 2 loss(es) on micro-batches of 2 sample(s) in 2 "
      "steps; expected 4 of 2 — Hint: each optimizer step, every rank takes "
-     "gradient_accumulation micro-batches of batch_size samples (batch_size is per GPU)."),
+     "gradient_accumulation micro-batches of batch_size samples (batch_size is per GPU). "
+     "(more help: checks.hint('trainer'))"),
     (Rank3Raises, "rank 3 raised IndexError: list index out of range — Hint: "
      + checking.HINTS["exception"]),
 ])
@@ -472,10 +508,7 @@ class WaitsInTheHook(OverlappedDDP):
 def test_a_blocking_all_reduce_in_the_hook_hides_nothing(capsys):
     expect(capsys, checks.check_overlapped_ddp, WaitsInTheHook, OVERLAP
            + "world size 4, four 256×256 layers, bucket cap 65536 bytes: no communication "
-           "overlapped backward (hidden time 0; DDP hides 4.3 µs) — Hint: launch each "
-           "bucket's all-reduce from the hook (dist.all_reduce(flat, async_op=True)) as soon "
-           "as its last gradient is ready, not in finish(): then it runs while backward "
-           "computes the earlier layers.")
+           "overlapped backward (hidden time 0; DDP hides 4.3 µs) — Hint: " + checks.OVERLAP_HINT)
 
 
 # ------------------------------------- one more that raises or deadlocks, per exercise
@@ -551,3 +584,89 @@ def test_a_trainer_constructor_that_loops_or_exits_is_a_failure(capsys, short_ti
            "time (an infinite loop?) — Hint: " + checking.HINTS["timeout"])
     expect(capsys, checks.check_distributed_trainer, ExitsInInit,
            TRAINER + f"{SEED_CASE} called sys.exit(None) — Hint: " + checking.HINTS["exit"])
+
+
+# ------------------------------------------- the bucket rule, checked on its own (issue 30)
+
+RULE = "❌ bucket rule: "
+
+
+def rule_past_the_cap(params, cap):
+    buckets, current, size = [], [], 0
+    for q in reversed(list(params)):
+        current.append(q)
+        size += q.numel() * q.element_size()
+        if size > cap:
+            buckets.append(current)
+            current, size = [], 0
+    return buckets + ([current] if current else [])
+
+
+def rule_as_a_generator(params, cap):
+    yield from MINE["bucket_parameters"](params, cap)
+
+
+def rule_in_forward_order(params, cap):
+    buckets, current, size = [], [], 0
+    for q in params:
+        current.append(q)
+        size += q.numel() * q.element_size()
+        if size >= cap:
+            buckets.append(current)
+            current, size = [], 0
+    return buckets + ([current] if current else [])
+
+
+def rule_that_loops(params, cap):
+    while True:
+        pass
+
+
+def test_the_bucket_rule_passes_the_reference_and_refuses_it(capsys):
+    expect(capsys, checks.check_bucket_parameters, learner_copy(R.bucket_parameters)[
+        "bucket_parameters"],
+           "✅ bucket rule: DDP's buckets for caps of 4000, 1360, 336, 1 bytes (1,360 and 336 "
+           "land on a bucket's exact size)")
+    assert line(capsys, checks.check_bucket_parameters, R.bucket_parameters)[1].startswith(
+        RULE + "this function is the workbook's own reference answer")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (rule_past_the_cap, "bucket cap 1360 bytes: your buckets are 4.bias, 4.weight, 2.bias, "
+     "2.weight, 0.bias (1424 B) | 0.weight (512 B); DDP's are 4.bias, 4.weight, 2.bias, "
+     "2.weight (1360 B) | 0.bias, 0.weight (576 B) — Hint: a bucket that holds exactly 1360 "
+     "bytes has reached the cap: it is full (\"reaches the cap or more\"). (more help: "
+     "checks.hint('buckets'))"),
+    (rule_as_a_generator, "bucket cap 4000 bytes: returned a generator, not a list of "
+     "buckets — Hint: return a list whose items are lists of parameters (a generator can be "
+     "read only once, and OverlappedDDP needs len() of it). (more help: "
+     "checks.hint('buckets'))"),
+    (rule_in_forward_order, "bucket cap 4000 bytes: your buckets are 0.weight, 0.bias, "
+     "2.weight, 2.bias, 4.weight, 4.bias (1936 B); DDP's are 4.bias, 4.weight, 2.bias, "
+     "2.weight, 0.bias, 0.weight (1936 B) — Hint: your buckets follow the "
+     "forward order: backward produces the LAST layer's gradients first, and DDP fills its "
+     "buckets in that order. (more help: checks.hint('buckets'))"),
+    (lambda params, cap: [], "bucket cap 4000 bytes: your buckets are none; DDP's are 4.bias, "
+     "4.weight, 2.bias, 2.weight, 0.bias, 0.weight (1936 B) — Hint: " + BUCKET_HINT),
+])
+def test_bucket_rule_mistakes(capsys, answer, message):
+    expect(capsys, checks.check_bucket_parameters, answer, RULE + message)
+
+
+def test_a_bucket_rule_that_loops_or_exits_is_a_failure(capsys, short_timeout):
+    expect(capsys, checks.check_bucket_parameters, rule_that_loops, RULE + "bucket cap 4000 "
+           "bytes: bucket_parameters: your function was still running after 2 s of "
+           "wall-clock time (an infinite loop?) — Hint: " + checking.HINTS["timeout"])
+    expect(capsys, checks.check_bucket_parameters, lambda params, cap: exit(3), RULE
+           + "bucket cap 4000 bytes: bucket_parameters called sys.exit(3) — Hint: "
+           + checking.HINTS["exit"])
+
+
+def test_overlapped_ddp_on_a_generator_rule_names_the_rule(capsys):
+    class OnAGenerator(OverlappedDDP):
+        def __init__(self, model, cap):
+            self.buckets = rule_as_a_generator(model.parameters(), cap)
+            self.ready = [0] * len(self.buckets)
+
+    text = line(capsys, checks.check_overlapped_ddp, OnAGenerator)[1]
+    assert text.endswith("— Hint: " + checks.GENERATOR_HINT), text

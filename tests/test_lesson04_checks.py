@@ -2,6 +2,7 @@
 answer, refuses the reference itself (and the lesson's own naive split), and reports each
 mistake the lab is about — including ones that deadlock or raise — as one exact ❌ line."""
 
+import itertools
 import subprocess
 import sys
 
@@ -39,7 +40,8 @@ def short_timeout(monkeypatch):
      "loss and gradients equal the whole model's on world sizes 1, 2, 3, 4, activations of 6 "
      "different widths"),
     (checks.check_balance, MINE["balance"],
-     "within 0.0% of the best cut's simulated time on 4 profiles (p = 3, 4)"),
+     "within 0.0% of the best cut's simulated time on 7 profiles (p = 1, 3, 4; one stage "
+     "per layer)"),
     (checks.check_boundary_bytes, MINE["boundary_bytes"],
      "bytes per boundary equal the measured traffic on 4 splits (float32, bfloat16, "
      "float64)"),
@@ -184,8 +186,55 @@ def loss_of_the_stage_sum(stage, in_shape, x, y, loss_fn):
     return loss
 
 
-STAGE_VALUES = ("print each rank's activation after forward on world size 2, and compare "
-                "with the whole model's layers run one by one.")
+def returns_the_output_everywhere(stage, in_shape, x, y, loss_fn):
+    # the lab says the other ranks return None; this one returns its stage's output
+    loss = MINE["forward_backward"](stage, in_shape, x, y, loss_fn)
+    return loss if dist.get_rank() == dist.get_world_size() - 1 else stage(
+        torch.zeros(in_shape)).detach()
+
+
+def sends_back_twice_the_gradient(stage, in_shape, x, y, loss_fn):
+    # a backward bug: the forward (and the loss) is right
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank > 0:
+        x = torch.empty(in_shape)
+        dist.recv(x, rank - 1)
+        x.requires_grad_()
+    out = stage(x)
+    loss = None
+    if rank == p - 1:
+        loss = loss_fn(out, y)
+        loss.backward()
+    else:
+        dist.send(out.detach(), rank + 1)
+        grad = torch.empty_like(out)
+        dist.recv(grad, rank + 1)
+        out.backward(2 * grad)
+    if rank > 0:
+        dist.send(x.grad, rank - 1)
+    return loss
+
+
+def wrong_forward(stage, in_shape, x, y, loss_fn):
+    # a forward bug: the next rank gets twice the activation, so the loss differs
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank > 0:
+        x = torch.empty(in_shape)
+        dist.recv(x, rank - 1)
+        x.requires_grad_()
+    out = stage(x)
+    loss = None
+    if rank == p - 1:
+        loss = loss_fn(out, y)
+        loss.backward()
+    else:
+        dist.send(2 * out.detach(), rank + 1)
+        grad = torch.empty_like(out)
+        dist.recv(grad, rank + 1)
+        out.backward(grad)
+    if rank > 0:
+        dist.send(x.grad, rank - 1)
+    return loss
 
 
 @pytest.mark.parametrize("answer, message", [
@@ -195,21 +244,24 @@ STAGE_VALUES = ("print each rank's activation after forward on world size 2, and
      "side send first, or use isend/irecv."),
     (forgets_requires_grad,
      "world size 2, cut before layers 3: rank 1 raised TypeError: Invalid function "
-     "argument. Expected parameter `tensor` of type torch.Tensor — Hint: a received "
-     "activation is a new leaf tensor: call x.requires_grad_() right after dist.recv(x, "
-     "...), or backward leaves x.grad as None and there is no gradient to send back."),
+     "argument. Expected parameter `tensor` of type torch.Tensor — Hint: "
+     + checks.HINTS["requires_grad"]),
     (gradient_buffer_shaped_like_the_input,
      "world size 2, cut before layers 3: mismatch in send/recv on group WORLD: the "
      "shape/dtype differs (rank 0: receives (5, 6) torch.float32, rank 1: sends (5, 12) "
      "torch.float32) — Hint: the receiving tensor must have the same shape and dtype as "
      "the sent one."),
     (returns_nothing,
-     "world size 1: the last rank returned None, not the loss — Hint: the last rank "
-     "computes loss = loss_fn(out, y), calls loss.backward() and returns the loss; the "
-     "other ranks return None."),
+     "world size 1: the last rank returned None, not the loss — Hint: " + checks.HINTS["loss"]),
+    (returns_the_output_everywhere,
+     "world size 2, cut before layers 3: rank 0 returned a tensor, not None — Hint: "
+     + checks.HINTS["loss"]),
+    (sends_back_twice_the_gradient,
+     "world size 2, cut before layers 3: rank 0, gradient of 0.weight, element 0: "
+     "expected -0.001508, got -0.003016 — Hint: " + checks.HINTS["backward"]),
     (loss_of_the_stage_sum,
      "world size 2, cut before layers 3: rank 0, gradient of 0.weight, element 0: "
-     "expected -0.001508, got 2.74 — Hint: " + STAGE_VALUES),
+     "expected -0.001508, got 2.74 — Hint: " + checks.HINTS["backward"]),
 ])
 def test_forward_backward_mistakes(capsys, short_timeout, answer, message):
     expect(capsys, checks.check_forward_backward, answer, STAGES + message)
@@ -239,9 +291,13 @@ def test_a_stage_that_skips_backward_has_no_gradient(capsys, short_timeout):
 
     expect(capsys, checks.check_forward_backward, first_stage_skips_backward,
            STAGES + "world size 2, cut before layers 3: rank 0, gradient of 0.weight is "
-           "None (this stage did not run backward) — Hint: every stage but the last "
-           "receives the gradient of its output from rank r + 1 and calls "
-           "out.backward(grad); then every stage but the first sends x.grad to rank r − 1.")
+           "None (this stage did not run backward) — Hint: " + checks.HINTS["no_grad"])
+
+
+def test_a_forward_bug_gets_the_forward_hint_not_the_backward_one(capsys, short_timeout):
+    text = line(capsys, checks.check_forward_backward, wrong_forward)[1]
+    assert text.startswith(STAGES + "world size 2, cut before layers 3: the loss is "), text
+    assert text.endswith("— Hint: " + checks.HINTS["forward"]), text
 
 
 # ------------------------------------------------------------- exercise 2: balance
@@ -270,9 +326,18 @@ def sorts_the_layers(layer_times, p):
     return layer_times.sort()[:p - 1]
 
 
-PACE = ("the slowest stage sets the pace of the stream: choose the cut whose largest stage "
-        "sum is smallest (try every cut, or binary-search the largest stage time and cut "
-        "greedily under it).")
+PACE = checks.BALANCE_HINT
+
+
+def fastest_stage_as_slow_as_possible(layer_times, p):
+    # the wrong objective: the smallest stage as large as possible
+    n, best, best_min = len(layer_times), None, -1.0
+    for cut in itertools.combinations(range(1, n), p - 1):
+        edges = (0, *cut, n)
+        smallest = min(sum(layer_times[a:b]) for a, b in zip(edges, edges[1:]))
+        if smallest > best_min:
+            best, best_min = list(cut), smallest
+    return best
 LM3 = "language model (heavy head), 9 layers, p = 3: "
 
 
@@ -290,6 +355,10 @@ LM3 = "language model (heavy head), 9 layers, p = 3: "
      LM3 + "balance raised TypeError: 'NoneType' object is not subscriptable — Hint: read "
      "the message above; call balance(layer_times, p) yourself on a short list to see the "
      "whole traceback."),
+    (fastest_stage_as_slow_as_possible,
+     "heavy second layer, 4 layers, p = 3: your cut [2, 3] makes stages of 17.620 ms, "
+     "7.048 ms, 7.048 ms; 4 micro-batches took 85.161 ms, 1.14× the best cut [1, 2]'s "
+     "75.018 ms — Hint: " + PACE),
     (lambda layer_times, p: list(range(1, p + 1)),
      LM3 + "returned [1, 2, 3], which does not cut 9 layers into 3 non-empty stages — Hint: "
      "return the 2 indices of the layers where stages 1 … 2 start, increasing, each "
@@ -360,15 +429,15 @@ BYTES_CASE = "world size 2, cut before layers 2, 5 rows of float32: boundary 0 (
 @pytest.mark.parametrize("answer, message", [
     (forward_only,
      BYTES_CASE + "the simulator measured 640 bytes, you said 320 — Hint: that is the "
-     "forward activation only: backward sends its gradient back across the same boundary, "
-     "with the same shape and dtype."),
+     "forward activation only: what comes back across the same boundary in backward? "
+     "(more help: checks.hint('bytes'))"),
     (counts_elements,
-     BYTES_CASE + "the simulator measured 640 bytes, you said 160 — Hint: count bytes, not "
-     "elements: multiply by the element size."),
+     BYTES_CASE + "the simulator measured 640 bytes, you said 160 — Hint: that is a count "
+     "of elements: the link carries bytes. (more help: checks.hint('bytes'))"),
     (the_stage_inputs,
      BYTES_CASE + "the simulator measured 640 bytes, you said 240 — Hint: the activation "
-     "leaving stage i is the output of its last layer: run the stages one after another on "
-     "a tensor of in_shape and look at the shapes and dtype."),
+     "leaving stage i is the output of its last layer: what shape and dtype does it have "
+     "for this input? (more help: checks.hint('bytes'))"),
     (assumes_float32,
      "world size 3, cut before layers 2, 5, 7 rows of bfloat16: boundary_bytes raised "
      "RuntimeError: mat1 and mat2 must have the same dtype, but got Float and BFloat16 — "

@@ -53,7 +53,7 @@ ONE_F_ONE_B_BUBBLES = ("p = 2, m = 4: 20.5% (formula 20.0%), p = 4, m = 8: 27.8%
      "micro-batches of activations (p = 4, m = 8)"),
     (checks.check_interleaved_bubble, MINE["interleaved_bubble"],
      "right on 60 cases of p ∈ {1, 2, 4, 8}, m up to 32, v ∈ {1, 2, 4}"),
-    (checks.check_pick_m_v, MINE["pick_m_v"], "right on 7 cases (4 feasible, 3 infeasible)"),
+    (checks.check_pick_m_v, MINE["pick_m_v"], "right on 9 cases (6 feasible, 3 infeasible)"),
 ])
 def test_reference_passes(capsys, check, answer, text):
     expect(capsys, check, answer, f"✅ {NAMES[check]}: {text}")
@@ -390,6 +390,35 @@ PREFERENCE = ("among the (m, v) that fit, take the smallest m, then the smallest
 ])
 def test_pick_m_v_mistakes(capsys, answer, message):
     expect(capsys, checks.check_pick_m_v, answer, PICK + message)
+
+
+def _strict(bubble=True, memory=True):
+    """pick_m_v with "below" where the lab says "at most", for the bubble, the memory or
+    both."""
+    def pick(p, batch, layers, target, cap, sample):
+        for m in (m for m in range(p, batch + 1, p) if batch % m == 0):
+            for v in (v for v in range(1, layers + 1) if layers % v == 0):
+                b = MINE["interleaved_bubble"](p, m, v)
+                held = R.micro_batches_held(p, v) * (batch // m) * sample
+                if (b < target if bubble else b <= target) and \
+                        (held < cap if memory else held <= cap):
+                    return m, v
+        return None
+    return pick
+
+
+@pytest.mark.parametrize("answer, message", [
+    (_strict(memory=False), "pick_m_v(p=4, batch=48, layers_per_stage=3, bubble_target=0.2, "
+     "memory_cap=80 GB, sample_bytes=10 MB): returned (8, 3); expected (4, 3)"),
+    (_strict(bubble=False), "pick_m_v(p=4, batch=64, layers_per_stage=6, bubble_target=0.3, "
+     "memory_cap=3.2 GB, sample_bytes=100 MB): returned (16, 1); expected (8, 1)"),
+    (_strict(), "pick_m_v(p=4, batch=48, layers_per_stage=3, bubble_target=0.2, "),
+])
+def test_pick_m_v_below_instead_of_at_most_fails(capsys, answer, message):
+    """The lab says "at most": a strict < on the bubble or on the memory is caught by a
+    case whose answer sits exactly on that limit."""
+    ok, text = line(capsys, checks.check_pick_m_v, answer)
+    assert not ok and message in text, text
 
 
 def test_every_infeasible_case_has_one_reason():

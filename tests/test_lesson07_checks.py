@@ -108,8 +108,8 @@ class Whole(ZeRO1Adam):
 def test_zero1_keeping_the_gathered_buffers_is_over_the_memory_budget(capsys):
     mine = learner('''
 class Keeps(ZeRO1Adam):
-    def _update(self, i, q, grad):
-        super()._update(i, q, grad)
+    def update_chunk(self, i, q, grad):
+        super().update_chunk(i, q, grad)
         self.kept = getattr(self, "kept", {})
         self.kept[i] = q.detach().clone()
 ''')
@@ -119,9 +119,9 @@ class Keeps(ZeRO1Adam):
 def test_zero1_without_bias_correction_gives_other_values(capsys):
     mine = learner('''
 class NoCorrection(ZeRO1Adam):
-    def _update(self, i, q, grad):
+    def update_chunk(self, i, q, grad):
         t, self.t = self.t, 1_000_000        # bias corrections of 1
-        super()._update(i, q, grad)
+        super().update_chunk(i, q, grad)
         self.t = t
 ''')
     fails(capsys, checks.check_zero1, mine["NoCorrection"],
@@ -133,9 +133,9 @@ def test_zero1_gathering_on_rank_0_only_is_a_mismatch(capsys):
     """Rank 1 goes on to the check's next all-reduce while rank 0 all-gathers."""
     mine = learner('''
 class RankZero(ZeRO1Adam):
-    def _update(self, i, q, grad):
+    def update_chunk(self, i, q, grad):
         if dist.get_rank() == 0:
-            super()._update(i, q, grad)
+            super().update_chunk(i, q, grad)
 ''')
     fails(capsys, checks.check_zero1, mine["RankZero"],
           "❌ ZeRO-1: world size 2, 197 parameters: mismatch in all_gather_into_tensor",
@@ -193,7 +193,7 @@ class Accumulates(ZeRO2Adam):
     def step(self):
         self.t += 1
         for i, q in enumerate(self.params):
-            self._update(i, q, self.grads[i])
+            self.update_chunk(i, q, self.grads[i])
 ''')
     fails(capsys, checks.check_zero2, mine["Accumulates"],
           "❌ ZeRO-2: world size 1, 197 parameters: rank 0, 0.weight after 3 steps")
@@ -202,8 +202,8 @@ class Accumulates(ZeRO2Adam):
 def test_zero2_gathering_twice_is_over_the_bytes_budget(capsys):
     mine = learner('''
 class Twice(ZeRO2Adam):
-    def _update(self, i, q, grad):
-        super()._update(i, q, grad)
+    def update_chunk(self, i, q, grad):
+        super().update_chunk(i, q, grad)
         full = torch.empty(shard_size(q.numel(), dist.get_world_size()) *
                            dist.get_world_size())
         dist.all_gather_single(full, my_shard(q))
@@ -211,6 +211,23 @@ class Twice(ZeRO2Adam):
     fails(capsys, checks.check_zero2, mine["Twice"], "world size 2, 32,959 parameters: "
           "ZeRO-2 sends 2·(N−1)/N·4Ψ per step", "1.50× that",
           "Hint: reduce-scatter each gradient (not all-reduce)")
+
+
+def test_zero2_summing_without_dividing_by_n_is_caught_in_the_chunks(capsys):
+    """The sum instead of the mean: Adam's update hardly changes (it divides by the
+    gradient's own scale), so the parameters pass; the gradient chunks do not."""
+    mine = learner('''
+class Sums(ZeRO2Adam):
+    def _reduce(self, i, q):
+        p = dist.get_world_size()
+        n = shard_size(q.numel(), p)
+        out = torch.empty(n)
+        dist.reduce_scatter_single(out, F.pad(q.grad.reshape(-1), (0, n * p - q.numel())))
+        self.grads[i] = out if self.grads[i] is None else self.grads[i] + out
+        q.grad = None
+''', F=torch.nn.functional)
+    fails(capsys, checks.check_zero2, mine["Sums"], "world size 4, 197 parameters: rank 0, "
+          "step 1, the gradient chunk of 0.weight", "this chunk is 4× the mean")
 
 
 def test_zero2_raising_in_the_hook_is_reported(capsys):
@@ -348,7 +365,37 @@ def test_fit_settings_offloading_everything_is_too_slow(capsys):
     fails(capsys, checks.check_fit_settings, lambda *args: MOST,
           "Ψ = 5.00B in 4 blocks on 4 GPUs: fully_shard(reshard_after_forward=True, "
           "CPUOffloadPolicy()) fits, and its step takes",
-          "Hint: more sharding and offload cost time")
+          "Hint: which settings send more bytes per step")
+
+
+def _ignores(limit):
+    """The reference's choice, with the host memory or the GPU memory of a DGX A100 in
+    place of the one it is given."""
+    spec = sc.Cluster.preset("dgx-a100").spec
+
+    def fit_settings(psi, blocks, world_size, gpu_memory, host_memory):
+        if limit == "host":
+            host_memory = spec.host_share(0)[0]
+        else:
+            gpu_memory = spec.device_of(0).memory
+        return mine(psi, blocks, world_size, gpu_memory, host_memory)
+    mine = MINE["fit_settings"]
+    return fit_settings
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit, message", [
+    ("host", "Ψ = 13.00B in 4 blocks on 4 GPUs of 85.9 GB, 46.8 GB of host memory each: "
+     "returned fully_shard(reshard_after_forward=False, CPUOffloadPolicy()), but nothing fits "
+     "(the host is too small)"),
+    ("gpu", "Ψ = 5.00B in 4 blocks on 4 GPUs of 42.9 GB, 40.0 GB of host memory each: "
+     "returned fully_shard(reshard_after_forward=False); fully_shard(reshard_after_forward="
+     "True) fits and is faster"),
+])
+def test_fit_settings_that_ignore_a_memory_limit_fail(capsys, limit, message):
+    """An answer that never looks at host_memory (or at gpu_memory) passed the four DGX
+    cases, where the host never binds; the limit cases catch it."""
+    fails(capsys, checks.check_fit_settings, _ignores(limit), message)
 
 
 def test_fit_settings_stage_2_is_explained(capsys):

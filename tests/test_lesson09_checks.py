@@ -16,6 +16,24 @@ from workbook.lesson09_3d_parallelism.checks import _fastest, eq3
 from workbook.lesson09_3d_parallelism.lab import (LAYOUT_CAPS_GIB, LLAMA_7B, GiB, describe_layout,
                                                   layout_cluster)
 
+SEED = 1    # the layout check draws its caps afresh each run; the tests fix the draw
+
+
+def _seeded_caps():
+    checks.LAYOUT_DRAW.seed(SEED)
+    caps = checks.layout_caps()
+    checks.LAYOUT_DRAW.seed(SEED)
+    return caps
+
+
+CAPS = _seeded_caps()
+FIRST = f"LLaMA-7B, B = 256, {CAPS[0]:.2f} GiB per GPU"
+
+
+@pytest.fixture(autouse=True)
+def seeded_layout_caps():
+    checks.LAYOUT_DRAW.seed(SEED)
+
 MINE = learner_namespace(R, R.build_groups, R.model_flops, R.choose_layout,
                          R.pipeline_bubble)
 
@@ -40,7 +58,8 @@ def test_model_flops_reference_passes(capsys):
 
 def test_choose_layout_reference_passes_at_the_fastest(capsys):
     result, text = line(capsys, checks.check_choose_layout, MINE["choose_layout"])
-    assert result and "within 0.0% of planner.search's fastest" in text, text
+    assert result and "fits 4 memory caps drawn between" in text, text
+    assert "within 10% of planner.search's fastest under the same cap" in text, text
 
 
 def test_pipeline_bubble_reference_passes(capsys):
@@ -150,7 +169,7 @@ def test_keeping_the_last_group_created_is_caught(capsys):
         return mine
 
     fails(capsys, checks.check_build_groups, build_groups, "its 'dp' group is "
-          "GroupMember.NON_GROUP_MEMBER, not a group it is a member of")
+          "GroupMember.NON_GROUP_MEMBER", "you created this rank's group but kept another")
 
 
 def test_groups_that_raise_are_reported(capsys):
@@ -240,6 +259,13 @@ def test_two_mlp_matrices_for_swiglu_are_caught(capsys):
           "LLaMA-7B, B = 256, recompute='none'", "three with SwiGLU")
 
 
+def test_an_unrecognised_flops_slip_gets_the_general_hint(capsys):
+    # attention's products counted once (2·B·s²·h), a slip with no hint of its own: the
+    # check used to crash on the general hint (a loop variable shadowed `hint`)
+    fails(capsys, checks.check_model_flops, learner_flops(attention=2),
+          "❌ FLOPs per iteration", "count forward first")
+
+
 def test_flops_that_raise_or_loop_are_reported(capsys, short_timeout):
     def raises(cfg, batch, recompute="none"):
         return cfg.kv_heads * 2              # None for multi-head attention
@@ -258,11 +284,48 @@ def test_flops_that_raise_or_loop_are_reported(capsys, short_timeout):
 # ------------------------------------------------------------ exercise 3: layout
 
 
-def test_the_caps_have_different_fastest_layouts():
-    """So no single layout passes: each cap's fastest is too slow or too big elsewhere."""
+@pytest.mark.parametrize("seed", range(20))
+def test_the_caps_have_different_fastest_layouts(seed):
+    """So no single layout passes: each cap's fastest is too slow or too big elsewhere;
+    and the last cap is exactly a layout's memory ("at most" includes it)."""
+    checks.LAYOUT_DRAW.seed(seed)
+    caps = checks.layout_caps()
     layouts = {(e.tp, e.pp, e.dp, e.micro_batch, e.recompute, e.zero)
-               for e in map(_fastest, LAYOUT_CAPS_GIB)}
-    assert len(layouts) == len(LAYOUT_CAPS_GIB)
+               for e in map(_fastest, caps)}
+    assert len(layouts) == len(caps) == 4
+    assert _fastest(caps[-1]).memory_per_gpu == caps[-1] * GiB
+    assert all(c <= checks.LAYOUT_MAX_CAP_GIB for c in caps)
+
+
+def test_a_table_of_answers_for_the_labs_own_caps_fails(capsys):
+    """The recap used to state exercise 3's answers, and a table for exactly those caps
+    passed; the caps are drawn afresh now."""
+    table = {cap: _layout(_fastest(cap)) for cap in LAYOUT_CAPS_GIB}
+
+    def choose_layout(cfg, cluster, global_batch, memory_cap):
+        fitting = [c for c in table if c * GiB <= memory_cap] or [min(table)]
+        return table[max(fitting)]
+
+    fails(capsys, checks.check_choose_layout, choose_layout, "GiB per GPU")
+
+
+def test_strict_less_than_the_cap_fails_where_a_layout_meets_it(capsys):
+    """"At most": the layout whose memory equals the cap fits it."""
+    checks.LAYOUT_DRAW.seed(1)    # the last cap, 3.91 GiB, fits one layout exactly
+    fails(capsys, checks.check_choose_layout,
+          lambda cfg, cluster, batch, cap: MINE["choose_layout"](cfg, cluster, batch,
+                                                                 cap - 1),
+          "GiB per GPU")
+
+
+def test_the_planner_prices_tp_beyond_a_node_and_search_keeps_tp_inside():
+    """The lab says tp above 8 crosses nodes and search does not try it; estimate takes it."""
+    cluster = layout_cluster()
+    for tp in (16, 32):
+        est = planner.estimate(LLAMA_7B, cluster, tp=tp, pp=1, dp=32 // tp,
+                               global_batch=256, micro_batch=1, recompute="full", zero=0)
+        assert est.step_time > _fastest(4.5).step_time
+    assert max(e.tp for e in checks._layouts()) == 8
 
 
 def _layout(est):
@@ -273,14 +336,14 @@ def _layout(est):
 def test_ignoring_the_cap_does_not_fit(capsys):
     fastest = planner.search(LLAMA_7B, layout_cluster(), 256)[0]
     fails(capsys, checks.check_choose_layout, lambda *args: _layout(fastest),
-          "LLaMA-7B, B = 256, 40 GiB per GPU: tp 1 × pp 1 × dp 32", "GiB per GPU (parameters",
+          f"{FIRST}: tp 1 × pp 1 × dp 32", "GiB per GPU (parameters",
           "Hint: shard what dominates")
 
 
 def test_the_tightest_layout_everywhere_is_too_slow(capsys):
     tight = _fastest(LAYOUT_CAPS_GIB[-1])
     fails(capsys, checks.check_choose_layout, lambda *args: _layout(tight),
-          f"LLaMA-7B, B = 256, {LAYOUT_CAPS_GIB[0]} GiB per GPU: {describe_layout(tight)} "
+          f"{FIRST}: {describe_layout(tight)} "
           "fits, and its step takes",
           "of the fastest layout that fits", "Hint: every memory saving costs time")
 
@@ -318,7 +381,7 @@ def test_a_layout_that_raises_is_reported(capsys):
 def test_the_check_compares_with_the_cap_applied():
     """The fastest under a cap fits it, and is slower than without the cap."""
     free = planner.search(LLAMA_7B, layout_cluster(), 256)[0]
-    for cap in LAYOUT_CAPS_GIB:
+    for cap in LAYOUT_CAPS_GIB + tuple(CAPS):
         assert _fastest(cap).memory_per_gpu <= cap * GiB
         assert _fastest(cap).step_time > free.step_time
 
@@ -369,7 +432,7 @@ def test_a_layout_without_zero_is_named(capsys):
         del layout["zero"]          # estimate would take ZeRO-0 and report it too large
         return layout
 
-    fails(capsys, checks.check_choose_layout, choose_layout, "40 GiB per GPU",
+    fails(capsys, checks.check_choose_layout, choose_layout, FIRST,
           "your layout has no 'zero'", "'recompute' and 'zero'")
 
 
@@ -406,7 +469,7 @@ def test_build_groups_with_init_device_mesh_is_refused(capsys):
 def test_a_layout_with_a_malformed_value_is_a_failure(capsys, key, value, said):
     layout = {"tp": 8, "pp": 1, "dp": 4, "micro_batch": 1, "recompute": "none", "zero": 0}
     fails(capsys, checks.check_choose_layout, lambda *args: dict(layout, **{key: value}),
-          f"LLaMA-7B, B = 256, {LAYOUT_CAPS_GIB[0]} GiB per GPU: {said}")
+          f"{FIRST}: {said}")
 
 
 def test_right_answers_as_numpy_numbers_or_fractions_are_accepted(capsys):
@@ -422,3 +485,61 @@ def test_right_answers_as_numpy_numbers_or_fractions_are_accepted(capsys):
                 lambda *args: np.float64(MINE["model_flops"](*args)))[0]
     assert line(capsys, checks.check_pipeline_bubble,
                 lambda *args: Fraction(MINE["pipeline_bubble"](*args)))[0]
+
+
+# ---------------------------------------- exercise 1: the ban on init_device_mesh, and hints
+
+
+def test_init_device_mesh_imported_inside_the_function_is_refused(capsys):
+    """The ban worked on the name only: an import inside the function passed."""
+    def build_groups(pp, dp, tp):
+        from torch.distributed.device_mesh import init_device_mesh as make
+        mesh = make("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        return {name: mesh.get_group(name) for name in ("pp", "dp", "tp")}
+
+    fails(capsys, checks.check_build_groups, build_groups,
+          "your function built a DeviceMesh (init_device_mesh)", "Hint: build the groups by hand")
+
+
+def test_init_device_mesh_by_its_module_path_is_refused(capsys):
+    def build_groups(pp, dp, tp):
+        mesh = torch.distributed.device_mesh.init_device_mesh(
+            "cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        return {name: mesh.get_group(name) for name in ("pp", "dp", "tp")}
+
+    fails(capsys, checks.check_build_groups, build_groups,
+          "your function built a DeviceMesh (init_device_mesh)")
+
+
+def test_a_tp_group_without_its_last_rank_names_the_range_not_the_group_kept(capsys):
+    """range(tp - 1): the last rank of every tp group is in none; the hint used to say
+    'keep the group whose ranks include this rank', which the learner did."""
+    def build_groups(pp, dp, tp):
+        mesh, mine = torch.arange(pp * dp * tp).view(pp, dp, tp), {}
+        for dim, name in enumerate(("pp", "dp", "tp")):
+            for ranks in mesh.movedim(dim, -1).reshape(-1, mesh.shape[dim]).tolist():
+                if name == "tp":
+                    ranks = ranks[:-1]
+                group = dist.new_group(ranks)
+                if dist.get_rank() in ranks:
+                    mine[name] = group
+        return mine
+
+    text = fails(capsys, checks.check_build_groups, build_groups,
+                 "(pp, dp, tp) = (2, 2, 2): rank ", "its 'tp' group is missing",
+                 "no group this rank created is its tp group of 2 ranks",
+                 "range bounds")
+    assert "keep the group" not in text
+
+
+def test_a_list_of_ranks_is_not_called_a_group_the_rank_is_not_in(capsys):
+    """Rank 0 returning [0, 4] was told '[0, 4], not a group it is a member of'."""
+    def build_groups(pp, dp, tp):
+        groups = MINE["build_groups"](pp, dp, tp)
+        groups["pp"] = dist.get_process_group_ranks(groups["pp"])
+        return groups
+
+    text = fails(capsys, checks.check_build_groups, build_groups,
+                 "its 'pp' group is the rank list [", "], not a process group",
+                 "return the group dist.new_group gave you")
+    assert "member of" not in text

@@ -190,3 +190,29 @@ def _grad_scaler_state():
 def test_grad_scaler_state_is_optimizer_state(node):
     """The loss scale and its growth tracker live as long as the optimizer's state."""
     assert node.run(_grad_scaler_state, world_size=1).results[0] == ("optimizer state",) * 2
+
+
+def _gradient_peaks(checkpointed):
+    """One backward of 4 Linear+ReLU blocks of width 512 over 256 rows: the most the
+    "gradients" category held, and the parameter gradients' own bytes."""
+    torch.manual_seed(0)
+    blocks = nn.ModuleList([nn.Sequential(nn.Linear(512, 512), nn.ReLU()) for _ in range(4)])
+    y = torch.randn(256, 512)
+    for block in blocks:
+        y = checkpoint(block, y, use_reentrant=False) if checkpointed else block(y)
+    y.sum().backward()
+    memory = accounting.current().memory
+    grads = [p.grad for p in blocks.parameters()]
+    return (memory.category_peaks["gradients"], sum(g.numel() * F32 for g in grads),
+            {memory.category_of(storage_key(g)) for g in grads})
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_gradients_are_parameter_gradients_only(node, checkpointed):
+    """Activations' gradients (and, with checkpointing, what the recomputation allocates)
+    are not "gradients": that category never holds more than the parameter gradients.
+    Before the fix every allocation in backward was a "gradient"."""
+    peak, param_grads, categories = node.run(_gradient_peaks, world_size=1,
+                                             args=(checkpointed,)).results[0]
+    assert categories == {"gradients"}
+    assert peak == param_grads

@@ -43,8 +43,13 @@ import torch.distributed as dist
 
 import simcluster as sc
 
-TIMEOUT = 10.0            # wall-clock seconds one run without accounting may take
-ACCOUNTING_TIMEOUT = 120.0  # the first run with a clock in a process warms torch up
+# Wall-clock seconds a learner's run may take before it counts as an endless loop: every
+# run, plain or with accounting, and a plain function on one rank (on_a_rank). The first
+# run in a process is slow (torch warms up, ~3 s): _warm_up() pays that off the learner's
+# clock. Well under `make progress`'s 120 s per cell (workbook/progress.py), so a runaway
+# function shows the check's own ❌ line, not progress's timeout (tests/test_checking.py).
+TIMEOUT = 15.0
+ACCOUNTING_TIMEOUT = TIMEOUT   # the same limit; kept apart so tests can shorten each
 WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 SIZES = (1, 6, 13, 64)
 # How far above a budget a learner's answer may go before it counts as another algorithm.
@@ -87,6 +92,10 @@ def check(name):
                 print(not_started_text(name, failure.hint))
                 return False
             except Failure as failure:
+                print(f"{FAIL} {name}: {failure.what} — Hint: {failure.hint}")
+                return False
+            except SystemExit as error:   # learner code the check called: not the cell's end
+                failure = raised("your code", error)
                 print(f"{FAIL} {name}: {failure.what} — Hint: {failure.hint}")
                 return False
             print(f"{PASS} {name}: {passed}")
@@ -257,6 +266,7 @@ def simulate(cluster, body, world_size, where, hints=None, accounting=False, arg
     """
     hints = {**HINTS, **(hints or {})}
     timeout = ACCOUNTING_TIMEOUT if accounting else TIMEOUT
+    _warm_up()
     try:
         return cluster.run(body, world_size=world_size, args=args, accounting=accounting,
                            timeout=timeout, **options)
@@ -277,6 +287,22 @@ def simulate(cluster, body, world_size, where, hints=None, accounting=False, arg
                       "wall-clock time (an infinite loop?)", hints["timeout"]) from None
     except sc.SimulationError as error:
         raise Failure(f"{where(None)}: {short(error)}", hints["exception"]) from None
+
+
+_WARM = []
+
+
+def _warm_up():
+    """Once per process, a tiny run with accounting before the first timed learner run:
+    torch's first-call costs (~3 s) then never count against the learner's ``TIMEOUT``."""
+    if not _WARM:
+        def body():
+            t = torch.ones(2)
+            dist.all_reduce(t)
+            return t
+
+        sc.Cluster.preset("dgx-a100").run(body, world_size=2, accounting=True)
+        _WARM.append(True)
 
 
 # ---------------------------------------------------------------- cases and inputs
@@ -603,6 +629,7 @@ def on_a_rank(fn, args, where, hint=None):
         except (Exception, SystemExit, KeyboardInterrupt) as error:  # noqa: BLE001
             return False, error     # the learner's mistake, reported below
 
+    _warm_up()
     try:
         returned, value = sc.Cluster.preset("dgx-a100").run(
             body, world_size=1, accounting=False, timeout=TIMEOUT).results[0]

@@ -131,8 +131,8 @@ def _text(node):
 def check_hints(path):
     """The hints a lab's checks give (``Failure(what, hint)``), most used first.
 
-    A hint is counted at each place that raises it: a ``Failure`` with a written hint,
-    or a lookup ``NAME["key"]`` in a dict of hints (a name containing "hint"). Ties keep
+    A hint is counted at each place that raises it: a ``Failure`` with a written hint
+    (a string, a module constant, or a helper called with one), or a lookup ``NAME["key"]`` in a dict of hints (a name containing "hint"). Ties keep
     the order of the source. Returns ``[(hint, owner function), ...]``."""
     tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     tables = {}
@@ -143,6 +143,19 @@ def check_hints(path):
             for key, value in zip(node.value.keys, node.value.values):
                 if isinstance(key, ast.Constant) and _text(value):
                     tables.setdefault(key.value, _text(value))
+    constants = {node.targets[0].id: _text(node.value) for node in tree.body
+                 if isinstance(node, ast.Assign) and len(node.targets) == 1
+                 and isinstance(node.targets[0], ast.Name) and _text(node.value)}
+
+    def hint_text(node):
+        # a written hint, a module constant holding one, or a wrapper's text argument
+        # such as _more("exercise", "what to think about")
+        if isinstance(node, ast.Name):
+            return constants.get(node.id)
+        if isinstance(node, ast.Call):
+            return next((t for t in map(_text, node.args[1:] or node.args) if t), None)
+        return _text(node)
+
     counts, first, owner = {}, {}, {}
 
     def add(hint, where, position):
@@ -156,8 +169,8 @@ def check_hints(path):
         for node in ast.walk(function):
             position = (node.lineno, node.col_offset) if hasattr(node, "lineno") else (0, 0)
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Failure" \
-                    and len(node.args) >= 2 and _text(node.args[1]):
-                add(_text(node.args[1]), function.name, position)
+                    and len(node.args) >= 2 and hint_text(node.args[1]):
+                add(hint_text(node.args[1]), function.name, position)
             elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and \
                     "hint" in node.value.id.lower() and isinstance(node.slice, ast.Constant) \
                     and node.slice.value in tables:

@@ -16,12 +16,18 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import simcluster as sc
-from workbook.checking import (Failure, WORLD_SIZES, answers, check, close_within,
+from workbook.checking import (SCALE, Failure, WORLD_SIZES, answers, check, close_within,
                                compare_scaled, first_difference, listed, mse, num, on_a_rank,
                                refuse_reference, seconds, simulate)
+from workbook.hints import Hints
 from workbook.lesson03_data_parallel.lab import batch, make_mlp
 
-BUCKET_CAPS = (4_000, 1_100, 300)   # bytes: 1, 2 and 3 buckets of the MLP's 1,936 bytes
+# bytes: 1, 2 and 3 buckets of the MLP's 1,936 bytes. Backward's order (reversed) makes
+# running totals of 16, 272, 336, 1360, 1424, 1936 bytes: caps of 1360 and 336 land on a
+# total, so a bucket closed at `size > cap` instead of `size >= cap` differs from DDP's
+# (336 bytes: DDP makes buckets of 336, 1024, 576; `>` makes 1360, 576).
+BUCKET_CAPS = (4_000, 1_360, 336)
+RULE_CAPS = (*BUCKET_CAPS, 1)        # and 1 byte: every parameter its own bucket
 STEPS = 2                           # the second step runs on DDP's rebuilt buckets
 PER_RANK = 4                        # samples per rank and step
 LR = 0.1
@@ -101,19 +107,82 @@ def _close(world_size):
     return None if world_size & (world_size - 1) == 0 else close_within()
 
 
+hint = Hints({
+    "average": [
+        "After backward() each rank holds the gradient of its own shard's loss. Which "
+        "collective leaves every rank with the same combination of all ranks' tensors, and "
+        "is that combination already the mean?",
+        "dist.all_reduce sums in place on every rank. The mean over p ranks is that sum "
+        "divided by p, for every parameter, in the same order on every rank.",
+        "One loop over the model's parameters: all-reduce each gradient, then divide it in "
+        "place (the tensor param.grad itself, not a new one).",
+    ],
+    "buckets": [
+        "Backward produces gradients from the last layer to the first: in which order do "
+        "DDP's buckets fill? And when exactly is a bucket full? Re-read \"reaches the cap "
+        "or more\".",
+        "Keep a running byte count of the current bucket (elements × bytes per element). "
+        "The parameter that makes the count reach the cap stays in; the next bucket starts "
+        "empty; what is left at the end is the last bucket. Return a list of lists.",
+        "copy_back: the flat tensor holds the bucket's gradients one after another, in the "
+        "bucket's order; walk the bucket with an offset and view each slice in its "
+        "gradient's shape. allreduce_in_buckets: per bucket, flatten, all-reduce once, "
+        "copy back.",
+    ],
+    "overlap": [
+        "Autograd calls your hook once per parameter, when its gradient is complete. How "
+        "does the hook know it just saw the LAST gradient of its bucket? And what must the "
+        "all-reduce it launches return, so that backward is not blocked?",
+        "Count the ready gradients of each bucket; when the count reaches the bucket's "
+        "length, flatten it and launch an asynchronous all-reduce (async_op=True gives a "
+        "Work). Keep what finish() will need: which bucket, the flat tensor, the Work.",
+        "finish(): an asynchronous all-reduce has finished only once its Work's wait() "
+        "returns; then copy back as in exercise 2. Reset the per-step state: the hooks "
+        "fire again in the next step.",
+    ],
+    "accumulation": [
+        "Of the k backward passes, which one must all-reduce? DDP decides that in forward, "
+        "not in backward. And k micro-batch losses added up are k times which loss?",
+        "ddp_model.no_sync() is a context manager that switches DDP's all-reduce off for "
+        "the forward and backward inside it. Scale each micro-batch's loss by 1/k, so the "
+        "accumulated gradient is the mean over the micro-batches.",
+        "Every micro-batch but the last: forward and backward inside no_sync(). The last "
+        "one outside it. Then one optimizer step, and zero the gradients.",
+    ],
+    "trainer": [
+        "batch_size is per GPU: how many samples does one optimizer step see, over every "
+        "node, GPU and micro-batch? A preset node has 8 GPUs: how do you describe nodes of "
+        "gpus_per_node GPUs?",
+        "sc.ClusterSpec(name, nodes) takes a tuple of sc.NodeSpec(name, devices), one per "
+        "node. In train, step s owns rows s·global_batch to (s+1)·global_batch; rank r's "
+        "share of them is contiguous, batch_size·gradient_accumulation rows long, in rank "
+        "order.",
+        "Cut rank r's rows of the step into gradient_accumulation micro-batches of "
+        "batch_size rows, as a list of (inputs, targets) pairs, and train the step with "
+        "your train_with_accumulation.",
+    ],
+})
+
+
+def _more(exercise, text):
+    """A ❌ hint: what the check found to think about, then where the next step is."""
+    return f"{text} ({hint.pointer(exercise)})"
+
+
 AVERAGE_HINTS = {
-    "times": "divide every gradient by the world size after the all-reduce: "
-               "all_reduce sums.",
-    "over": "divide once, by the world size: you divided more than once (or by p²).",
-    "own": "every parameter's gradient needs the all-reduce: loop over "
-             "model.parameters(), skip none.",
-    "values": "all_reduce (SUM) each gradient in place on every rank, then divide by the "
-              "world size; every rank must end with the same mean (all_reduce, not reduce).",
+    "times": "all_reduce sums: the mean is the sum divided by the world size.",
+    "over": "the sum is divided more than once (or by p²): divide once, by the world size.",
+    "own": "this gradient was never combined with the other ranks': every parameter's "
+           "gradient needs it, none skipped.",
+    "values": _more("average", "every rank must end with the same mean of all ranks' "
+                    "gradients (a collective that leaves it on every rank, not on one)."),
 }
 
 
-def _compare_gradients(where, run, expected_run, names, hints):
-    """Fail at the first rank, step and parameter whose gradient differs from DDP's."""
+def _compare_gradients(where, run, expected_run, names, hints, unfinished=None):
+    """Fail at the first rank, step and parameter whose gradient differs from DDP's.
+    ``unfinished``: the hint for a gradient that is this rank's own divided by p (an
+    all-reduce copied back before it finished); else that is judged as other values."""
     p = run.world_size
     close = _close(p)
     for step in range(STEPS):
@@ -124,6 +193,11 @@ def _compare_gradients(where, run, expected_run, names, hints):
                 at = f"{where}, step {step + 1}: rank {rank}, {name}"
                 if got is None:
                     raise Failure(f"{at}: the gradient is None", hints["own"])
+                if (unfinished and p > 1 and first_difference(exp, got, _close(p))
+                        and torch.allclose(got, local / p, **SCALE)):
+                    raise Failure(f"{at}: the gradient is this rank's own divided by {p}: "
+                                  "the all-reduce had not summed it yet when it was copied "
+                                  "back", unfinished)
                 compare_scaled(at, exp, got, p, hints, own=local, close=close,
                                theirs="DDP's", holder="DDP")
 
@@ -174,13 +248,95 @@ def _check_buckets(where, run, p, cap, hint, next_step_hint=None):
                       f"carry {listed(expected)} bytes", hint)
 
 
-COPY_BACK_HINT = ("torch.cat makes a new tensor: after its all-reduce, copy each "
-                  "gradient's slice back (param.grad.copy_(...)), divided by the world "
-                  "size.")
-BUCKET_HINT = ("walk model.parameters() in REVERSE order, add each gradient to the "
-               "current bucket, and close the bucket as soon as it holds at least "
-               "bucket_cap_bytes; then one all_reduce per bucket, of the flattened "
-               "gradients (torch.cat of grad.reshape(-1)).")
+COPY_BACK_HINT = _more("buckets", "the gradients were never overwritten: flattening makes "
+                       "a NEW tensor, so the all-reduced values must be copied back into "
+                       "each gradient, divided by the world size.")
+BUCKET_HINT = _more("buckets", "one all-reduce per bucket, and DDP's buckets: filled in the "
+                    "order backward produces gradients, closed when they reach the cap.")
+COPY_VALUES_HINT = _more("buckets", "each gradient gets the slice of the all-reduced flat "
+                         "tensor at its own offset, in the order the bucket was "
+                         "flattened, divided by the world size.")
+
+
+def _bucket_names(model, buckets):
+    names = {param: name for name, param in model.named_parameters()}
+    return [[names.get(q, "?") for q in bucket] for bucket in buckets]
+
+
+def _expected_buckets(model, cap):
+    """DDP's buckets of ``model`` at ``cap`` (by parameter name), read off the sizes of the
+    all-reduces torch's DDP issues once it has rebuilt its buckets."""
+    sizes, params, buckets = ddp_buckets(2, cap), list(model.named_parameters())[::-1], []
+    for size in sizes:
+        bucket, total = [], 0
+        while total < size:
+            name, param = params.pop(0)
+            bucket.append(name)
+            total += param.numel() * param.element_size()
+        buckets.append(bucket)
+    return buckets
+
+
+def _rule_hint(model, cap, got_names):
+    """What a wrong set of buckets did: closed at `> cap`, filled in forward order, or else."""
+    params = dict(model.named_parameters())
+    nbytes = lambda name: params[name].numel() * params[name].element_size()  # noqa: E731
+    order = [name for name, _ in model.named_parameters()]
+    flat = [name for bucket in got_names for name in bucket]
+    if flat == order:
+        return _more("buckets", "your buckets follow the forward order: backward produces "
+                     "the LAST layer's gradients first, and DDP fills its buckets in that "
+                     "order.")
+    late, current, total = [], [], 0
+    for name in order[::-1]:
+        current.append(name)
+        total += nbytes(name)
+        if total > cap:
+            late.append(current)
+            current, total = [], 0
+    if current:
+        late.append(current)
+    if got_names == late:
+        return _more("buckets", f"a bucket that holds exactly {cap} bytes has reached the "
+                     "cap: it is full (\"reaches the cap or more\").")
+    return BUCKET_HINT
+
+
+def _show(model, buckets):
+    """``4.bias, 4.weight (272 B) | 2.bias ...``: each bucket's parameters and bytes."""
+    params = dict(model.named_parameters())
+    sizes = [sum(params[n].numel() * params[n].element_size() for n in bucket)
+             for bucket in buckets]
+    return " | ".join(f"{', '.join(bucket)} ({size} B)"
+                      for bucket, size in zip(buckets, sizes)) or "none"
+
+
+@check("bucket rule")
+def check_bucket_parameters(fn):
+    """``fn(params, bucket_cap_bytes)`` on its own: the list of DDP's buckets (lists of
+    parameters) of the checks' MLP, for caps that land on a running total, above the
+    model and below every parameter."""
+    refuse_reference(fn, _reference().bucket_parameters)
+    model = make_mlp()
+    for cap in RULE_CAPS:
+        where = f"bucket cap {cap} bytes"
+        got = on_a_rank(fn, (model.parameters(), cap), f"{where}: bucket_parameters")
+        if not isinstance(got, list) or not all(isinstance(b, list) for b in got):
+            raise Failure(f"{where}: returned a {type(got).__name__}, not a list of buckets",
+                          _more("buckets", "return a list whose items are lists of "
+                                "parameters (a generator can be read only once, and "
+                                "OverlappedDDP needs len() of it)."))
+        if not all(isinstance(q, torch.nn.Parameter) for b in got for q in b):
+            raise Failure(f"{where}: a bucket holds something other than the parameters "
+                          "it was given", _more("buckets", "put the parameters themselves "
+                                                "into the buckets (not their gradients or "
+                                                "sizes)."))
+        got_names, expected = _bucket_names(model, got), _expected_buckets(model, cap)
+        if got_names != expected:
+            raise Failure(f"{where}: your buckets are {_show(model, got_names)}; DDP's are "
+                          f"{_show(model, expected)}", _rule_hint(model, cap, got_names))
+    return (f"DDP's buckets for caps of {listed(RULE_CAPS)} bytes (1,360 and 336 land on a "
+            "bucket's exact size)")
 
 
 @check("all-reduce in buckets")
@@ -244,11 +400,16 @@ def _hidden(run):
     return max(row["overlap_s"] for row in run.summary().rows)
 
 
-WAIT_HINT = ("finish() must wait() on every bucket's work before it copies the averaged "
-             "values back: an async all-reduce has not finished when the call returns.")
-OVERLAP_HINT = ("launch each bucket's all-reduce from the hook (dist.all_reduce(flat, "
-                "async_op=True)) as soon as its last gradient is ready, not in finish(): "
-                "then it runs while backward computes the earlier layers.")
+WAIT_HINT = _more("overlap", "an asynchronous all-reduce has not finished when the call "
+                  "returns: what must finish() do with each bucket's Work before it reads "
+                  "the flat tensor?")
+OVERLAP_HINT = _more("overlap", "nothing ran while backward computed: each bucket's "
+                     "all-reduce must start, without blocking, from the hook that sees its "
+                     "last gradient, not in finish().")
+RESET_HINT = _more("overlap", "the next step's hooks found this step's counts: finish() "
+                   "must leave the per-step state as __init__ made it.")
+GENERATOR_HINT = _more("buckets", "bucket_parameters must return a list of buckets (run the "
+                       "bucket rule's check): __init__ takes len() of it.")
 
 
 @check("overlapped DDP")
@@ -257,7 +418,7 @@ def check_overlapped_ddp(cls):
     ``backward()``. Gradients and all-reduces compared with DDP, and communication must
     overlap backward on the simulator's record (``run.summary()``'s ``overlap``)."""
     refuse_reference(cls, _reference().OverlappedDDP, "class")
-    hints = {**AVERAGE_HINTS, "own": COPY_BACK_HINT, "values": WAIT_HINT}
+    hints = {**AVERAGE_HINTS, "own": COPY_BACK_HINT, "values": COPY_VALUES_HINT}
     for p in WORLD_SIZES:
         for cap in BUCKET_CAPS:
             where = _case_text(p, cap)
@@ -269,11 +430,15 @@ def check_overlapped_ddp(cls):
 
             body = _gradient_steps(p, prepare,
                                    lambda m: wrappers[dist.get_rank()].finish())
-            run = _run_learner(where, p, body, accounting=True)
-            _compare_gradients(where, run, ddp_run(p, cap), _names(make_mlp()), hints)
-            _check_buckets(where, run, p, cap, BUCKET_HINT,
-                           "finish() must also reset what counts each bucket's ready "
-                           "gradients: the hooks fire again in the next step's backward.")
+            try:
+                run = _run_learner(where, p, body, accounting=True)
+            except Failure as failure:
+                if "'generator'" in failure.what:
+                    raise Failure(failure.what, GENERATOR_HINT) from None
+                raise
+            _compare_gradients(where, run, ddp_run(p, cap), _names(make_mlp()), hints,
+                               unfinished=WAIT_HINT)
+            _check_buckets(where, run, p, cap, BUCKET_HINT, RESET_HINT)
     where = (f"world size {OVERLAP_WORLD}, four 256×256 layers, bucket cap {OVERLAP_CAP} "
              "bytes")
     mine = simulate(_cluster(),
@@ -325,10 +490,14 @@ def _compare_parameters(where, rank, params, expected, names, hint):
                           f"big-batch run has {num(e)}", hint)
 
 
-ACCUMULATION_HINT = ("divide each micro-batch's loss by the number of micro-batches, "
-                     "run forward and backward of every micro-batch but the last inside "
-                     "`with ddp_model.no_sync():`, then optimizer.step() and "
-                     "optimizer.zero_grad() once.")
+ACCUMULATION_HINT = _more("accumulation", "the right number of all-reduces, but not the "
+                          "big batch's parameters: is the accumulated gradient the MEAN over "
+                          "the micro-batches, and is there one optimizer step per call?")
+IN_NO_SYNC_HINT = _more("accumulation", "DDP decides in forward whether the coming backward "
+                        "all-reduces: every micro-batch but the last needs its forward AND "
+                        "its backward inside no_sync().")
+LAST_OUTSIDE_HINT = _more("accumulation", "the accumulated gradients must be all-reduced "
+                          "once: by the last micro-batch's backward, outside no_sync().")
 
 
 @check("gradient accumulation")
@@ -361,11 +530,7 @@ def check_accumulation(fn):
         for rank, (counts, params) in enumerate(run.results):
             for step, count in enumerate(counts):
                 if count != 1:
-                    hint = ("run forward AND backward of every micro-batch but the last "
-                            "inside `with ddp_model.no_sync():` (DDP decides in forward "
-                            "whether backward all-reduces)." if count > 1 else
-                            "the last micro-batch's backward must run outside no_sync(): "
-                            "that one all-reduces the accumulated gradients.")
+                    hint = IN_NO_SYNC_HINT if count > 1 else LAST_OUTSIDE_HINT
                     raise Failure(f"{where}, optimizer step {step + 1}: rank {rank} "
                                   f"all-reduced {count} time(s); DDP needs 1 (one bucket)",
                                   hint)
@@ -393,11 +558,10 @@ def _check_placement(where, trainer, nodes, gpus, b, k):
     spec = getattr(getattr(trainer, "cluster", None), "spec", None)
     if spec is None:
         raise Failure(f"{where}: no `cluster` attribute holding an sc.Cluster",
-                      "self.cluster = sc.Cluster(sc.ClusterSpec(name, nodes)), with one "
-                      "sc.NodeSpec per node.")
-    placement_hint = (f"build {nodes} node(s) of {gpus} GPU(s) each: sc.Cluster(sc."
-                      "ClusterSpec(name, tuple(sc.NodeSpec(f'node{i}', gpus_per_node) "
-                      "for i in range(nodes)))); a preset has 8 GPUs per node.")
+                      _more("trainer", "the check reads the placement from self.cluster, "
+                            "a simulated cluster built in __init__."))
+    placement_hint = _more("trainer", f"the ranks need {nodes} node(s) of {gpus} GPU(s) "
+                           "each; a preset node has 8.")
     if len(spec.nodes) != nodes:
         raise Failure(f"{where}: the cluster has {len(spec.nodes)} node(s), expected "
                       f"{nodes}", placement_hint)
@@ -409,13 +573,13 @@ def _check_placement(where, trainer, nodes, gpus, b, k):
         trainer, "global_batch", None)
     if world != nodes * gpus:
         raise Failure(f"{where}: world_size is {world}, expected nodes × gpus_per_node = "
-                      f"{nodes * gpus}", "world_size = nodes * gpus_per_node")
+                      f"{nodes * gpus}", _more("trainer", "every GPU of every node is a rank."))
     expected = b * nodes * gpus * k
     if global_batch != expected:
         raise Failure(f"{where}: global_batch is {global_batch}, expected batch_size × "
                       f"nodes × gpus_per_node × gradient_accumulation = {expected}",
-                      "batch_size is per GPU, as in the article: the global batch multiplies "
-                      "it by every GPU and every micro-batch.")
+                      _more("trainer", "batch_size is per GPU, as in the article: the "
+                            "global batch counts every GPU and every micro-batch."))
 
 
 @check("DistributedTrainer")
@@ -436,25 +600,35 @@ def check_distributed_trainer(cls):
         seen = {}
 
         def loss_fn(output, target):
-            seen.setdefault(dist.get_rank(), []).append(len(target))
+            seen.setdefault(dist.get_rank(), []).append(target.detach().clone())
             return mse(output, target)
 
         run = simulate(trainer.cluster, trainer.train, nodes * gpus, lambda rank: where,
                        args=(make_mlp, x, y, loss_fn, LR, TRAINER_STEPS))
+        rows_right = True
         for rank in range(nodes * gpus):
-            sizes = seen.get(rank, [])
+            targets = seen.get(rank, [])
+            sizes = [len(t) for t in targets]
             if sizes != [b] * (k * TRAINER_STEPS):
                 raise Failure(f"{where}: rank {rank} computed {len(sizes)} loss(es) on "
                               f"micro-batches of {listed(sorted(set(sizes))) or 'no'} "
                               f"sample(s) in {TRAINER_STEPS} steps; expected "
                               f"{k * TRAINER_STEPS} of {b}",
-                              "each optimizer step, every rank takes gradient_accumulation "
-                              "micro-batches of batch_size samples (batch_size is per GPU).")
+                              _more("trainer", "each optimizer step, every rank takes "
+                                    "gradient_accumulation micro-batches of batch_size "
+                                    "samples (batch_size is per GPU)."))
+            for i, target in enumerate(targets):
+                step, micro = divmod(i, k)
+                start = step * global_batch + rank * b * k + micro * b
+                rows_right &= torch.equal(target, y[start:start + b])
         expected = big_batch_reference(global_batch, TRAINER_STEPS)
+        rows_hint = (_more("trainer", "every rank took the right rows, so the step itself "
+                           "is wrong: does your train_with_accumulation pass exercise 4's "
+                           "check?") if rows_right else
+                     _more("trainer", "the ranks' micro-batches are not the rows the lab "
+                           "gives them: within a step, rank r's rows start after those of "
+                           "ranks 0 … r−1."))
         for rank in range(nodes * gpus):
-            _compare_parameters(where, rank, run.results[rank], expected, names,
-                                "rank r's samples of step s start at s·global_batch + "
-                                "r·batch_size·gradient_accumulation; train each step with "
-                                "your train_with_accumulation.")
+            _compare_parameters(where, rank, run.results[rank], expected, names, rows_hint)
     return ("placement, micro-batches and parameters right for (nodes, gpus_per_node, "
             f"batch_size, gradient_accumulation) {listed(TRAINER_CASES)}")

@@ -27,6 +27,7 @@ import torch.nn as nn
 
 import simcluster as sc
 from workbook import pipeline
+from workbook.hints import Hints
 from workbook.checking import (Failure, answers, check, close_within, first_difference,
                                listed, mse, num, number, on_a_rank, refuse_reference,
                                seconds, short, simulate, within_best)
@@ -36,17 +37,61 @@ from workbook.lesson04_model_parallel.lab import FEATURES, batch, in_shapes, mak
 # and a Tanh, and the widths change at every Linear
 SPLITS = ((1, []), (2, [3]), (3, [2, 5]), (4, [1, 4, 6]))
 
+hint = Hints({
+    "stages": [
+        "Draw the two passes for 3 ranks: what does each rank receive, from whom, and what "
+        "does it send on, in forward? Then the same in backward, where everything flows the "
+        "other way. Which tensor's gradient is what the previous rank needs?",
+        "A tensor that arrives by recv is a new leaf: autograd fills its .grad only if it "
+        "asks for one. The gradient coming back has the shape of this stage's OUTPUT. A "
+        "middle stage starts backward from the gradient it received, not from a loss.",
+        "Forward: receive (all but rank 0), run the stage, send a detached output on (all "
+        "but the last). Backward: the last rank backward()s its loss; the others receive "
+        "their output's gradient and backward from it; all but rank 0 send their input's "
+        "gradient back. Only the last rank returns the loss.",
+    ],
+    "balance": [
+        "When many batches stream through the stages, which stage sets the pace? So which "
+        "number of a cut do you want as small as possible?",
+        "A cut is p - 1 increasing layer indices; a stage's time is the sum of its layers' "
+        "times. Among all cuts, find one whose LARGEST stage sum is smallest (not one whose "
+        "smallest stage is largest: those differ).",
+        "The layer counts here are small: trying every cut (itertools.combinations of the "
+        "possible boundaries) is fast enough. For large ones, binary-search the largest "
+        "stage time and cut greedily under it.",
+    ],
+    "bytes": [
+        "What crosses a boundary in forward, and what comes back across it in backward? "
+        "Which of the two do you know the shape and dtype of?",
+        "The shapes follow from running the stages one after another on an input of "
+        "in_shape, in the parameters' dtype, without autograd. Bytes are elements × bytes "
+        "per element.",
+        "The gradient sent back has the same shape and dtype as the activation sent "
+        "forward: each boundary carries the activation's bytes twice.",
+    ],
+})
+
+
+def _more(exercise, text):
+    """A ❌ hint: what the check found to think about, then where the next step is."""
+    return f"{text} ({hint.pointer(exercise)})"
+
+
 HINTS = {
-    "requires_grad": "a received activation is a new leaf tensor: call x.requires_grad_() "
-                     "right after dist.recv(x, ...), or backward leaves x.grad as None and "
-                     "there is no gradient to send back.",
-    "no_grad": "every stage but the last receives the gradient of its output from rank "
-               "r + 1 and calls out.backward(grad); then every stage but the first sends "
-               "x.grad to rank r − 1.",
-    "loss": "the last rank computes loss = loss_fn(out, y), calls loss.backward() and "
-            "returns the loss; the other ranks return None.",
-    "values": "print each rank's activation after forward on world size 2, and compare "
-              "with the whole model's layers run one by one.",
+    "requires_grad": _more("stages", "x.grad was None: a received activation is a new leaf "
+                           "tensor, and autograd fills a leaf's .grad only if it asks for "
+                           "one."),
+    "no_grad": _more("stages", "this stage never ran backward: every stage but the last "
+                     "starts backward from the gradient of its output, received from the "
+                     "next rank."),
+    "loss": _more("stages", "only the last rank has the loss (it returns it); every other "
+                  "rank returns None, as the lab says."),
+    "forward": _more("stages", "the loss differs, so forward already goes wrong: print each "
+                     "rank's activation on world size 2 and compare with the whole model's "
+                     "layers run one by one."),
+    "backward": _more("stages", "the loss is right, so forward is: backward goes wrong. Does "
+                      "this stage start backward from the gradient of its output it received, "
+                      "and does it send back the gradient of its input?"),
     "collective": "move activations and gradients with dist.send / dist.recv only.",
     "no_messages": "ranks are threads here, but on a real cluster they share no memory: "
                    "send the activation forward and its gradient back.",
@@ -124,10 +169,17 @@ def _compare_stages(where, run, p, seed):
         raise Failure(f"{where}: no rank sent a message", HINTS["no_messages"])
     last = run.results[p - 1]["loss"]
     if not isinstance(last, torch.Tensor):
-        raise Failure(f"{where}: the last rank returned {last!r}, not the loss", HINTS["loss"])
+        raise Failure(f"{where}: the last rank returned {short(repr(last), 40)}, not the "
+                      "loss", HINTS["loss"])
+    for rank in range(p - 1):
+        returned = run.results[rank]["loss"]
+        if returned is not None:
+            what = ("a tensor" if isinstance(returned, torch.Tensor)
+                    else short(repr(returned), 40))
+            raise Failure(f"{where}: rank {rank} returned {what}, not None", HINTS["loss"])
     if not torch.isclose(last, expected_loss, rtol=1e-5, atol=1e-7):
         raise Failure(f"{where}: the loss is {num(last)}, the whole model's is "
-                      f"{num(expected_loss)}", HINTS["values"])
+                      f"{num(expected_loss)}", HINTS["forward"])
     for rank, result in enumerate(run.results):
         for name, grad in result["grads"].items():
             at = f"{where}: rank {rank}, gradient of {name}"
@@ -136,12 +188,12 @@ def _compare_stages(where, run, p, seed):
                               HINTS["no_grad"])
             if grad.shape != expected[name].shape:
                 raise Failure(f"{at} has shape {tuple(grad.shape)}, expected "
-                              f"{tuple(expected[name].shape)}", HINTS["values"])
+                              f"{tuple(expected[name].shape)}", HINTS["backward"])
             diff = first_difference(expected[name], grad, _close)
             if diff is not None:
                 i, e, g = diff
                 raise Failure(f"{at}, element {i}: expected {num(e)}, got {num(g)}",
-                              HINTS["values"])
+                              HINTS["backward"])
 
 
 @check("forward and backward across stages")
@@ -163,15 +215,21 @@ def check_forward_backward(fn):
 UNIT_WIDTH, UNIT_BATCH = 2048, 4096   # a block of hidden k·2048 costs k units
 MICRO_BATCHES = 4
 BALANCE_TOLERANCE = 1.03               # the learner's cut may be 3 % slower than the best
-BALANCE_HINT = ("the slowest stage sets the pace of the stream: choose the cut whose largest "
-                "stage sum is smallest (try every cut, or binary-search the largest stage "
-                "time and cut greedily under it).")
+BALANCE_HINT = _more("balance", "the slowest stage sets the pace of the stream: is your "
+                     "cut's LARGEST stage sum as small as it can be?")
 # (name, cost of each layer in units, stages): a language model with a heavy head, a
-# heavy first layer, uneven layers where cutting at the running average goes wrong
+# heavy first layer, uneven layers where cutting at the running average goes wrong; a
+# heavy second layer where making the FASTEST stage as slow as possible gives [2, 3]
+# (stages 5, 2, 2; its only cut with no stage of 1) while the best cut is [1, 2] (1, 4,
+# 4): 1.25× slower. ([1, 1, 1, 2] ties every cut on the fastest stage, so measured
+# times' last bits would decide.) The limits: one stage, and one stage per layer.
 PROFILES = (("language model (heavy head)", (1,) * 8 + (4,), 3),
             ("language model (heavy head)", (1,) * 8 + (4,), 4),
             ("heavy first and last layers", (4, 1, 1, 1, 1, 1, 1, 4), 3),
-            ("uneven layers", (2, 3, 1, 3, 2, 4, 1, 1, 3, 2), 4))
+            ("uneven layers", (2, 3, 1, 3, 2, 4, 1, 1, 3, 2), 4),
+            ("heavy second layer", (1, 4, 2, 2), 3),
+            ("one stage", (2, 1, 3), 1),
+            ("one stage per layer", (2, 1, 3), 3))
 
 
 def profile_model(units):
@@ -252,7 +310,7 @@ def check_balance(fn):
             f"your cut {cut} makes stages of {stages}; {MICRO_BATCHES} micro-batches took",
             f"the best cut {best_cut}'s {seconds(best)}", BALANCE_HINT))
     return (f"within {worst - 1:.1%} of the best cut's simulated time on {len(PROFILES)} "
-            "profiles (p = 3, 4)")
+            "profiles (p = 1, 3, 4; one stage per layer)")
 
 
 # ------------------------------------------------------ exercise 3: bytes on the link
@@ -322,14 +380,13 @@ def check_boundary_bytes(fn):
                 continue
             size = torch.empty((), dtype=dtype).element_size()
             if 2 * g == e:
-                hint = ("that is the forward activation only: backward sends its gradient "
-                        "back across the same boundary, with the same shape and dtype.")
+                hint = _more("bytes", "that is the forward activation only: what comes "
+                             "back across the same boundary in backward?")
             elif g * size == e:
-                hint = "count bytes, not elements: multiply by the element size."
+                hint = _more("bytes", "that is a count of elements: the link carries bytes.")
             else:
-                hint = ("the activation leaving stage i is the output of its last layer: "
-                        "run the stages one after another on a tensor of in_shape and "
-                        "look at the shapes and dtype.")
+                hint = _more("bytes", "the activation leaving stage i is the output of its "
+                             "last layer: what shape and dtype does it have for this input?")
             raise Failure(f"{where}: boundary {i} (stage {i} → {i + 1}): the simulator "
                           f"measured {num(e)} bytes, you said {num(g)}", hint)
     return (f"bytes per boundary equal the measured traffic on {len(BYTE_CASES)} splits "

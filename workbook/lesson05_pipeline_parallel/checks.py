@@ -29,6 +29,7 @@ import simcluster as sc
 from workbook.checking import (Failure, answers, check, close_within, collectives_so_far,
                                compare_scaled, first_difference, listed, mse, num, number,
                                on_a_rank, refuse_reference, short, simulate)
+from workbook.hints import Hints
 from workbook.models import mlp
 from workbook.pipeline import bubble, bubble_formula, split
 from workbook.lesson05_pipeline_parallel.lab import _cluster, _micro_batches_held, _timing_body
@@ -41,6 +42,50 @@ HELD_SLACK = 0.5                       # micro-batches: what a stage may keep be
 
 
 _reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+hint = Hints({
+    "gpipe": [
+        "GPipe runs every forward of the step, then every backward. Before a stage computes "
+        "a micro-batch it needs that micro-batch's activation from the stage before it; "
+        "before it backpropagates one it needs the gradient from the stage after it. What "
+        "must a stage keep between the two phases, and why must its input require grad?",
+        "Forward phase, micro-batch i: the first stage reads inputs[i], the others receive "
+        "an activation of the given shape from the previous rank; every stage computes its "
+        "output; the last one turns it into the loss (divided by m), the others send it on. "
+        "Keep (input, output) per micro-batch.",
+        "Backward phase, the same order: the last stage backpropagates its loss, the others "
+        "receive the gradient of their output and backpropagate it; every stage but the "
+        "first sends its input's gradient back. A send needs a matching receive on the other "
+        "rank, in the same order.",
+    ],
+    "1f1b": [
+        "1F1B starts a micro-batch's backward as soon as the last stage has its loss. How "
+        "many forwards must stage s run before its first backward, and what alternates "
+        "after that? Where does a micro-batch wait between its forward and its backward?",
+        "exchange: post the send and the receive together (torch's batch_isend_irecv with "
+        "P2POp's), then wait on them, so two neighbours that both send never block each "
+        "other. A queue of (input, output) pairs: forwards append, backwards take the oldest.",
+        "Warm-up: p - 1 - s forwards (each sends its output, receives nothing back). Steady "
+        "state: one forward, then one backward of the oldest micro-batch held, exchanging "
+        "with the next stage. Cool-down: the remaining backwards, each sending its input's "
+        "gradient to the previous stage.",
+    ],
+    "bubble": [
+        "Measure in chunk slots: a chunk is 1/v of a stage. How many slots does one GPU "
+        "compute in a phase, and how many does it idle while the pipe fills or drains?",
+        "Each GPU computes v·m chunk slots per phase and idles p - 1 of them: the bubble is "
+        "the idle share of the wall time, not of the work.",
+    ],
+    "pick": [
+        "Which m are allowed (whole micro-batches, interleaving's rule) and which v? Then: "
+        "fewest micro-batches first, fewest chunks second. Both limits say \"at most\".",
+        "For each allowed m in increasing order, and for each allowed v in increasing order: "
+        "the bubble from your interleaved_bubble, the memory of the first stage from how "
+        "many micro-batches it holds (lesson 05) times the samples of one micro-batch times "
+        "sample_bytes. The first pair within both limits wins; None if no pair is.",
+    ],
+})
 
 
 def _case(p, m):
@@ -304,7 +349,12 @@ PICK_CASES = (
     (4, 32, 4, 0.01, 80 * GB, 10 * MB),     # none: m = 32, v = 4 still idles 2.3 %
     (8, 64, 4, 0.30, 1 * GB, 200 * MB),     # none: even micro-batches of one sample are too big
     (4, 16, 2, 0.10, 2 * GB, 400 * MB),     # none: the bubble needs v = 2, whose extra
-)                                           #   activations only v = 1 leaves room for
+                                            #   activations only v = 1 leaves room for
+    # "at most", on the boundary: the answer's bubble is exactly the target (3/15 = 0.2),
+    # then its memory exactly the cap (4 x 8 x 100 MB); a strict < picks another pair
+    (4, 48, 3, 0.20, 80 * GB, 10 * MB),     # (4, 3), not (8, 3)
+    (4, 64, 6, 0.30, 3_200 * MB, 100 * MB), # (8, 1), not (16, 1)
+)
 
 
 def _pick_where(case):

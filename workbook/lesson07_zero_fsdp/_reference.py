@@ -51,9 +51,9 @@ class ZeRO1Adam:
         """One Adam step of this rank's chunks, then every parameter all-gathered."""
         self.t += 1
         for i, q in enumerate(self.params):
-            self._update(i, q, my_shard(q.grad))
+            self.update_chunk(i, q, my_shard(q.grad))
 
-    def _update(self, i, q, grad):
+    def update_chunk(self, i, q, grad):
         b1, b2 = self.betas
         m, v = self.exp_avg[i], self.exp_avg_sq[i]
         m.lerp_(grad, 1 - b1)
@@ -84,7 +84,7 @@ class ZeRO2Adam(ZeRO1Adam):
         """One Adam step from the gradient shards, which are then dropped."""
         self.t += 1
         for i, q in enumerate(self.params):
-            self._update(i, q, self.grads[i])
+            self.update_chunk(i, q, self.grads[i])
             self.grads[i] = None
 
 

@@ -30,6 +30,7 @@ The reference answers (:mod:`._reference`) are imported inside the checks only.
 
 import functools
 import math
+import re
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,7 @@ import simcluster as sc
 from workbook.checking import (Failure, answers, budget, check, close_within,
                                first_difference, listed, mse, num, number, on_a_rank,
                                refuse_reference, seconds, short, simulate, within_best)
+from workbook.hints import Hints
 from workbook.lesson07_zero_fsdp.lab import (FIT_BLOCKS, FIT_WORLD, ShardedLinear, fit_psi,
                                              fit_time, shard_size)
 
@@ -51,6 +53,50 @@ BATCH = 4
 
 
 _reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+hint = Hints({
+    "zero1": [
+        "Every rank has the whole averaged gradient but should keep Adam's state for its "
+        "own chunk only (my_shard shows which). After the update, how do the other ranks "
+        "get the values of your chunk?",
+        "State: two zero tensors of shard_size(q.numel(), N) elements per parameter. Update: "
+        "Adam's formulas on your chunk with your chunk of the gradient, then an all-gather "
+        "of every rank's updated chunk, cut back to q.numel() elements and copied into q.",
+    ],
+    "zero2": [
+        "Each rank now gets its own batch's gradient. Which collective hands each rank only "
+        "its chunk of the combination over ranks, and is that combination the mean? When "
+        "is a gradient ready to be reduced (torch can tell you)?",
+        "A post-accumulate-grad hook on each parameter reduces that gradient as soon as it "
+        "is complete, keeps this rank's chunk (one slot per parameter) and drops q.grad, so "
+        "whole gradients never pile up. step() updates from the chunks and clears them.",
+        "In the hook: flatten q.grad, pad it to N·shard_size elements, reduce-scatter into "
+        "a chunk-sized buffer, then turn the sum into the mean.",
+    ],
+    "zero3": [
+        "Only shards live between uses. What must forward gather to compute, and what "
+        "should it save for backward so that no whole weight stays alive until then?",
+        "forward: gather the whole weight and bias from the shards (cut back to their "
+        "sizes), compute, save the input and the shards only. backward: gather the weight "
+        "again, compute the input's gradient and the weight's and bias's, then give each "
+        "rank the mean of its chunk of those two.",
+    ],
+    "table": [
+        "Model states are 2Ψ of parameters, 2Ψ of gradients and KΨ of optimizer state. "
+        "Which of the three does stage 1 divide by N_d, which stage 2, which stage 3?",
+        "Stage k divides the first k kinds in the order (optimizer state, gradients, "
+        "parameters); the answer is in GB (10^9 bytes).",
+    ],
+    "fit": [
+        "For each candidate (DDP, ZeroRedundancyOptimizer, fully_shard with or without "
+        "resharding and offload): what is its peak per GPU, and with offload what must the "
+        "host hold? Then: which candidate is fastest? Measure with fit_time.",
+        "Candidates in the order of their measured step time; take the first whose "
+        "estimated peak (with some margin) fits gpu_memory and, with offload, whose 16Ψ/N "
+        "fits host_memory; None if none does.",
+    ],
+})
 
 
 # ------------------------------------------------------------- the shard layout
@@ -230,6 +276,62 @@ def _check_bytes(run, where, p, psi, steps):
     return max(per_step)
 
 
+def _mean_gradients(make_model, p, steps):
+    """Per step, the gradients of one process on the mean of the ranks' losses: the mean
+    of the ranks' gradients, which ZeRO-2's reduce-scatter must give each rank a chunk of."""
+    model = make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    grads = []
+    for step in range(steps):
+        losses = [mse(model(x), y) for x, y in (batch(model, r, step) for r in range(p))]
+        (sum(losses) / p).backward()
+        grads.append([q.grad.detach().clone() for q in model.parameters()])
+        optimizer.step()
+        optimizer.zero_grad()
+    return grads
+
+
+def _check_gradient_chunks(cls, p):
+    """The chunks ``cls`` hands ``update_chunk`` are this rank's chunks of the mean gradient.
+
+    Adam hardly notices a gradient N times too large (it divides by the gradient's own
+    scale), so the parameters alone cannot tell the sum from the mean: look at the chunks."""
+    if not callable(getattr(cls, "update_chunk", None)):
+        return
+    seen = []   # (rank, step, parameter, chunk), from every rank's thread
+
+    class Probe(cls):
+        def update_chunk(self, i, q, grad):
+            chunk = None if grad is None else torch.as_tensor(grad).detach().clone()
+            seen.append((dist.get_rank(), self.t, i, chunk))
+            return super().update_chunk(i, q, grad)
+
+    Probe.__name__ = cls.__name__
+    _, where = _run_training(Probe, small_model, p, STEPS, False)
+    expected = _mean_gradients(small_model, p, STEPS)
+    names = [name for name, _ in small_model().named_parameters()]
+    for rank, t, i, got in sorted(seen, key=lambda e: e[:3]):
+        if not (1 <= t <= STEPS and 0 <= i < len(names)):
+            continue   # a count of its own: the parameters' check judges the steps
+        want = _chunk(expected[t - 1][i], rank, p)
+        at = f"{where}: rank {rank}, step {t}, the gradient chunk of {names[i]}"
+        if got is None or got.shape != want.shape:
+            raise Failure(f"{at} has shape {None if got is None else tuple(got.shape)}, "
+                          f"expected {tuple(want.shape)}",
+                          "each rank keeps its own chunk of every reduced gradient.")
+        diff = first_difference(want, got, _close)
+        if diff is not None:
+            k, ev, gv = diff
+            ratio = gv / ev if ev else math.nan
+            hint = (f"this chunk is {num(ratio)}× the mean: what does a reduce-scatter "
+                    "add up, and what did each rank's backward compute?"
+                    if abs(ratio - p) < 1e-3 * p else
+                    "compare your chunk with the same chunk of the mean over the ranks' "
+                    "gradients.")
+            raise Failure(f"{at}, element {k}: the mean over ranks is {num(ev)}, yours "
+                          f"{num(gv)}", hint)
+
+
 @check("ZeRO-2")
 def check_zero2(cls):
     """``cls(params, lr)`` with ``step()``, handed each rank's own gradients: parameters
@@ -239,6 +341,7 @@ def check_zero2(cls):
     refuse_reference(cls, _reference().ZeRO2Adam, "class")
     refuse_reference(cls, _reference().ZeRO1Adam, "class")
     _check_values(cls, average=False)
+    _check_gradient_chunks(cls, max(WORLD_SIZES))
     psi = _params(wide_model())
     for p in MEMORY_WORLD_SIZES:
         run, where = _run_training(cls, wide_model, p, 2, False, measure=True)
@@ -434,6 +537,11 @@ FIT_TOLERANCE = 1.05   # the learner's step may be 5 % slower than the fastest t
 # Widths d of blocks Linear(d, 4d) · ReLU · Linear(4d, d), no bias: on 4 GPUs, the fastest
 # settings that fit keep whole parameters, shard them, offload them, offload and reshard.
 FIT_CASES = (12_500, 18_114, 20_156, 24_367)
+# (width, GPU memory, host memory per GPU, as fractions of a DGX A100's and of what offload
+# keeps on the host, 16Ψ/N): where the host decides (offload would fit the GPU, but the
+# host cannot hold the shards: nothing fits) and where a smaller GPU does. Judged against
+# the reference's estimate, not simulated (the simulated cluster has the DGX's memory).
+FIT_LIMITS = ((20_156, 1.0, 0.9), (24_367, 1.0, 0.9), (12_500, 0.5, 2.0), (18_114, 0.5, 2.0))
 SETTINGS_HINT = ("return a dict with keys 'stage' (0: DDP, 1: DDP with "
                  "ZeroRedundancyOptimizer, 3: fully_shard), 'reshard_after_forward' and "
                  "'offload' (bools; fully_shard's options, so False with stages 0 and 1).")
@@ -489,8 +597,9 @@ def check_fit_settings(fn):
         try:
             mine = best_time if settings == best else fit_time(width, settings)
         except sc.OutOfMemoryError as error:
-            raise Failure(f"{where}: {_describe(settings)} ran out of memory "
-                          f"({str(error).split('.')[1].strip()})",
+            tried = re.search(r"Tried to allocate [\d.,]+ \w+", str(error))
+            raise Failure(f"{where}: {_describe(settings)} ran out of memory"
+                          + (f" ({tried.group(0)})" if tried else ""),
                           "estimate the peak: DDP keeps 4Ψ of parameters, 4Ψ of gradients, "
                           "4Ψ of buckets and 8Ψ of Adam's state; fully_shard keeps 16Ψ/N, "
                           "plus whole blocks while they compute (all of them from forward "
@@ -500,7 +609,30 @@ def check_fit_settings(fn):
             where, mine, best_time, FIT_TOLERANCE,
             f"{_describe(settings)} fits, and its step takes",
             f"the {seconds(best_time)} of {_describe(best)}",
-            "more sharding and offload cost time (more all-gathers, PCIe copies, Adam on the "
-            "CPUs): take the least that fits."))
+            "which settings send more bytes per step, copy over PCIe or run Adam on the "
+            "CPUs, and which shrink the optimizer step? Measure the candidates with "
+            "fit_time."))
+    for width, gpu_part, host_part in FIT_LIMITS:
+        psi = fit_psi(width)
+        gpu_memory, host_memory = gpu * gpu_part, 16 * psi / FIT_WORLD * host_part
+        where = (f"Ψ = {psi / 1e9:.2f}B in {FIT_BLOCKS} blocks on {FIT_WORLD} GPUs of "
+                 f"{gpu_memory / 1e9:.1f} GB, {host_memory / 1e9:.1f} GB of host memory each")
+        got = on_a_rank(fn, (psi, FIT_BLOCKS, FIT_WORLD, gpu_memory, host_memory), where)
+        got = None if got is None else _valid_settings(got, where)
+        want = _reference().fit_settings(psi, FIT_BLOCKS, FIT_WORLD, gpu_memory, host_memory)
+        if got == want:
+            continue
+        if want is None:
+            binds = ("the host" if host_part < 1 else "the GPU")
+            raise Failure(f"{where}: returned {_describe(got)}, but nothing fits ({binds} "
+                          "is too small)", "what does offload keep on the host, and is "
+                          "there room for it? Return None when nothing fits."
+                          if got["offload"] else "estimate that setting's peak on the GPU.")
+        if got is None:
+            raise Failure(f"{where}: returned None, but {_describe(want)} fits",
+                          "estimate each candidate's peak against gpu_memory.")
+        raise Failure(f"{where}: returned {_describe(got)}; {_describe(want)} fits and is "
+                      "faster", "estimate the peaks against this gpu_memory, not a DGX's.")
     return (f"the {len(FIT_CASES)} models fit, each step within {worst - 1:.1%} of the "
-            "fastest settings that fit")
+            f"fastest settings that fit; right on {len(FIT_LIMITS)} cases where the host "
+            "or the GPU memory decides")

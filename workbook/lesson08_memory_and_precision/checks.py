@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 import simcluster as sc
 from simcluster.accounting import current
+from workbook.hints import Hints
 from workbook.checking import (Failure, HINTS, answers, check, first_difference, num,
                                number, on_a_rank, raised, refuse_reference, seconds, short,
                                simulate, within_best)
@@ -44,6 +45,47 @@ from workbook.lesson08_memory_and_precision.lab import (CHECKPOINT_CAPS, FIT_LR,
 
 
 _reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+# Progressive help, one step per call of checks.hint("bytes") in the lab: a question, the
+# idea, then the shape of the code (workbook.hints).
+hint = Hints({
+    "bytes": [
+        "Which tensors exist per parameter between two steps, for each recipe? Write them "
+        "down for ('bfloat16', 'adam', True) before any code.",
+        "The weight and its gradient in the weights' dtype; the optimizer's state tensors "
+        "in the dtype of the tensor they update; with master weights an fp32 copy of every "
+        "parameter, and the optimizer (and its state) works on the copy.",
+    ],
+    "scaler": [
+        "Read GradScaler's rules in the exercise as a small state machine: what does it "
+        "have to remember from one call to the next?",
+        "State: the scale, the two factors, the interval, how many good steps in a row, "
+        "and whether the last step() found an inf or a NaN (update() needs to know).",
+        "step() looks at every gradient of every parameter group (torch.isfinite), and "
+        "either skips or unscales in place and steps; update() backs off and restarts the "
+        "count after a skip, else counts and grows when the count reaches the interval.",
+    ],
+    "checkpoints": [
+        "Estimate first: walk the blocks in forward order; what does the memory hold when "
+        "block i runs, and what at the end of the forward? Then: how many choices are "
+        "there for eight blocks?",
+        "peak_estimate: a running total of what earlier blocks keep (kept, or output when "
+        "checkpointed) plus this block's peak, and the total at the end. "
+        "choose_checkpoints: 256 subsets are few enough to try every one.",
+        "itertools.combinations over every size gives the subsets; keep those whose "
+        "estimate fits the cap; return the one with the least total recompute.",
+    ],
+    "fit": [
+        "What takes the memory in plain training here, and which of the lesson's two "
+        "tools cuts it without changing the losses?",
+        "Micro-batches with gradient accumulation keep the same gradient only if each "
+        "micro-batch's loss is divided by their number and the optimizer steps once per "
+        "step; checkpointing the blocks cuts what each micro-batch keeps.",
+        "Per step: for each of k chunks of x and y, run the blocks (checkpointed), "
+        "backward the loss / k and add its value; then one optimizer step and zero_grad.",
+    ],
+})
 
 
 _DEMOS = "workbook.lesson08_memory_and_precision.demos"

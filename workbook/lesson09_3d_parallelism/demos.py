@@ -451,7 +451,8 @@ TERM_NAMES = {"tp_communication": "TP comm", "pp_communication": "PP comm",
               "dp_communication": "DP comm", "optimizer": "optimizer step"}
 # The explorer's memory categories, in colours none of the step's terms uses.
 MEMORY_COLORS = {"parameters": "tab:purple", "gradients": "tab:brown",
-                 "optimizer": "tab:olive", "activations": "goldenrod"}
+                 "optimizer": "tab:olive", "activations": "goldenrod",
+                 "workspace": "khaki"}
 MEMORY_NAMES = {"optimizer": "optimizer state"}
 
 

@@ -17,10 +17,12 @@ from workbook.lesson10_failure_handling import lab as job
 PIECES = ("model", "optimizer", "scheduler", "data position", "RNG")
 
 
-def train(ckpt_dir, steps, every, leave_out=None):
+def train(ckpt_dir, steps, every, leave_out=None, step_shift=0):
     """Train :mod:`job` for ``steps`` steps on every rank, checkpoint every ``every``
     steps into ``ckpt_dir``, and resume from the latest checkpoint if there is one.
-    Returns the final parameters (flat)."""
+    Returns the final parameters (flat). ``leave_out`` (a piece of :data:`PIECES`) and
+    ``step_shift`` (resume that many steps after the saved one) are the slips a check
+    replays to name the one a learner made."""
     rank = dist.get_rank()
     model, ddp, optimizer, scheduler = job.build()
     path = os.path.join(ckpt_dir, "latest.pt")
@@ -35,7 +37,7 @@ def train(ckpt_dir, steps, every, leave_out=None):
             if piece != leave_out:
                 load()
         if leave_out != "data position":
-            step = ckpt["step"]
+            step = ckpt["step"] + step_shift
     while step < steps:
         job.train_step(ddp, optimizer, scheduler, *job.batch(step))
         step += 1
@@ -47,7 +49,6 @@ def train(ckpt_dir, steps, every, leave_out=None):
                             "scheduler": scheduler.state_dict(), "step": step, "rng": rngs},
                            path + ".tmp")
                 os.replace(path + ".tmp", path)      # a crash mid-write keeps the old one
-            dist.barrier()                           # nobody runs ahead of the save
     return job.params(model)
 
 

@@ -31,10 +31,52 @@ from simcluster import faults
 from workbook.models import TinyMLP, chunk_bounds
 from workbook.checking import (Failure, answers, check, listed, num, on_a_rank,
                                refuse_reference, short, simulate)
+from workbook.hints import Hints
 from workbook.lesson10_failure_handling import lab as job
 
 
 _reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+# Progressive help, one step per call of checks.hint("resume") in the lab: a question, the
+# idea, then the shape of the code (workbook.hints).
+hint = Hints({
+    "resume": [
+        "A restart is a new process: it starts from job.build() again. List what the next "
+        "step depends on that build() does not give back as it was, and where each one "
+        "lives (lesson 10, section 2).",
+        "Model, optimizer and scheduler each have a state_dict(); the data position is the "
+        "step; the dropout RNG is per rank (torch.get_rng_state()). One rank can write "
+        "them all if it first collects every rank's RNG state. A file written in place "
+        "and torn by a crash is worse than none: write elsewhere, then rename.",
+        "At the start: if the file exists, load it and put each piece back (this rank's "
+        "own RNG state), step = the saved step. Every `every` steps: all ranks gather "
+        "their RNG states, rank 0 saves a dict to a temporary name and os.replace()s it "
+        "onto the real one.",
+    ],
+    "straggler": [
+        "A straggler is slow most of the time, a pause is slow once, a congested network "
+        "slows everyone. Which statistic of a rank's step times ignores a few outliers, "
+        "and what do you compare it with so that a job-wide slowdown blames nobody?",
+        "The median of each rank's row, compared with the median of those medians: more "
+        "than 1.2× is a straggler (exactly the lab's threshold). Return a Python int.",
+        "Medians over dim=1, the argmax of them, one comparison, int(...) or None.",
+    ],
+    "interval": [
+        "Daly's formula has two cases. Which one does δ = 2M belong to, exactly?",
+        "Write the case split first, with the boundary where the lab puts it ('δ < 2M' "
+        "and 'otherwise'), then the formula with x = δ/(2M).",
+    ],
+    "recovery": [
+        "What does a worker hold that survives it? And a server? After each kind of "
+        "failure, which slices are at which round?",
+        "A worker holds nothing: give its tasks to live workers (all of them, including "
+        "tasks it took over earlier) and go on. A server's slices come back only as they "
+        "were at the checkpoint; the next gradients need every slice at the same round.",
+        "After a server failure: its slices to live servers, every slice in 'reload', and "
+        "'round' back to plan['checkpoint'].",
+    ],
+})
 
 
 def _refuse_lesson_demos(fn, *names):
@@ -86,13 +128,28 @@ def _same_params(run, expected, where):
     return all(torch.equal(got, expected) for got in run.results)
 
 
+# A restart that goes on one step after (or before) the step it saved: what it amounts
+# to, and the hint. Checked after the forgotten pieces.
+STEP_SLIPS = {
+    1: ("a restart that goes on one step after the step it saved (one step's batch "
+        "skipped)", "the step you save is the number of steps done, the next one to "
+                    "run: go on from it as it is, and save it after step += 1."),
+    -1: ("a restart that goes on one step before the step it saved (one step done twice)",
+         "the step you save is the number of steps done, the next one to run: go on from "
+         "it as it is, and save it after step += 1."),
+}
+
+
 def _forgotten_piece(cluster, ref, crashes, got):
-    """The piece of state whose omission from the reference's restart gives ``got``."""
-    for piece in ref.PIECES:
-        run = _train_run(cluster, ref.train, lambda rank: "", crashes, len(crashes),
-                         leave_out=piece)
+    """The slip whose replay with the reference gives ``got``: a piece of state the
+    restart does not restore (a name of ``ref.PIECES``), a step off by one (1 or -1 of
+    :data:`STEP_SLIPS`), or None."""
+    slips = [dict(leave_out=piece) for piece in ref.PIECES]
+    slips += [dict(step_shift=shift) for shift in STEP_SLIPS]
+    for slip in slips:
+        run = _train_run(cluster, ref.train, lambda rank: "", crashes, len(crashes), **slip)
         if torch.equal(run.results[0], got):
-            return piece
+            return slip.get("leave_out", slip.get("step_shift"))
     return None
 
 
@@ -221,6 +278,10 @@ def check_resume(fn):
                           "fault-free run", TORN_HINT)
         if not _same_params(run, expected, what):
             piece = _forgotten_piece(cluster, ref, crashes, run.results[0])
+            if piece in STEP_SLIPS:
+                raise Failure(f"{what}: the final parameters after the restart differ from "
+                              f"the fault-free run: the same parameters as "
+                              f"{STEP_SLIPS[piece][0]}", STEP_SLIPS[piece][1])
             found = (f": the same parameters as a restart that does not restore the {piece}"
                      if piece else "")
             raise Failure(f"{what}: the final parameters after the restart differ from the "
@@ -301,6 +362,13 @@ def _traces():
             trace[slow, start:] *= factor
             cases.append((f"{size}, rank {slow} {num(factor)}× slower from step {start}",
                           trace, slow))
+    # just above and just below the lab's 1.2×, on steady ranks with 1 % jitter: a
+    # threshold other than 1.2 (1.1, 1.3) gets one of them wrong
+    for factor, expected in ((1.23, 6), (1.17, None)):
+        trace = 0.02 * (1 + 0.01 * torch.randn(8, 40, generator=g, dtype=torch.float64))
+        trace[6] *= factor
+        cases.append((f"8 ranks × 40 steps, rank 6 {num(factor)}× slower throughout",
+                      trace, expected))
     return cases
 
 
@@ -308,11 +376,9 @@ def _as_rank(value):
     """An int or None from what a detector returned; Failure-worthy values give ``...``."""
     if value is None:
         return None
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
-        value = value.item()
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
-    return ...
+        return int(value)   # an int, or a numpy integer
+    return ...              # a tensor too: the lab asks for an int
 
 
 @check("find the straggler")
@@ -330,8 +396,12 @@ def check_find_straggler(fn):
                           "work on a copy (or on values derived from step_times).")
         rank = _as_rank(got)
         if rank is ...:
+            tensor = isinstance(got, torch.Tensor)
             raise Failure(f"{what}: find_straggler returned {short(repr(got), 60)}, not a "
-                          "rank (an int) or None", "return int(rank) or None.")
+                          "rank (an int) or None",
+                          "a tensor is not a rank: callers compare it, index lists and "
+                          "print it; convert it to a Python int." if tensor else
+                          "return the rank as an int, or None.")
         if rank == expected:
             continue
         if expected is None:
@@ -352,8 +422,10 @@ def check_find_straggler(fn):
 
 # ---------------------------------------------------------- 3. checkpoint interval
 
+# Daly's examples, large and small δ/M, and δ = 2M exactly, where τ = M (the formula would
+# give 0.889·M there: "δ < 2M" and "otherwise" meet at that boundary)
 INTERVAL_CASES = ((5, 24 * 60), (5, 6 * 60), (5, 15), (2, 480), (0.5, 1e5), (40, 60),
-                  (15, 10), (30, 10), (300, 3600 * 24))
+                  (15, 10), (30, 10), (20, 10), (300, 3600 * 24))
 
 
 @check("checkpoint interval")
@@ -375,7 +447,10 @@ def check_checkpoint_interval(fn):
             continue
         hint = ("Daly: τ = √(2δM)·[1 + ⅓·√(δ/2M) + (δ/2M)/9] − δ when δ < 2M, else τ = M "
                 "(the same unit as delta and mtbf).")
-        if delta >= 2 * mtbf:
+        if delta == 2 * mtbf:
+            hint = ("δ = 2M is on the boundary: Daly's τ = M for δ ≥ 2M, so \"otherwise\" "
+                    "includes δ = 2M itself.")
+        elif delta > 2 * mtbf:
             hint = "when δ ≥ 2M Daly's interval is M itself: checkpoint once per MTBF."
         elif got == mtbf:
             hint = "τ = M only when δ ≥ 2M; for δ < 2M use Daly's formula, even when δ > M."
@@ -393,11 +468,16 @@ PLAN_KEYS = ("round", "checkpoint", "workers", "servers", "tasks", "owner", "rel
 
 # (servers, workers, [(iteration, failure)]): a failure strikes at the start of the
 # iteration-th round the job runs (rounds done again after a roll-back count too).
+# ("worker", HEIR) is the live worker holding the most tasks then (the lowest if tied).
+HEIR = "heir"
 RECOVERY_CASES = (
     (2, 4, [(5, ("worker", 3))]),
     (2, 4, [(6, ("server", 1))]),
     (3, 3, [(3, ("worker", 0)), (9, ("server", 0))]),
     (2, 4, [(4, ("server", 0)), (7, ("worker", 1)), (8, ("worker", 2))]),
+    # the second failure strikes whichever worker took over the first one's task: a plan
+    # that moves only task w of dead worker w leaves that task on a dead worker
+    (2, 4, [(3, ("worker", 2)), (5, ("worker", HEIR))]),
 )
 
 
@@ -409,7 +489,17 @@ def _initial_plan(servers, workers):
 
 
 def _failure_text(failure):
+    if failure[1] == HEIR:
+        return "then the worker that took over its task"
     return f"{failure[0]} {failure[1]}"
+
+
+def _resolve(failure, plan):
+    """``failure`` with :data:`HEIR` replaced by the worker it names in ``plan``."""
+    if failure[1] != HEIR:
+        return failure
+    load = {w: sum(1 for t in plan["tasks"].values() if t == w) for w in plan["workers"]}
+    return ("worker", max(sorted(load), key=lambda w: load[w]))
 
 
 def _check_plan(before, failure, new, where):
@@ -445,9 +535,9 @@ def _check_plan(before, failure, new, where):
     for task, worker in sorted(new["tasks"].items()):
         if worker not in workers:
             raise Failure(f"{where}: task {task} is given to worker {worker}, which is not "
-                          f"alive (alive: {listed(workers)})", "give the failed worker's "
-                          "tasks to the live workers (round robin over plan['workers'] "
-                          "without it).")
+                          f"alive (alive: {listed(workers)})", "every task the failed worker holds, "
+                          "also one it took over after an earlier failure, goes to a live "
+                          "worker. " + hint.pointer("recovery"))
     if set(new["owner"]) != set(before["owner"]):
         raise Failure(f"{where}: the shard map has slices "
                       f"{listed(sorted(new['owner'], key=repr))}, "
@@ -475,7 +565,7 @@ def _plans(fn, servers, workers, failures):
     plan, at, iteration, schedule = _initial_plan(servers, workers), dict(failures), 0, {}
     while plan["round"] < PS_ROUNDS and iteration < 4 * PS_ROUNDS:
         if iteration in at:
-            failure = at[iteration]
+            failure = _resolve(at[iteration], plan)
             before = dict(copy.deepcopy(plan), reload=[])
             before["checkpoint"] = plan["round"] // PS_EVERY * PS_EVERY
             where = (f"{servers} servers, {workers} workers: {_failure_text(failure)} "

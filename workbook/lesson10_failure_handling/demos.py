@@ -135,9 +135,10 @@ def snapshot_delta(old, new):
     same tensors) would write. Returns a dict of byte counts: ``full`` (every tensor),
     ``changed`` (only the elements whose bits changed, plus a 4-byte index each — a sparse
     delta), ``full_zlib`` (the full snapshot compressed) and ``xor_zlib`` (the bitwise XOR
-    of new and old, compressed: unchanged bits are zeros, which compress).
+    of new and old, compressed: unchanged bits are zeros, which compress); and two counts
+    of elements, ``elements`` (all) and ``changed_elements`` (those whose bits changed).
     """
-    full = changed = full_z = xor_z = 0
+    full = changed = full_z = xor_z = elements = changed_elements = 0
     for name, a in new.items():
         if not torch.is_tensor(a) or not a.is_floating_point():
             continue
@@ -146,10 +147,13 @@ def snapshot_delta(old, new):
         bits_old = old[name].detach().contiguous().view(width)
         full += a.numel() * a.element_size()
         n_changed = int((bits_new != bits_old).sum())
+        elements += a.numel()
+        changed_elements += n_changed
         changed += n_changed * (a.element_size() + 4)
         full_z += len(zlib.compress(bits_new.numpy().tobytes(), 1))
         xor_z += len(zlib.compress((bits_new ^ bits_old).numpy().tobytes(), 1))
-    return {"full": full, "changed": changed, "full_zlib": full_z, "xor_zlib": xor_z}
+    return {"full": full, "changed": changed, "full_zlib": full_z, "xor_zlib": xor_z,
+            "elements": elements, "changed_elements": changed_elements}
 
 
 # -------------------------------------------------------------------- lossy links

@@ -1,0 +1,139 @@
+"""The accounting fast path charges exactly what the reference per-op path charges.
+
+Each case runs a lesson's measured workload twice, with the fast path
+(:class:`simcluster.accounting.FastRankAccounting`, the default) and without it
+(``SIMCLUSTER_FAST_PATH=0``: :class:`~simcluster.accounting.RankAccounting`), and
+compares everything a run records, exactly (floats with ``==``): every clock's totals
+and events (the timeline and the Perfetto trace are drawn from them), every memory
+account's history, peaks and peaks by category (device and host), per-module time,
+traffic, host transfers, storage I/O and the collectives.
+"""
+
+import json
+
+import pytest
+import torch
+
+import simcluster as sc
+from simcluster import accounting
+from workbook.lesson02_gradient_aggregation import demos as l02
+from workbook.lesson03_data_parallel import demos as l03
+from workbook.lesson04_model_parallel import demos as l04
+from workbook.lesson05_pipeline_parallel import demos as l05
+from workbook.lesson06_tensor_parallel import demos as l06
+from workbook.lesson07_zero_fsdp import demos as l07
+from workbook.lesson08_memory_and_precision import demos as l08
+from workbook.lesson09_3d_parallelism import demos as l09
+
+
+def _snapshot(run, tmp_path):
+    """Everything ``run`` recorded, as plain comparable values."""
+    rec = run.recorder
+    trace = tmp_path / "trace.json"
+    run.save_trace(str(trace))
+    return {
+        "clocks": [(c.now, c.compute, c.comm, c.idle, c.io, c.flops, list(c.events))
+                   for c in rec.clocks],
+        "memory": [(m.peak, m.total, dict(m.in_use), dict(m.peak_by_category),
+                    dict(m.category_peaks), list(m.history))
+                   for m in rec.memories + rec.host_memories],
+        "module_time": [dict(t) for t in rec.module_time],
+        "traffic": dict(rec.traffic),
+        "host_transfers": [dict(t) for t in rec.host_transfers],
+        "storage_bytes": [dict(t) for t in rec.storage_bytes],
+        "collectives": list(rec.collectives),
+        "trace": json.loads(trace.read_text()),
+    }
+
+
+def _runs(workload, monkeypatch, tmp_path, fast):
+    """The snapshots of every accounted ``cluster.run`` that ``workload()`` makes."""
+    monkeypatch.setenv(accounting.FAST_PATH_ENV, "1" if fast else "0")
+    modes, runs = [], []
+    make = accounting.rank_accounting
+
+    def spying(rank, recorder):
+        mode = make(rank, recorder)
+        modes.append(type(mode))
+        return mode
+
+    original = sc.Cluster.run
+
+    def recording(self, *args, **kwargs):
+        run = original(self, *args, **kwargs)
+        runs.append(run)
+        return run
+
+    with monkeypatch.context() as m:
+        m.setattr(accounting, "rank_accounting", spying)
+        m.setattr(sc.Cluster, "run", recording)
+        torch.manual_seed(0)
+        workload()
+    expected = accounting.FastRankAccounting if fast else accounting.RankAccounting
+    assert modes and set(modes) == {expected}   # the switch picked the path asked for
+    return [_snapshot(run, tmp_path) for run in runs if run.recorder is not None]
+
+
+A100 = sc.Cluster.preset("dgx-a100")
+
+WORKLOADS = {
+    "02 ring all-reduce": lambda: l02.measure_allreduce(A100, "ring", 4, 4096),
+    "03 DDP, accumulation": lambda: l03.measure(A100, 2, batch=8, micro_batches=2),
+    "03 DDP on fake tensors": lambda: l03.measure(A100, 2, batch=8, fake=True),
+    "04 naive split": lambda: l04.run_naive_split(A100, p=2, batch=8),
+    "05 1F1B": lambda: l05.measure(A100, "1F1B", 2, 4, fake=False, width=32, rows=8),
+    "05 GPipe, fake": lambda: l05.measure(A100, "GPipe", 2, 4),
+    "06 tensor-parallel block": lambda: l06.measure_layer(A100, 2, hidden=32, heads=4,
+                                                          seq=8),
+    "07 ZeRO-3, mixed, offload": lambda: l07.measure_stage(A100, 3, 2, layers=2, width=32,
+                                                           mixed=True, offload=True),
+    "07 ZeRO-1 fake": lambda: l07.measure_stage(A100, 1, 2, layers=2, width=32, fake=True),
+    "08 bf16, checkpointing": lambda: l08.measure(A100, layers=2, hidden=64, heads=4,
+                                                  seq=32, batch=2, precision="bf16",
+                                                  checkpoint="all", fake=False),
+    "09 3D (pp 2, tp 2)": lambda: l09.measure(A100, 2, 1, 2, batch=4, micro_batches=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_fast_path_charges_exactly_what_the_reference_charges(name, monkeypatch,
+                                                               tmp_path):
+    workload = WORKLOADS[name]
+    reference = _runs(workload, monkeypatch, tmp_path, fast=False)
+    fast = _runs(workload, monkeypatch, tmp_path, fast=True)
+    assert reference, "the workload made no accounted run"
+    assert len(fast) == len(reference)
+    for ref, got in zip(reference, fast):
+        for key in ref:
+            assert got[key] == ref[key], f"{name}: {key} differs with the fast path"
+
+
+def test_the_fast_path_sets_the_mode_aside_for_the_simulators_own_work(monkeypatch):
+    """A collective's result is computed without a single op through the mode (the
+    reference sees each of its copies), and the mode is back afterwards."""
+    seen = {}
+
+    def count(cls):
+        original = cls.__torch_dispatch__
+
+        def counting(self, func, types, args=(), kwargs=None):
+            if self._paused:
+                seen[cls] = seen.get(cls, 0) + 1
+            return original(self, func, types, args, kwargs)
+        monkeypatch.setattr(cls, "__torch_dispatch__", counting)
+
+    count(accounting.RankAccounting)
+    count(accounting.FastRankAccounting)
+
+    def rank():
+        import torch.distributed as dist
+        t = torch.ones(8)
+        dist.all_reduce(t)
+        return float(t.sum() * 2)   # ops after the collective still run (and count)
+
+    for fast in ("0", "1"):
+        monkeypatch.setenv(accounting.FAST_PATH_ENV, fast)
+        run = A100.run(rank, world_size=4)
+        assert run.results == [64.0] * 4
+    assert seen.get(accounting.RankAccounting, 0) > 0
+    assert seen.get(accounting.FastRankAccounting, 0) == 0
