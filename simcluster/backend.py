@@ -718,14 +718,16 @@ class SimProcessGroup(dist.ProcessGroup):
         return SimWork(world, msg, tensors, what, world.clock(me), self._group.ranks)
 
     def recv_anysource(self, tensors, tag):
-        """Post a receive from any rank of the group: the earliest posted send wins."""
+        """Post a receive from any rank of the group. Of the sends already waiting, the
+        lowest rank's wins (under a schedule seed, a random sender's); else the first
+        send posted from now on."""
         validation.point_to_point("recv", self._global_rank, tensors[0])
         world, me = self._world, self._global_rank
         world.faults.check_alive(me)
         msg = _Message("recv", None, me, tag, tensors[0], world.posted(me))
         what = _Wait("recv", f"waiting in recv from any rank (tag {tag}): nobody sent one")
         work = SimWork(world, msg, tensors, what, world.clock(me), self._group.ranks)
-        for src in self._group.ranks:
+        for src in world.scheduler.arrival_order(self._group.ranks):
             key = (src, me, tag)
             if world.sends[key]:
                 self._deliver(world.sends[key].popleft(), msg)

@@ -74,7 +74,7 @@ class Cluster:
     def run(self, fn, world_size=None, args=(), kwargs=None, timeout=None,
             accounting=True, algorithms=None, speed_factor=None, link_factor=None,
             faults=None, max_restarts=0, min_world_size=None,
-            restart_delay=_faults.DEFAULT_RESTART_DELAY_S):
+            restart_delay=_faults.DEFAULT_RESTART_DELAY_S, schedule_seed=None):
         """Run ``fn(*args, **kwargs)`` on ranks ``0 .. world_size-1`` and return a :class:`Run`.
 
         Args:
@@ -115,6 +115,11 @@ class Cluster:
                 notices the dead worker, stops the others (they stop then, before their
                 watchdogs fire), meets the other agents again and starts new processes.
                 The last attempt, with no restart left, ends by the watchdogs instead.
+            schedule_seed: None (default): ranks take turns round-robin and a receive from
+                any source takes the lowest sender first. An int >= 0: both orders are
+                drawn from ``random.Random(schedule_seed)`` instead, so each seed is
+                another interleaving, the same on every run; loop over seeds to look for
+                a race, run the failing seed again to replay it (docs/schedule_seed.md).
 
         Raises:
             RankCrashedError: a rank crashed and the run could not restart (any more).
@@ -128,6 +133,7 @@ class Cluster:
                                               speed_factor, link_factor)
         faults = _faults.check(faults, world_size, len(self.spec.nodes))
         _faults.check_restarts(max_restarts, min_world_size, restart_delay, world_size)
+        schedule_seed = validation.check_schedule_seed(schedule_seed)
         if faults and not accounting:
             raise ValueError("faults happen at simulated times, and accounting=False keeps "
                              "no simulated time: run with accounting on")
@@ -137,7 +143,7 @@ class Cluster:
         try:
             return self._run(fn, world_size, args, kwargs, timeout, accounting, algorithms,
                              speed_factor, link_factor, faults, max_restarts, min_world_size,
-                             float(restart_delay))
+                             float(restart_delay), schedule_seed)
         finally:
             for name, value in saved_env.items():
                 if value is None:
@@ -148,7 +154,7 @@ class Cluster:
 
     def _run(self, fn, world_size, args, kwargs, timeout, accounting, algorithms,
              speed_factor, link_factor, faults, max_restarts, min_world_size,
-             restart_delay):
+             restart_delay, schedule_seed=None):
         """:meth:`run`, once its arguments are checked and no other run is active: one
         attempt, and after each crash (as long as restarts are left) another."""
         kwargs = dict(kwargs or {})
@@ -171,7 +177,8 @@ class Cluster:
                 recorder.restart(start)
             world, results, scheduled = cluster._attempt(
                 fn, world_size, args, kwargs, timeout, recorder, faults, start, alive_nodes,
-                restart_delay if attempt < max_restarts else None)
+                restart_delay if attempt < max_restarts else None,
+                _attempt_seed(schedule_seed, attempt))
             run = Run(cluster, world_size, results, world)
             run.restarts = list(restarts)
             if not world.faults.deaths:
@@ -210,13 +217,15 @@ class Cluster:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _attempt(self, fn, world_size, args, kwargs, timeout, recorder, faults, start,
-                 alive_nodes, stop_after_crash):
+                 alive_nodes, stop_after_crash, schedule_seed=None):
         """One attempt of a run on this cluster, from simulated time ``start``: returns
         the world, the results, and ``{rank: fault}`` for the crashes scheduled.
         ``stop_after_crash``: with a restart to come, the survivors stop this many seconds
-        after a crash (None: they wait for their watchdogs)."""
+        after a crash (None: they wait for their watchdogs). ``schedule_seed``: see
+        :class:`~simcluster.scheduler.RankScheduler`."""
         results = [None] * world_size
-        scheduler = RankScheduler(world_size, lambda: world.explain_deadlock(), timeout)
+        scheduler = RankScheduler(world_size, lambda: world.explain_deadlock(), timeout,
+                                  schedule_seed)
         world = backend.SimWorld(scheduler, world_size, recorder, stop_after_crash)
         scheduled = _faults.crashes(faults, start, world_size, self.spec, alive_nodes)
         for rank, fault in scheduled.items():
@@ -258,6 +267,14 @@ class Cluster:
                 if not world.faults.deaths:
                     raise
         return world, results, scheduled
+
+
+def _attempt_seed(schedule_seed, attempt):
+    """The schedule seed of one attempt: the run's own first, then another per restart
+    (a restarted job does not replay the interleaving of the attempt that crashed)."""
+    if schedule_seed is None or attempt == 0:
+        return schedule_seed
+    return f"{schedule_seed}/restart {attempt}"
 
 
 # The ranks of a run share process-wide state with the process (torch.distributed's hooks,

@@ -8,6 +8,11 @@ Why threads that take turns, instead of threads that run freely?
 * **Per-rank process state.** Each rank keeps its own random-number state (torch,
   ``random``, numpy), default dtype and DTensor op handlers, as if it were its own process: they are saved
   when a rank hands over the baton and restored when it gets it back.
+* **Other interleavings, on demand.** ``schedule_seed=k`` (``cluster.run``) replaces
+  round-robin by a choice drawn from ``random.Random(k)``: which ready rank runs next, and
+  which sender a receive from any source matches first (:meth:`RankScheduler.arrival_order`).
+  Each seed is one interleaving, the same on every run: a race found under seed k is
+  replayed by running with k again (docs/schedule_seed.md). Without a seed nothing is drawn.
 * **Never hang.** The scheduler always knows which ranks are waiting and for what. When
   no rank can make progress it raises :class:`~simcluster.DeadlockError` at once, instead
   of hanging the kernel the way a real cluster would. A rank blocked where the scheduler
@@ -148,11 +153,16 @@ class RankScheduler:
     check on something without waiting for it; everything else is internal.
     ``on_deadlock()`` is called (on a rank's thread) when no rank can make progress and
     must return the :class:`SimulationError` to raise from :meth:`run`.
+    ``schedule_seed``: None for round-robin, or a seed of ``random.Random`` (an int, or
+    a str for a restarted attempt) that picks one interleaving.
     """
 
-    def __init__(self, world_size, on_deadlock, timeout=None):
+    def __init__(self, world_size, on_deadlock, timeout=None, schedule_seed=None):
         self.world_size = world_size
         self.timeout = timeout
+        # The only source of scheduling choices under a seed: one rank runs at a time, so
+        # the draws happen in the same order on every run with the same seed.
+        self._choices = None if schedule_seed is None else random.Random(schedule_seed)
         self._on_deadlock = on_deadlock
         self._go = [threading.Event() for _ in range(world_size)]
         self._finished = threading.Event()
@@ -186,6 +196,15 @@ class RankScheduler:
 
     def is_done(self, rank):
         return self._state[rank] == DONE
+
+    def arrival_order(self, ranks):
+        """The order in which a receive from any source looks at ``ranks``' pending sends:
+        as given (the lowest rank first), or shuffled under a schedule seed."""
+        if self._choices is None:
+            return ranks
+        ranks = list(ranks)
+        self._choices.shuffle(ranks)
+        return ranks
 
     def wait_until(self, ready, what):
         """Let other ranks run until ``ready()`` is true. ``what`` describes the wait."""
@@ -289,9 +308,10 @@ class RankScheduler:
         ]
         for thread in self._threads:
             thread.start()
+        first = 0 if self._choices is None else self._choices.randrange(self.world_size)
         try:
-            self.current = 0
-            self._go[0].set()
+            self.current = first
+            self._go[first].set()
             self._wait_for_ranks()
         finally:
             _ProcessState.apply(notebook_state)
@@ -495,7 +515,15 @@ class RankScheduler:
             self._go[nxt].set()
 
     def _next_runnable(self, after):
-        """The first rank after ``after`` (round-robin) that can run, or None."""
+        """The first rank after ``after`` (round-robin) that can run, or None. Under a
+        schedule seed: a random one of the others that can run, else ``after`` if it can
+        (as in round-robin, a rank that polls lets every other rank go first)."""
+        if self._choices is not None:
+            able = [rank for rank in range(self.world_size) if rank != after
+                    and self._can_run(rank)]
+            if able:
+                return self._choices.choice(able)
+            return after if self._can_run(after) else None
         for step in range(1, self.world_size + 1):
             rank = (after + step) % self.world_size
             state = self._state[rank]
@@ -504,6 +532,10 @@ class RankScheduler:
             if state == READY or self.aborting or self._ready_when[rank]():
                 return rank
         return None
+
+    def _can_run(self, rank):
+        state = self._state[rank]
+        return state != DONE and (state == READY or self.aborting or self._ready_when[rank]())
 
 
 # ------------------------------------------------------- how a dead rank stops

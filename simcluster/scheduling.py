@@ -24,7 +24,10 @@ head's reservation. With ``preemption=True`` a job that does not fit may stop
 lower-priority preemptible jobs, chosen gang-aware (:func:`choose_victims`): only if the
 job can then start, losing the fewest GPU-seconds. A stopped job goes back to the queue and
 later restarts from its last checkpoint; each run is one of its ``attempts`` (as in
-Microsoft's Philly trace).
+Microsoft's Philly trace). ``failures=[(time, node, seconds_down), ...]`` takes nodes out:
+the jobs running on a failed node stop (outcome ``"failed"``) and go back to the queue
+like a preempted job, and the node returns ``seconds_down`` later (:func:`node_failures`
+draws such a list).
 
 Everything is deterministic: no wall clock, no randomness but :func:`synthetic_trace`'s
 seeded generator, ties broken by submission order. Reference numbers (Philly's run-time
@@ -412,7 +415,8 @@ class Result:
     """What :func:`simulate` returns: per-job results and the cluster's metrics."""
 
     def __init__(self, jobs, sizes, switches, free_series, frag_series, busy_gpu_seconds,
-                 offered_load, policy, placement, backfill, preemption, unfinished):
+                 offered_load, policy, placement, backfill, preemption, unfinished,
+                 node_failures=None):
         self.jobs = jobs
         self.by_name = {j.name: j for j in jobs}
         self.sizes, self.switches = sizes, switches
@@ -435,7 +439,10 @@ class Result:
         self.median_jct = quantile(jcts, 0.5)
         self.mean_wait = sum(waits) / len(waits) if waits else float("nan")
         self.p99_wait = quantile(waits, 0.99)
-        self.preemptions = sum(len(j.attempts) - 1 for j in jobs if j.attempts)
+        # restarts after a node failure are not preemptions
+        self.failures = sum(a["outcome"] == "failed" for j in jobs for a in j.attempts)
+        self.preemptions = sum(len(j.attempts) - 1 for j in jobs if j.attempts) - self.failures
+        self.node_failures = node_failures        # failures passed to simulate(), or None
 
     @property
     def overloaded(self):
@@ -480,6 +487,9 @@ class Result:
                  f"  utilisation {self.utilization:.1%}, makespan "
                  f"{_hours(self.makespan)}, fragmented GPUs {self.mean_fragmentation:.1%}, "
                  f"preemptions {self.preemptions}"]
+        if self.node_failures is not None:
+            lines.append(f"  {self.node_failures} node failures stopped {self.failures} "
+                         "job attempt(s)")
         if self.overloaded:
             lines.append(f"  OVERLOADED: the jobs ask for {self.offered_load:.0%} of the "
                          "cluster while they arrive; the queue grows without bound")
@@ -593,7 +603,7 @@ def _seconds(job, placement):
 
 
 def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False,
-             preemption=False, weights=None, switches=None, until=None):
+             preemption=False, weights=None, switches=None, until=None, failures=None):
     """Run ``jobs`` on ``cluster`` and return a :class:`Result`.
 
     Args:
@@ -615,6 +625,10 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
         switches: the leaf switches, lists of node indices (default :func:`leaf_switches`).
         until: stop at this simulated time; jobs not done are listed in
             ``result.unfinished`` (a run never goes on forever).
+        failures: ``[(time, node, seconds_down), ...]``: at ``time`` the node fails; the
+            jobs on it stop (keeping what their checkpoints saved, as after a preemption)
+            and queue again, and the node is back ``seconds_down`` later. A failure of a
+            node that is already down is ignored.
 
     Raises ``ValueError`` for a job that can never fit the cluster, duplicate names or an
     unknown policy or placement, naming it.
@@ -652,7 +666,8 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
         if not _positive_number(weight):
             raise ValueError(f"weights[{queue!r}] must be a positive number, got {weight!r}")
 
-    sim = _Simulation(states, topo, place, policy, backfill, preemption, weights)
+    failures = _check_failures(failures, len(sizes))
+    sim = _Simulation(states, topo, place, policy, backfill, preemption, weights, failures)
     sim.run(until)
     arrivals = [s.job.submit for s in states]
     span = (max(arrivals) - min(arrivals)) if arrivals else 0.0
@@ -661,14 +676,36 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
     unfinished = [s.job.name for s in states if s.result.end is None]
     return Result([s.result for s in states], sizes, switches, sim.free_series,
                   sim.frag_series, sim.busy, offered, policy, place_name, backfill,
-                  preemption, unfinished)
+                  preemption, unfinished, None if failures is None else len(failures))
+
+
+def _check_failures(failures, nodes):
+    """``failures`` as a sorted list of ``(time, node, seconds_down)``, or None; a
+    malformed entry is named."""
+    if failures is None:
+        return None
+    out = []
+    for i, entry in enumerate(failures):
+        ok = isinstance(entry, (tuple, list)) and len(entry) == 3
+        if ok:
+            time, node, down = entry
+            ok = (_positive_number(time, zero=True) and _is_int(node) and 0 <= node < nodes
+                  and _positive_number(down))
+        if not ok:
+            raise ValueError(f"failures[{i}] is {entry!r}; expected (time >= 0, node index "
+                             f"below {nodes}, seconds down > 0)")
+        out.append((float(time), node, float(down)))
+    return sorted(out)
 
 
 class _Simulation:
     """The event loop of :func:`simulate` (one object per call)."""
 
-    def __init__(self, states, topo, place, policy, backfill, preemption, weights):
+    def __init__(self, states, topo, place, policy, backfill, preemption, weights,
+                 failures=None):
         self.states, self.topo, sizes = states, topo, topo.sizes
+        self.failures = failures or []             # sorted (time, node, seconds down)
+        self.repairs = []                          # heap of (time, node) back up
         self.place, self.policy = place, policy
         self.backfill, self.preemption, self.weights = backfill, preemption, weights
         self.free = list(sizes)
@@ -683,11 +720,14 @@ class _Simulation:
     # -- the loop
     def run(self, until):
         arrivals = sorted(self.states, key=lambda s: (s.job.submit, s.index))
-        a = 0
-        while a < len(arrivals) or self.ends:
+        a = f = 0
+        # a queued job may wait for a node to come back, but failures alone go on forever
+        while a < len(arrivals) or self.ends or (self.queue and self.repairs):
             t_arrival = arrivals[a].job.submit if a < len(arrivals) else math.inf
             t_end = self.ends[0][0] if self.ends else math.inf
-            self.now = min(t_arrival, t_end)
+            t_fail = self.failures[f][0] if f < len(self.failures) else math.inf
+            t_repair = self.repairs[0][0] if self.repairs else math.inf
+            self.now = min(t_arrival, t_end, t_fail, t_repair)
             if until is not None and self.now > until:
                 break
             while self.ends and self.ends[0][0] <= self.now:
@@ -695,6 +735,11 @@ class _Simulation:
                 state = self.states[index]
                 if version == state.version:
                     self._finish(state)
+            while self.repairs and self.repairs[0][0] <= self.now:
+                self._node_up(heapq.heappop(self.repairs)[1])
+            while f < len(self.failures) and self.failures[f][0] <= self.now:
+                self._node_down(*self.failures[f][1:])
+                f += 1
             while a < len(arrivals) and arrivals[a].job.submit <= self.now:
                 self._enqueue(arrivals[a])
                 a += 1
@@ -860,12 +905,25 @@ class _Simulation:
         self._release(state, "finished")
         state.result.end = self.now
 
-    def _stop(self, state):
+    def _stop(self, state, outcome="preempted"):
         saved = self._saved_seconds(state) - state.overhead
         state.done = min(1.0, state.done + max(0.0, saved) / state.duration_here)
         state.version += 1
-        self._release(state, "preempted")
+        self._release(state, outcome)
         self._enqueue(state)
+
+    # -- node failures
+    def _node_down(self, node, seconds):
+        if any(n == node for _, n in self.repairs):
+            return                                  # already down
+        for state in [s for s in self.running.values() if node in s.taken]:
+            self._stop(state, "failed")
+        self.free[node], self.free_ids[node] = 0, []
+        heapq.heappush(self.repairs, (self.now + seconds, node))
+
+    def _node_up(self, node):
+        size = self.topo.sizes[node]
+        self.free[node], self.free_ids[node] = size, list(range(size))
 
 
 def _gpu_list(taken, free_ids):
@@ -949,3 +1007,43 @@ def synthetic_trace(n, cluster, seed=0, rate=None, load=0.8, sizes=SIZES,
         t += round(rng.expovariate(rate))
         jobs.append(Job(f"job{i}", gpus, duration, submit=t, gpus_per_node=k))
     return jobs
+
+
+def node_failures(nodes, per_node_per_day, seconds, repair, spares=0, swap=None, seed=0):
+    """Random node failures for :func:`simulate`'s ``failures``: ``[(time, node, down)]``.
+
+    Failures arrive as a Poisson process of ``nodes * per_node_per_day`` a day over
+    ``seconds``, each on a node drawn uniformly. A failed node is out for ``repair``
+    seconds; with ``spares`` hot spare nodes (outside the ``nodes`` the scheduler sees),
+    a free spare takes its place after ``swap`` seconds instead, and the repaired node
+    becomes a spare when it is back. Deterministic for a given ``seed``.
+    """
+    for name, value in (("per_node_per_day", per_node_per_day), ("seconds", seconds),
+                        ("repair", repair)):
+        if not _positive_number(value, zero=name == "per_node_per_day"):
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if not _is_int(nodes) or nodes < 1:
+        raise ValueError(f"nodes must be a positive integer, got {nodes!r}")
+    if not _is_int(spares) or spares < 0:
+        raise ValueError(f"spares must be an integer >= 0, got {spares!r}")
+    if spares and not _positive_number(swap):
+        raise ValueError(f"swap must be a positive number of seconds with spares, got {swap!r}")
+    rng = random.Random(seed)
+    rate = nodes * per_node_per_day / 86400.0
+    out, t, back = [], 0.0, []          # back: times repaired nodes rejoin the spares
+    free_spares = spares
+    while rate > 0:
+        t += rng.expovariate(rate)
+        if t >= seconds:
+            break
+        while back and back[0] <= t:
+            heapq.heappop(back)
+            free_spares += 1
+        node = rng.randrange(nodes)
+        if free_spares:
+            free_spares -= 1
+            heapq.heappush(back, t + repair)
+            out.append((round(t), node, float(swap)))
+        else:
+            out.append((round(t), node, float(repair)))
+    return out

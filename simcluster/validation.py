@@ -21,6 +21,7 @@ gets wrong (it writes only part of a non-contiguous broadcast or scatter output)
 
 import inspect
 import math
+import numbers
 
 import torch
 
@@ -266,6 +267,20 @@ def check_timeout(timeout):
     if not (timeout > 0 and math.isfinite(timeout)):
         raise ValueError(f"timeout must be a positive number of seconds (and finite), got "
                          f"{timeout!r}; for no limit leave it out (timeout=None)")
+
+
+def check_schedule_seed(seed):
+    """``schedule_seed`` is None or an int >= 0 (a bool is not a seed); returns it as a
+    Python int (``random.Random`` refuses numpy's)."""
+    if seed is None:
+        return None
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+        raise TypeError(f"schedule_seed must be an int >= 0 (or None for round-robin), got "
+                        f"{seed!r} ({type(seed).__name__})")
+    if seed < 0:
+        raise ValueError(f"schedule_seed must be an int >= 0 (or None for round-robin), got "
+                         f"{seed}")
+    return int(seed)
 
 
 def _check_factor(argument, key, factor):

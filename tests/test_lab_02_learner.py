@@ -1,4 +1,4 @@
-"""A learner works in labs 02 to 12, as `make progress`, `make labs` and `make test`
+"""A learner works in labs 02 to 13, as `make progress`, `make labs` and `make test`
 see it.
 
 1. One exercise filled in, in a freshly generated lab (never the learner's own labs/
@@ -26,7 +26,8 @@ ALONE = {"02_gradient_aggregation.ipynb": 2, "03_data_parallel.ipynb": 2,
          "04_model_parallel.ipynb": 2, "05_pipeline_parallel.ipynb": 2,
          "06_tensor_parallel.ipynb": 1, "07_zero_fsdp.ipynb": 4,
          "08_memory_and_precision.ipynb": 2, "09_3d_parallelism.ipynb": 4,
-         "10_failure_handling.ipynb": 3, "11_scheduling.ipynb": 3, "12_serving.ipynb": 2}
+         "10_failure_handling.ipynb": 3, "11_scheduling.ipynb": 3, "12_serving.ipynb": 2,
+         "13_interview_prep.ipynb": 3}
 NAMES = list(ALONE)
 
 pytestmark = pytest.mark.slow

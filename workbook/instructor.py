@@ -276,8 +276,8 @@ AGENDAS = [
                 ("lesson-part", "05", 15, "§2 the bubble (p-1)/(m+p-1), GPipe vs 1F1B memory"),
                 ("lesson-part", "07", 15, "§1-2 16 bytes per parameter, ZeRO-1/2/3"),
                 ("lesson-part", "09", 15, "§4 the planner: choose a layout under a cap")],
-     "skip": "Drop lesson 01's part and open with the bubble. Lesson 13 (interview prep, "
-             "being written) will replace this path."},
+     "skip": "Drop lesson 01's part and open with the bubble. Then lesson 13 (interview "
+             "prep) as homework: its timed drills, the design question and its lab."},
 ]
 
 

@@ -28,6 +28,7 @@ import torch.nn as nn
 
 import simcluster as sc
 from workbook import models, pipeline
+from workbook.formulas import p2p_formula  # noqa: F401 (shared with lesson 13's drills)
 
 WIDTH, DEPTH, BATCH = 16384, 24, 2048   # big_mlp: 24 x 268 M parameters; rows per batch
 
@@ -183,21 +184,6 @@ def sends(run):
                 if src == rank:
                     found.setdefault((src, dst), []).append(event.duration)
     return found
-
-
-def p2p_formula(cluster, src, dst, nbytes):
-    """α + n·β of one ``nbytes`` message from rank ``src`` to ``dst``: inside a node the
-    fabric's latency and the bandwidth one pair of GPUs gets (after efficiency), between
-    nodes the network's latency and one NIC's bandwidth. Returns ``(alpha, beta, seconds)``."""
-    spec = cluster.spec
-    a, b = spec.node_of(src), spec.node_of(dst)
-    if a == b:
-        link = spec.nodes[a].fabric
-        alpha, bandwidth = link.latency, link.effective_bandwidth_among(2)
-    else:
-        link = spec.inter_node_link
-        alpha, bandwidth = link.latency, link.effective_bandwidth
-    return alpha, 1 / bandwidth, alpha + nbytes / bandwidth
 
 
 def layer_times(run, rank=0):

@@ -37,6 +37,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                loss_parallel, parallelize_module)
 
 import simcluster as sc
+from workbook.formulas import tp_comm_elements  # noqa: F401 (shared with lesson 13's drills)
 from workbook.models import MLP, Attention, Block, activation_bytes, tp_plan  # noqa: F401
 
 # ------------------------------------------------------------------------- the model
@@ -157,13 +158,6 @@ def allreduce_time(cluster, ranks, nbytes):
 
 
 # ------------------------------------------------------------------- the formulas
-
-
-def tp_comm_elements(b, s, h, t):
-    """Elements each rank sends per layer and micro-batch, forward + backward, in
-    Megatron tensor parallelism: 8·b·s·h·(t−1)/t (Narayanan et al. 2021; four ring
-    all-reduces of b·s·h elements; docs/reference-numbers.md)."""
-    return 8 * b * s * h * (t - 1) / t
 
 
 def activation_bytes_simulated(s, b, h, a, t=1, sequence_parallel=False):

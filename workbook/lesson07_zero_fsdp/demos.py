@@ -34,9 +34,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import simcluster as sc
 from simcluster.costmodel import CostModel
 from simcluster.spec import preset
+from workbook.formulas import K, model_state_bytes  # noqa: F401 (shared with lesson 13's drills)
 from workbook.models import MixedPrecisionAdam
 
-K = 12            # bytes of optimizer state per parameter, mixed-precision Adam
 GB = 1e9          # the ZeRO paper's gigabytes are 10⁹ bytes
 
 #: How torch spells each ZeRO stage (what :func:`zero_step` builds).
@@ -181,16 +181,6 @@ def measure_stage(cluster, stage, n, **kwargs):
 
 
 # ------------------------------------------------------------------- the formulas
-
-
-def model_state_bytes(psi, n, stage, k=K):
-    """Bytes of model states per GPU in ZeRO ``stage`` (Rajbhandari et al. 2020, Figure 1;
-    docs/reference-numbers.md, "ZeRO"): 2Ψ of fp16 parameters, 2Ψ of fp16 gradients and
-    KΨ of optimizer state, of which stage 1 shards the optimizer state over the ``n``
-    data-parallel GPUs, stage 2 the gradients too, stage 3 the parameters too."""
-    params, grads, optimizer = 2 * psi, 2 * psi, k * psi
-    return (params / (n if stage >= 3 else 1) + grads / (n if stage >= 2 else 1)
-            + optimizer / (n if stage >= 1 else 1))
 
 
 def zero3_vs_tp_step(gpus, psi=174.6e9, layers=96, hidden=12288, seq=2048, batch=1536,

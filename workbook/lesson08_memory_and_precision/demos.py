@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 import simcluster as sc
 from simcluster.spec import preset
+from workbook.formulas import korthikanti_bytes  # noqa: F401 (shared with lesson 13's drills)
 from workbook.models import Block, activation_bytes
 
 GiB = 2**30
@@ -332,15 +333,4 @@ def scaled_training(steps=24, init_scale=2.0**32, growth_interval=4, vocab=1024,
 # ------------------------------------------------------------------- the formulas
 
 
-def korthikanti_bytes(s, b, h, a, recompute="none"):
-    """Activation bytes one transformer layer keeps for its backward with 16-bit
-    activations (Korthikanti et al. 2022; docs/reference-numbers.md, "Activation
-    memory"): ``"none"`` sbh(34 + 5as/h), ``"selective"`` 34sbh (the a·s² attention
-    tensors recomputed), ``"full"`` 2sbh (only the layer's input)."""
-    if recompute == "full":
-        return 2 * s * b * h
-    if recompute == "selective":
-        return 34 * s * b * h
-    if recompute != "none":
-        raise ValueError(f"recompute must be 'none', 'selective' or 'full', not {recompute!r}")
-    return activation_bytes(s, b, h, a)
+

@@ -29,38 +29,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from simcluster.goodput import daly_interval, expected_goodput, young_interval  # noqa: F401
 from workbook.models import chunk_bounds
 
 # ------------------------------------------------------------ checkpoint interval
-
-
-def young_interval(delta, mtbf):
-    """Young (1974): the compute time between checkpoints that maximises goodput to first
-    order, ``sqrt(2 * delta * mtbf)``; ``delta`` is the time to write one checkpoint,
-    ``mtbf`` the mean time between failures (same unit, any)."""
-    return math.sqrt(2 * delta * mtbf)
-
-
-def daly_interval(delta, mtbf):
-    """Daly (2006): the higher-order estimate of the optimum interval,
-    ``sqrt(2δM)·[1 + ⅓·sqrt(δ/2M) + (δ/2M)/9] − δ`` for ``δ < 2M``, else ``M``."""
-    if delta >= 2 * mtbf:
-        return mtbf
-    x = delta / (2 * mtbf)
-    return math.sqrt(2 * delta * mtbf) * (1 + math.sqrt(x) / 3 + x / 9) - delta
-
-
-def expected_goodput(interval, delta, mtbf, restart):
-    """Useful compute over wall time, in expectation, for a job that computes
-    ``interval``, writes a checkpoint of ``delta``, and so on; failures arrive at random
-    (exponential, mean ``mtbf``), each costs ``restart`` and the work since the last
-    checkpoint, and may also strike during a checkpoint or a restart.
-
-    Daly (2006), eq. 13: each segment of ``interval + delta`` takes on average
-    ``M·e^(R/M)·(e^((τ+δ)/M) − 1)``.
-    """
-    per_segment = mtbf * math.exp(restart / mtbf) * math.expm1((interval + delta) / mtbf)
-    return interval / per_segment
 
 
 def simulate_goodput(interval, delta, mtbf, restart, work, trials=200, seed=0):

@@ -1,0 +1,167 @@
+"""Lesson 13's race-free parameter server: the check passes the reference written as a
+learner would, refuses the reference itself, and reports each wrong answer (a lost update,
+a broken staleness bound, a deadlock that only some interleavings reach, a server that never
+returns, an unwritten exercise) as one line that names the cause and the schedule seed to replay."""
+
+import pytest
+
+import _wrong_ps as W
+from _check_helpers import fails, line, learner_namespace, not_started
+from workbook import checking
+from workbook.lesson13_interview_prep import _reference_ps as R
+from workbook.lesson13_interview_prep import parameter_server as ps
+
+check = ps.check_parameter_server
+NAME = "race-free parameter server"
+
+
+@pytest.fixture
+def short_timeout(monkeypatch):
+    monkeypatch.setattr(checking, "TIMEOUT", 1.0)
+
+
+def learner(serve):
+    """``serve`` with the reference's worker side, as the check takes them."""
+    return (serve, W.push, W.pull, W.sync)
+
+
+def test_the_reference_typed_by_a_learner_passes(capsys):
+    mine = learner_namespace(R, R.serve, R.push, R.pull, R.sync)
+    ok, text = line(capsys, check, *(mine[n] for n in ("serve", "push", "pull", "sync")))
+    assert ok, text
+    assert text == (f"✅ {NAME}: no lost update, staleness violation or deadlock in 61 "
+                    "interleavings (3 workers, 4 steps, bound 1, sync at step 3)")
+
+
+def test_the_reference_itself_is_refused(capsys):
+    text = fails(capsys, lambda args: check(*args), (R.serve, R.push, R.pull, R.sync),
+                 "reference answer")
+    assert text.startswith(f"❌ {NAME}: this function is the workbook's own")
+
+
+def test_a_lost_update_that_only_other_interleavings_show(capsys):
+    answer = (W.serve_snapshot_per_step, W.push_parameters, W.pull_remembering,
+              W.sync_remembering)
+    program = ps.Program(*answer)
+    assert ps.run_once(program, None) is None          # round-robin order: all is well
+    verdicts = {seed: ps.run_once(program, seed) for seed in range(8)}
+    lost = [seed for seed, v in verdicts.items() if v is not None]
+    assert lost and len(lost) < len(verdicts), verdicts
+    assert {verdicts[s].kind for s in lost} == {"lost update"}
+    text = fails(capsys, lambda args: check(*args), answer,
+                 f"❌ {NAME}: schedule_seed={lost[0]}: worker ",
+                 "was lost (its place in the final parameters is still 0)",
+                 f"seeds=[{lost[0]}], round_robin=False", "params -= lr * grad")
+    # the schedule seed named replays it: the same finding, word for word
+    assert str(ps.run_once(program, lost[0])) in text
+
+
+def test_a_server_without_bound_breaks_the_staleness_bound(capsys):
+    fails(capsys, lambda args: check(*args), learner(W.serve_without_bound),
+          "got parameters without worker", "must see every update of steps <",
+          "clock[worker] - min(clock) <= bound")
+
+
+def test_answering_before_applying_breaks_the_staleness_bound(capsys):
+    fails(capsys, lambda args: check(*args), learner(W.serve_answers_before_applying),
+          "got parameters without worker")
+
+
+def test_a_server_that_never_rechecks_deadlocks(capsys):
+    fails(capsys, lambda args: check(*args), learner(W.serve_never_rechecks),
+          "round-robin order: deadlock (rank 0: recv from any rank",
+          "after every push, look at all the waiting ones")
+
+
+def test_head_of_line_deadlocks_under_some_interleavings_only(capsys):
+    program = ps.Program(*learner(W.serve_head_of_line))
+    verdicts = {seed: ps.run_once(program, seed) for seed in range(12)}
+    passing = [seed for seed, v in verdicts.items() if v is None]
+    failing = [seed for seed, v in verdicts.items() if v is not None]
+    assert passing and failing, verdicts
+    assert {verdicts[s].kind for s in failing} == {"deadlock"}
+    # a schedule seed replays its interleaving: the same finding, word for word
+    seed = failing[0]
+    assert str(ps.run_once(program, seed)) == str(verdicts[seed])
+    assert ps.run_once(program, passing[0]) is None
+    fails(capsys, lambda args: check(*args), learner(W.serve_head_of_line), "deadlock")
+
+
+def test_a_gradient_received_from_any_source_is_caught(capsys):
+    fails(capsys, lambda args: check(*args), learner(W.serve_gradient_from_any),
+          "mismatch in send/recv")
+
+
+def test_a_server_that_spins_is_stopped(capsys, short_timeout):
+    fails(capsys, lambda args: check(*args), learner(W.serve_spins),
+          "rank 0 was still running after 1 s of wall-clock time",
+          "without calling dist.recv never ends")
+
+
+def test_an_unwritten_exercise_is_not_started(capsys):
+    not_started(capsys, check, learner(W.serve_not_started), NAME,
+                "the server's loop: receive a header from any worker, ...")
+
+
+def test_explore_names_the_first_seed_that_loses_an_update_and_it_replays(capsys):
+    assert ps.explore(ps.PLANTED_BUG, [], **ps.PLANTED_OPTIONS) is None   # round-robin
+    capsys.readouterr()
+    found = ps.explore(ps.PLANTED_BUG, seeds=range(30), **ps.PLANTED_OPTIONS)
+    out = capsys.readouterr().out
+    assert found is not None and found.kind == "lost update"
+    earlier = [ps.run_once(ps.PLANTED_BUG, s, **ps.PLANTED_OPTIONS) for s in range(found.seed)]
+    assert earlier == [None] * found.seed       # the first seed that shows it
+    assert out.startswith(f"schedule_seed={found.seed}: worker ")
+    assert f"Replay it: explore(program, seeds=[{found.seed}], round_robin=False)." in out
+    again = ps.run_once(ps.PLANTED_BUG, found.seed, **ps.PLANTED_OPTIONS)
+    assert str(again) == str(found)
+
+
+def test_the_lesson_demo(capsys):
+    found = ps.demo(range(10))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("no lost update, staleness violation or deadlock in 1 "
+                           "interleaving (round-robin)")
+    assert out[1] == f"planted bug, with seeds:       {found}"
+    assert out[2].endswith("in 11 interleavings (round-robin and schedule seeds 0-9)")
+
+
+def test_explore_says_when_nothing_was_found(capsys):
+    assert ps.explore(R, seeds=range(3)) is None
+    assert capsys.readouterr().out == (
+        "no lost update, staleness violation or deadlock in 4 interleavings "
+        "(round-robin and schedule seeds 0-2)\n")
+
+
+def test_judge_names_lost_and_doubled_updates():
+    import torch
+    final = torch.full((12,), -ps.LR, dtype=torch.float64)
+    assert ps.judge(final, []) is None
+    final[5] = 0.0
+    assert ps.judge(final, [])[1].startswith("worker 2's update of step 1 was lost")
+    final[5] = -2 * ps.LR
+    assert "applied 2 times" in ps.judge(final, [])[1]
+    assert ps.judge(None, [])[1] == "serve returned None, not the parameters"
+
+
+def test_replay_shows_every_pull_in_order(capsys):
+    found = ps.replay(ps.PLANTED_BUG, 0, **ps.PLANTED_OPTIONS)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == ps.WORKERS * ps.STEPS + 2
+    assert out[0] == "worker 1 pulls for step 0: 1:.... 2:.... 3:...."
+    assert out[-2].startswith("final parameters:          1:")
+    assert out[-1] == str(found) and found.kind == "lost update"
+    lost = ps.missing(ps.run_program(ps.PLANTED_BUG, 0, **ps.PLANTED_OPTIONS)[0])
+    assert lost and found.what.startswith(lost[0])
+    assert out[-2].count(".") == len(lost)
+
+
+def test_a_server_that_returns_something_else_is_named(capsys):
+    reference_serve = learner_namespace(R, R.serve)["serve"]
+
+    def serve_returns_a_slice(params, lr, workers, steps, bound):
+        return reference_serve(params, lr, workers, steps, bound)[:3]
+
+    fails(capsys, lambda args: check(*args), learner(serve_returns_a_slice),
+          "round-robin order: serve returned a float64 tensor of shape (3,), not the "
+          "parameters")
