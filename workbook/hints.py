@@ -54,13 +54,13 @@ class Hints:
         return "\n".join(lines)
 
     def __call__(self, exercise, all=False):   # noqa: A002  (reads well in a notebook)
-        """Print one more step of ``exercise``'s help than last time (``all``: every step);
-        returns how many steps are shown now."""
+        """Print one more step of ``exercise``'s help than last time (``all``: every step).
+        Returns None, so a notebook cell shows only the help (``shown[exercise]`` counts
+        the steps shown)."""
         texts = self._known(exercise)
         level = len(texts) if all else min(self.shown.get(exercise, 0) + 1, len(texts))
         self.shown[exercise] = level
         print(self.text(exercise, level))
-        return level
 
     def reset(self):
         """Forget what was shown: the next call starts at step 1 again."""
