@@ -1,6 +1,6 @@
 """What lab 07 (ZeRO and FSDP2) gives the learner: the shard layout (:func:`shard_size`,
 :func:`my_shard`), the sharded linear layer, and the fitting exercise's model size and
-step time (:func:`fit_psi`, :func:`fit_time`). The reference answers use the same shard
+step time and memory (:func:`fit_psi`, :func:`fit_time`, :func:`fit_memory`). The reference answers use the same shard
 layout.
 
 Nothing here is an answer: the reference answers stay in :mod:`._reference`.
@@ -63,22 +63,25 @@ def _fit_step(width, settings, blocks=FIT_BLOCKS):
 
     stage = settings["stage"]
     mesh = init_device_mesh("cpu", (dist.get_world_size(),)) if stage == 3 else None
+    def block():
+        return nn.Sequential(nn.Linear(width, 4 * width, bias=False), nn.ReLU(),
+                             nn.Linear(4 * width, width, bias=False))
+
     with sc.fake_tensors():
-        model = nn.Sequential(*[nn.Sequential(nn.Linear(width, 4 * width, bias=False),
-                                              nn.ReLU(),
-                                              nn.Linear(4 * width, width, bias=False))
-                                for _ in range(blocks)])
         if stage == 3:
             options = {"mesh": mesh,
                        "reshard_after_forward": settings["reshard_after_forward"]}
             if settings["offload"]:
                 options["offload_policy"] = CPUOffloadPolicy()
-            for block in model:
-                fully_shard(block, **options)
+            # Each block is sharded as soon as it is built, so the device never holds the
+            # whole unsharded model (4Ψ): a model that needs sharding would not fit whole.
+            # With offload, fully_shard moves the shards to pinned host memory at once
+            # (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, _init_sharded_param).
+            model = nn.Sequential(*[fully_shard(block(), **options) for _ in range(blocks)])
             fully_shard(model, **options)
             optimizer = torch.optim.Adam(model.parameters())
         else:
-            model = DDP(model)
+            model = DDP(nn.Sequential(*[block() for _ in range(blocks)]))
             optimizer = (ZeroRedundancyOptimizer(model.parameters(),
                                                  optimizer_class=torch.optim.Adam)
                          if stage == 1 else torch.optim.Adam(model.parameters()))
@@ -90,8 +93,20 @@ def _fit_step(width, settings, blocks=FIT_BLOCKS):
             optimizer.zero_grad()
 
 
+def _fit_run(width, settings):
+    return sc.Cluster.preset("dgx-a100").run(_fit_step, world_size=FIT_WORLD,
+                                             args=(width, settings), timeout=120)
+
+
 def fit_time(width, settings):
     """Simulated seconds of one step under ``settings``; raises ``sc.OutOfMemoryError``."""
-    run = sc.Cluster.preset("dgx-a100").run(_fit_step, world_size=FIT_WORLD,
-                                            args=(width, settings), timeout=120)
+    run = _fit_run(width, settings)
     return run.elapsed - [c for c in run.collectives if c.op == "barrier"][-1].end
+
+
+def fit_memory(width, settings):
+    """``(GPU bytes, host bytes)`` that rank 0 held at its peak under ``settings`` (the
+    host: its pinned share, what CPU offload keeps off the GPU); raises
+    ``sc.OutOfMemoryError``. Divide by ``fit_psi(width)`` for bytes per parameter."""
+    run = _fit_run(width, settings)
+    return run.peak_memory(0)["total"], run.peak_host_memory(0)["total"]
