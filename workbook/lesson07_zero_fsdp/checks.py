@@ -91,10 +91,10 @@ hint = Hints({
     "fit": [
         "For each candidate (DDP, ZeroRedundancyOptimizer, fully_shard with or without "
         "resharding and offload): what is its peak per GPU, and with offload what must the "
-        "host hold? Then: which candidate is fastest? Measure with fit_time.",
+        "host hold? Then: which candidate is fastest? Measure with fit_time and fit_memory.",
         "Candidates in the order of their measured step time; take the first whose "
-        "estimated peak (with some margin) fits gpu_memory and, with offload, whose 16Ψ/N "
-        "fits host_memory; None if none does.",
+        "peak from the table's bytes per parameter (with some margin) fits gpu_memory and, "
+        "with offload, whose 16Ψ/N fits host_memory; None if none does.",
     ],
 })
 
@@ -533,7 +533,10 @@ def check_zero_memory(fn):
 
 # ------------------------------------------------------------- exercise 5: fit settings
 
-FIT_TOLERANCE = 1.05   # the learner's step may be 5 % slower than the fastest that fits
+# The learner's step may be 2 % slower than the fastest that fits: tighter than the 4.3 %
+# by which ZeroRedundancyOptimizer trails fully_shard without resharding at Ψ = 5B (the
+# closest pair; the next is 10.7 %), so guessing 'less sharding is faster' fails.
+FIT_TOLERANCE = 1.02
 # Widths d of blocks Linear(d, 4d) · ReLU · Linear(4d, d), no bias: on 4 GPUs, the fastest
 # settings that fit keep whole parameters, shard them, offload them, offload and reshard.
 FIT_CASES = (12_500, 18_114, 20_156, 24_367)
@@ -583,7 +586,7 @@ def _best(width):
 def check_fit_settings(fn):
     """``fn(psi, blocks, world_size, gpu_memory, host_memory)`` returns settings; for four
     models that run out of memory under DDP on 4 GPUs of a DGX A100, the learner's
-    settings fit and their simulated step is within 5 % of the fastest settings that fit."""
+    settings fit and their simulated step is within 2 % of the fastest settings that fit."""
     refuse_reference(fn, _reference().fit_settings)
     spec = sc.Cluster.preset("dgx-a100").spec
     gpu, host = spec.device_of(0).memory, spec.host_share(0)[0]
@@ -600,11 +603,10 @@ def check_fit_settings(fn):
             tried = re.search(r"Tried to allocate [\d.,]+ \w+", str(error))
             raise Failure(f"{where}: {_describe(settings)} ran out of memory"
                           + (f" ({tried.group(0)})" if tried else ""),
-                          "estimate the peak: DDP keeps 4Ψ of parameters, 4Ψ of gradients, "
-                          "4Ψ of buckets and 8Ψ of Adam's state; fully_shard keeps 16Ψ/N, "
-                          "plus whole blocks while they compute (all of them from forward "
-                          "to backward without resharding); offload moves the 16Ψ/N to the "
-                          "host.") from None
+                          "estimate the peak with the table of bytes per parameter above "
+                          "the exercise (DDP: 20Ψ and a block's buckets; offload moves the "
+                          "16Ψ/N of shards to the host but keeps gathered blocks on the GPU), "
+                          "or measure it with fit_memory.") from None
         worst = max(worst, within_best(
             where, mine, best_time, FIT_TOLERANCE,
             f"{_describe(settings)} fits, and its step takes",
@@ -623,11 +625,16 @@ def check_fit_settings(fn):
         if got == want:
             continue
         if want is None:
-            binds = ("the host" if host_part < 1 else "the GPU")
-            raise Failure(f"{where}: returned {_describe(got)}, but nothing fits ({binds} "
-                          "is too small)", "what does offload keep on the host, and is "
-                          "there room for it? Return None when nothing fits."
-                          if got["offload"] else "estimate that setting's peak on the GPU.")
+            # The hint names what binds: the host's share, or the GPU (offload still keeps
+            # gathered blocks and one block's gradient there, 16 bytes per block parameter).
+            if host_part < 1:
+                raise Failure(f"{where}: returned {_describe(got)}, but nothing fits (the "
+                              "host is too small)", "what does offload keep on the host, "
+                              "and is there room for it? Return None when nothing fits.")
+            raise Failure(f"{where}: returned {_describe(got)}, but nothing fits (the GPU "
+                          "is too small)", "estimate that setting's peak on the GPU with the "
+                          "table's bytes per parameter (offload too keeps blocks there: "
+                          "measure it with fit_memory). Return None when nothing fits.")
         if got is None:
             raise Failure(f"{where}: returned None, but {_describe(want)} fits",
                           "estimate each candidate's peak against gpu_memory.")
