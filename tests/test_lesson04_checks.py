@@ -423,7 +423,7 @@ def assumes_float32(stages, in_shape):
     return sizes
 
 
-BYTES_CASE = "world size 2, cut before layers 2, 5 rows of float32: boundary 0 (stage 0 → 1): "
+BYTES_CASE = "world size 2, cut before layers 2; 5 rows of float32: boundary 0 (stage 0 → 1): "
 
 
 @pytest.mark.parametrize("answer, message", [
@@ -439,11 +439,11 @@ BYTES_CASE = "world size 2, cut before layers 2, 5 rows of float32: boundary 0 (
      "leaving stage i is the output of its last layer: what shape and dtype does it have "
      "for this input? (more help: checks.hint('bytes'))"),
     (assumes_float32,
-     "world size 3, cut before layers 2, 5, 7 rows of bfloat16: boundary_bytes raised "
+     "world size 3, cut before layers 2, 5; 7 rows of bfloat16: boundary_bytes raised "
      "RuntimeError: mat1 and mat2 must have the same dtype, but got Float and BFloat16 — "
      "Hint: " + checking.HINTS["called"]),
     (lambda stages, in_shape: [0] * len(stages),
-     "world size 2, cut before layers 2, 5 rows of float32: returned 2 numbers for 1 "
+     "world size 2, cut before layers 2; 5 rows of float32: returned 2 numbers for 1 "
      "boundaries — Hint: one number per boundary between consecutive stages: "
      "len(stages) - 1 of them."),
 ])
@@ -453,7 +453,7 @@ def test_boundary_bytes_mistakes(capsys, answer, message):
 
 # ---------------------- plain functions: loops, sys.exit, malformed returns (issue 24)
 
-FIRST_SPLIT = "world size 2, cut before layers 2, 5 rows of float32"
+FIRST_SPLIT = "world size 2, cut before layers 2; 5 rows of float32"
 
 
 def test_boundary_bytes_that_loops_or_exits_is_a_failure(capsys, short_timeout):

@@ -40,7 +40,7 @@ def short_timeout(monkeypatch):
 
 
 VALUES = ("gradients equal the single-process model's on (p, m) (1, 3), (2, 1), (2, 4), "
-          "(3, 5), (4, 8); bubble ")
+          "(3, 5), (4, 2), (4, 8); bubble ")
 GPIPE_BUBBLES = "p = 2, m = 4: 20.6% (formula 20.0%), p = 4, m = 8: 28.0% (formula 27.3%); "
 ONE_F_ONE_B_BUBBLES = ("p = 2, m = 4: 20.5% (formula 20.0%), p = 4, m = 8: 27.8% (formula "
                        "27.3%); ")
@@ -307,6 +307,18 @@ def one_f_one_b_every_rank_takes_inputs(stage, inputs, targets, loss_fn, shape):
 ])
 def test_1f1b_mistakes(capsys, answer, message):
     expect(capsys, checks.check_1f1b, answer, ONE_F_ONE_B + message)
+
+
+def test_1f1b_warmup_longer_than_the_batch_is_caught(capsys):
+    """Warm-up p - rank - 1 without min(..., m): with m < p - 1 (p = 4, m = 2) the first
+    stage asks for micro-batches that do not exist."""
+    import inspect
+    source = inspect.getsource(R.one_f_one_b)
+    assert "min(p - rank - 1, m)" in source
+    namespace = dict(vars(R))
+    exec(source.replace("min(p - rank - 1, m)", "p - rank - 1"), namespace)
+    ok, text = line(capsys, checks.check_1f1b, namespace["one_f_one_b"])
+    assert not ok and "p = 4, m = 2" in text, text
 
 
 # ---------------------------------------------------- exercise 3: interleaved bubble

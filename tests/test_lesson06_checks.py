@@ -179,9 +179,9 @@ F_IDENTITY = ("CopyToTP (f) is the identity in forward: return x as it is; its a
 NO_DIVIDE = ("no divide: the ranks hold parts of one sum (partial outputs of a row-parallel "
              "layer, partial input gradients of a column-parallel one), so the sum is the "
              "answer: dist.all_reduce with the default op, SUM.")
-IN_PLACE = ("dist.all_reduce works in place: all-reduce a copy (x.clone()), never the tensor "
-            "you were handed — on a real model the caller still uses it (a residual branch, "
-            "another layer's gradient).")
+IN_PLACE = ("collectives write into the tensor they are given: communicate a copy, never the "
+            "tensor you were handed — on a real model the caller still uses it (a residual "
+            "branch, another layer's gradient).")
 
 
 @pytest.mark.parametrize("answers, message", [
@@ -205,8 +205,8 @@ IN_PLACE = ("dist.all_reduce works in place: all-reduce a copy (x.clone()), neve
      "the gradient itself; return it as it is."),
     ((CopyToTP, Reduce_returns_what_all_reduce_returns), "ReduceFromTP, world size 1, shape "
      "(5,): rank 0: the forward output is NoneType, expected a tensor of shape (5,) — Hint: "
-     "ReduceFromTP: forward returns the all-reduced (summed) x; backward returns the "
-     "gradient as it is."),
+     "ReduceFromTP is the sum over the ranks in forward and the identity in backward. "
+     "more help: checks.hint('operators')"),
     ((CopyToTP, Reduce_waits_on_none), "ReduceFromTP, world size 1, shape (5,): rank 0 "
      "raised AttributeError: 'NoneType' object has no attribute 'wait'" + EXCEPTION),
     ((Copy_sums_on_rank_0_only, ReduceFromTP), "CopyToTP, world size 2, shape (5,): "
@@ -285,8 +285,9 @@ class ColumnDetachesItsWeight(ColumnParallelLinear):
         return F.linear(CopyToTP.apply(x), self.weight.detach(), self.bias)
 
 
-COLUMN_FORWARD = ("ColumnParallelLinear.forward: F.linear(CopyToTP.apply(x), self.weight, "
-                  "self.bias), this rank's slice of the output features.")
+COLUMN_FORWARD = ("a column-parallel layer passes its input through CopyToTP, then computes its "
+                  "slice of the output features with its weight and bias. more help: "
+                  "checks.hint('linears')")
 
 
 @pytest.mark.parametrize("answers, message", [
@@ -299,14 +300,15 @@ COLUMN_FORWARD = ("ColumnParallelLinear.forward: F.linear(CopyToTP.apply(x), sel
      "needs all_reduce there — Hint: " + COLUMN_FORWARD),
     ((column_keeps_views, row_parallel_linear), "column layer, world size 2: rank 0: the "
      "layer's parameters keep 4800 bytes of storage alive; its shard is 2400 bytes — Hint: "
-     "take .detach()[...].clone() of the slice: a view keeps the whole full weight alive on "
-     "every rank, and the point of tensor parallelism is that a rank stores only its 1/t."),
+     "the shard is a view of the full weight, and a view keeps the whole full weight's "
+     "storage alive on every rank: copy the slice, since the point of tensor parallelism is "
+     "that a rank stores only its 1/t. more help: checks.hint('linears')"),
     ((returns_the_full_layer, row_parallel_linear), "column layer, world size 1: rank 0: "
      "backward called none; a column-parallel layer needs all_reduce there — Hint: "
      + COLUMN_FORWARD),
     ((returns_the_weight, row_parallel_linear), "column layer, world size 1: rank 0: "
-     "returned Parameter, expected an nn.Module — Hint: return ColumnParallelLinear(weight, "
-     "bias) / RowParallelLinear(weight, bias), built from this rank's slices."),
+     "returned Parameter, expected an nn.Module — Hint: return a layer of the class given "
+     "above, built from this rank's slices. more help: checks.hint('linears')"),
     ((_rebuilt(ColumnDetachesItsWeight, column_parallel_linear), row_parallel_linear),
      "column layer, world size 1: rank 0: the weight or bias has no gradient after "
      "backward — Hint: the forward must use self.weight and self.bias."),
@@ -462,10 +464,10 @@ def _rank_0_gathers(ctx, x):
 Gather_on_rank_0_only = _function(_rank_0_gathers,
                                   lambda ctx, grad: GatherFromSequence.backward(ctx, grad))
 
-BLOCK_HINT = ("forward: LayerNorm on this rank's rows; GatherFromSequence to the whole "
-              "sequence; F.linear with fc1's weight and bias, GeLU; F.linear with fc2's "
-              "weight alone; ScatterToSequence (the sum, this rank's rows); then fc2's bias "
-              "and the residual x.")
+BLOCK_HINT = ("the block must normalize its own rows, gather the sequence before the "
+              "column-parallel product, scatter the row-parallel partial sums back to its "
+              "rows, and only then add fc2's bias and the residual; the shards' own forwards "
+              "would add f and g on top. more help: checks.hint('sequence')")
 BYTES_HINT = ("an all-reduce sends 2(t-1)/t of the tensor per rank; an all-gather or a "
               "reduce-scatter (t-1)/t. Sequence parallelism replaces each all-reduce by one "
               "of each, for the same bytes: no all_reduce and no extra collective.")
@@ -481,9 +483,9 @@ BYTES_HINT = ("an all-reduce sends 2(t-1)/t of the tensor per rank; an all-gathe
     ((Gather_slices_the_gradient, ScatterToSequence,
       _block(Gather_slices_the_gradient, ScatterToSequence)),
      "GatherFromSequence, world size 1: rank 0: backward called none; it needs exactly one "
-     "collective — Hint: reduce-scatter along dim 0: out = x.new_empty((x.shape[0] // t, "
-     "*x.shape[1:])); dist.reduce_scatter_single(out, x.contiguous()) leaves this rank's "
-     "rows of the sum in out."),
+     "collective — Hint: this pass must reduce-scatter along dim 0: the sum over the ranks, "
+     "of which this rank keeps its own 1/t of the rows, from one collective. more help: "
+     "checks.hint('sequence')"),
     ((GatherFromSequence, Scatter_by_all_reduce,
       _block(GatherFromSequence, Scatter_by_all_reduce)),
      "block, world size 2: rank 0 sent 11520 bytes; the two all-reduces it replaces send "

@@ -361,7 +361,7 @@ def check_boundary_bytes(fn):
     refuse_reference(fn, _reference().boundary_bytes)
     for p, boundaries, rows, dtype in BYTE_CASES:
         dtype_text = str(dtype).replace("torch.", "")
-        where = f"{_where(p, boundaries)}, {rows} rows of {dtype_text}"
+        where = f"{_where(p, boundaries)}; {rows} rows of {dtype_text}"
         expected = _measured_bytes(p, boundaries, rows, dtype)
         stages = pipeline.split(make_model(0, dtype), p, boundaries)
         got = on_a_rank(_byte_counts(fn, p), (stages, (rows, FEATURES)),

@@ -35,7 +35,7 @@ from workbook.pipeline import bubble, bubble_formula, split
 from workbook.lesson05_pipeline_parallel.lab import _cluster, _micro_batches_held, _timing_body
 
 WIDTH, DEPTH, ROWS = 8, 4, 2           # the real model: 4 × (Linear(8, 8) + ReLU), 2 rows
-VALUE_CASES = ((1, 3), (2, 1), (2, 4), (3, 5), (4, 8))          # (p, m)
+VALUE_CASES = ((1, 3), (2, 1), (2, 4), (3, 5), (4, 2), (4, 8))  # (p, m); m < p - 1 too
 TIMING_CASES = ((2, 4), (4, 8))
 BUBBLE_TOLERANCE = 0.02                # of wall time
 HELD_SLACK = 0.5                       # micro-batches: what a stage may keep beyond its share

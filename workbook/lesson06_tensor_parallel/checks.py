@@ -34,6 +34,7 @@ import torch.nn as nn
 import simcluster as sc
 from workbook.checking import (Failure, TOLERANCE, answers, check, close_within,
                                first_difference, listed, num, refuse_reference, simulate)
+from workbook.hints import Hints
 from workbook.lesson06_tensor_parallel.lab import (BATCH, Block, HIDDEN, SEQUENCE,
                                                    activations, make_mlp)
 
@@ -43,6 +44,58 @@ FLOAT_BYTES = 4
 
 
 _reference = answers(__name__)   # the answers, imported only while a check runs
+
+
+hint = Hints({
+    "operators": [
+        "Read the table: each operator communicates in one pass only and passes the tensor "
+        "through untouched in the other. In the pass that communicates, what does every rank "
+        "hold: a copy of one value, or one part of a sum?",
+        "The pass that communicates sums the ranks' tensors with one all-reduce and its "
+        "default op, SUM; nothing is divided. An all-reduce writes into the tensor it is "
+        "given, and the tensor you were handed still belongs to the caller.",
+        "Identity pass: return what came in. Summing pass: make a copy of what came in, "
+        "all-reduce the copy in place, return the copy. Four short methods, no ctx needed.",
+    ],
+    "linears": [
+        "A weight has shape (out_features, in_features). Which of the two dimensions does "
+        "a column-parallel layer split, which does a row-parallel one, and which part of "
+        "the bias does each rank need?",
+        "Rank r of t keeps the r-th of t equal blocks of the split dimension. Column-"
+        "parallel: the input goes through f first, then this rank's linear with its bias "
+        "slice. Row-parallel: the linear without bias gives a partial sum; g adds the "
+        "partials up; the whole bias is added once, after g.",
+        "Each builder: the block size is given above it; build the block's slice object for "
+        "this rank, index the detached full weight with it along the split dimension (and "
+        "the bias for column-parallel), copy each piece so it owns its storage, and hand "
+        "both to the layer class.",
+    ],
+    "mlp": [
+        "Which layer of full_mlp is cut column-wise and which row-wise, and does GeLU need "
+        "anything from the other ranks when each rank holds its own slice of the 4h "
+        "features?",
+        "Reuse your two builders from exercise 2 on the first and the last module of "
+        "full_mlp (the middle one is the GeLU). The layers' own forwards already hold f "
+        "and g, so the MLP adds no communication of its own.",
+        "__init__: two attributes, fc1 and fc2, each built by one builder call with this "
+        "rank and world size. forward: one line that chains fc1, GeLU and fc2.",
+    ],
+    "sequence": [
+        "Count rows: the forward of the gather turns this rank's s/t rows into all s; "
+        "the scatter turns s rows of partial sums into this rank's s/t rows of the total. "
+        "What does each one's backward do, and which torch.distributed collective writes "
+        "into one preallocated buffer?",
+        "all_gather_single and reduce_scatter_single each fill an output tensor you "
+        "allocate, shaped like the input except along dim 0 (t times more rows, or t times "
+        "fewer). Pass them a contiguous input and return the output. Each operator's "
+        "backward is the other's forward.",
+        "The block's forward, in order: normalize this rank's rows; gather the whole "
+        "sequence; the first linear with fc1's weight and bias, then GeLU; the second "
+        "linear with fc2's weight only; scatter back to this rank's rows; then add fc2's "
+        "bias and the residual input. Do not call the shards' own forwards: they hold f "
+        "and g, which the gather and the scatter replace.",
+    ],
+})
 
 
 def _cluster():
@@ -80,18 +133,18 @@ def _where(world_size, text=""):
     return f"world size {world_size}" + (f", {text}" if text else "")
 
 
-def _compare(at, expected, got, hint, close=None):
+def _compare(at, expected, got, why, close=None):
     """Fail if ``got`` differs from ``expected`` in shape or values."""
     if not isinstance(got, torch.Tensor):
         raise Failure(f"{at} is {type(got).__name__}, expected a tensor of shape "
-                      f"{tuple(expected.shape)}", hint)
+                      f"{tuple(expected.shape)}", why)
     if tuple(got.shape) != tuple(expected.shape):
         raise Failure(f"{at} has shape {tuple(got.shape)}, expected "
-                      f"{tuple(expected.shape)}", hint)
+                      f"{tuple(expected.shape)}", why)
     diff = first_difference(expected, got, close)
     if diff is not None:
         i, e, g = diff
-        raise Failure(f"{at}: element {i} is {num(g)}, expected {num(e)}", hint)
+        raise Failure(f"{at}: element {i} is {num(g)}, expected {num(e)}", why)
 
 
 def _passes(before):
@@ -159,8 +212,8 @@ OPERATORS = {
         "forward": "identity", "backward": "sum",
         "sum": "CopyToTP (f) is the identity in forward: return x as it is; its all-reduce "
                "belongs in backward.",
-        "values": "CopyToTP: forward returns x; backward returns the all-reduced (summed) "
-                  "gradient.",
+        "values": "CopyToTP is the identity in forward and the sum over the ranks in "
+                  "backward. " + hint.pointer("operators"),
         "missing": "CopyToTP's backward must all-reduce the gradient: every rank's column "
                    "shard contributed a part of the input's gradient.",
     },
@@ -168,15 +221,15 @@ OPERATORS = {
         "forward": "sum", "backward": "identity",
         "sum": "ReduceFromTP (g) is the identity in backward: the gradient of a sum with "
                "respect to each of its terms is the gradient itself; return it as it is.",
-        "values": "ReduceFromTP: forward returns the all-reduced (summed) x; backward "
-                  "returns the gradient as it is.",
+        "values": "ReduceFromTP is the sum over the ranks in forward and the identity in "
+                  "backward. " + hint.pointer("operators"),
         "missing": "ReduceFromTP's forward must all-reduce: each rank holds a partial sum "
                    "of the output.",
     },
 }
-IN_PLACE = ("dist.all_reduce works in place: all-reduce a copy (x.clone()), never the "
-            "tensor you were handed — on a real model the caller still uses it (a residual "
-            "branch, another layer's gradient).")
+IN_PLACE = ("collectives write into the tensor they are given: communicate a copy, never "
+            "the tensor you were handed — on a real model the caller still uses it (a "
+            "residual branch, another layer's gradient).")
 
 
 def _check_operator(name, op):
@@ -236,31 +289,34 @@ LAYERS = {
     "row": (2 * HIDDEN, HIDDEN, 1, {"forward": ["all_reduce"], "backward": []}),
 }
 SHARD_HINTS = {
-    "column": "column-parallel splits the OUTPUT features: rank r keeps rows "
-              "r·out/t to (r+1)·out/t of full_linear.weight (weight[rows, :]) and the same "
-              "slice of the bias.",
-    "row": "row-parallel splits the INPUT features: rank r keeps columns r·in/t to "
-           "(r+1)·in/t of full_linear.weight (weight[:, cols]) and the whole bias.",
+    "column": "column-parallel splits the OUTPUT features, dim 0 of the weight: rank r "
+              "keeps the r-th of t blocks of its rows, and the same block of the bias. "
+              + hint.pointer("linears"),
+    "row": "row-parallel splits the INPUT features, dim 1 of the weight: rank r keeps the "
+           "r-th of t blocks of its columns, and the whole bias. " + hint.pointer("linears"),
 }
 FORWARD_HINTS = {
-    "column": "ColumnParallelLinear.forward: F.linear(CopyToTP.apply(x), self.weight, "
-              "self.bias), this rank's slice of the output features.",
-    "row": "RowParallelLinear.forward: the partial product F.linear(x, self.weight), summed "
-           "over the ranks with ReduceFromTP, then the bias, once.",
+    "column": "a column-parallel layer passes its input through CopyToTP, then computes "
+              "its slice of the output features with its weight and bias. "
+              + hint.pointer("linears"),
+    "row": "a row-parallel layer's partial product (no bias) must be summed over the ranks "
+           "by ReduceFromTP, and the bias added once, after the sum. "
+           + hint.pointer("linears"),
 }
 BIAS_TWICE = ("the bias went into the sum on every rank, so the output holds it t times: "
               "add self.bias after ReduceFromTP, not inside F.linear before it.")
-COPY_HINT = ("take .detach()[...].clone() of the slice: a view keeps the whole full "
-             "weight alive on every rank, and the point of tensor parallelism is that a "
-             "rank stores only its 1/t.")
+COPY_HINT = ("the shard is a view of the full weight, and a view keeps the whole full "
+             "weight's storage alive on every rank: copy the slice, since the point of "
+             "tensor parallelism is that a rank stores only its 1/t. "
+             + hint.pointer("linears"))
 
 
 def _parameters(layer, at):
     """``(weight, bias)`` of the learner's layer; a Failure when it has none."""
     if not isinstance(layer, nn.Module):
         raise Failure(f"{at}: returned {type(layer).__name__}, expected an nn.Module",
-                      "return ColumnParallelLinear(weight, bias) / RowParallelLinear("
-                      "weight, bias), built from this rank's slices.")
+                      "return a layer of the class given above, built from this rank's "
+                      "slices. " + hint.pointer("linears"))
     found = [getattr(layer, name, None) for name in ("weight", "bias")]
     for name, param in zip(("weight", "bias"), found):
         if not isinstance(param, nn.Parameter):
@@ -339,10 +395,10 @@ def _check_linear(kind, fn):
                 raise Failure(f"{at}: the weight or bias has no gradient after backward",
                               "the forward must use self.weight and self.bias.")
             expected = x_grad if kind == "column" else x_grad[..., own]
-            hint = ("x.grad must be the whole input's gradient on every rank: each rank's "
-                    "rows give only a part of it, and CopyToTP's backward sums them."
-                    if kind == "column" else FORWARD_HINTS[kind])
-            _compare(f"{at}: x.grad", expected, result["x_grad"], hint, _close)
+            why = ("x.grad must be the whole input's gradient on every rank: each rank's "
+                   "rows give only a part of it, and CopyToTP's backward sums them."
+                   if kind == "column" else FORWARD_HINTS[kind])
+            _compare(f"{at}: x.grad", expected, result["x_grad"], why, _close)
             bias_grad = full.bias.grad if kind == "row" else full.bias.grad[own]
             _compare(f"{at}: weight.grad", full.weight.grad[index], result["weight_grad"],
                      FORWARD_HINTS[kind], _close)
@@ -436,9 +492,10 @@ def _no_gradient(at, x_grad):
                       "autograd Functions may communicate.")
 
 
-MLP_HINT = ("self.fc1 = column_parallel_linear(full_mlp[0], ...), self.fc2 = "
-            "row_parallel_linear(full_mlp[2], ...); forward: fc2(F.gelu(fc1(x))). GeLU acts "
-            "on each rank's own columns, so nothing needs to move between the layers.")
+MLP_HINT = ("the first linear of full_mlp must be column-parallel and the last row-"
+            "parallel, built with your exercise 2 functions, and GeLU applied between "
+            "them: it acts on each rank's own columns, so nothing needs to move between the "
+            "layers. " + hint.pointer("mlp"))
 ONE_EACH = ("column-parallel first, then row-parallel: the only all-reduce in forward is "
             "ReduceFromTP after fc2, the only one in backward is CopyToTP's before fc1. "
             "Nothing between the layers: no gather, no extra CopyToTP or ReduceFromTP.")
@@ -486,11 +543,12 @@ SEQUENCE_OPERATORS = {
     "ScatterToSequence": ("scatter", "gather"),
 }
 SEQUENCE_HINTS = {
-    "gather": "all-gather along dim 0 into one buffer of t × the rows: out = x.new_empty(("
-              "t * x.shape[0], *x.shape[1:])); dist.all_gather_single(out, x.contiguous()).",
-    "scatter": "reduce-scatter along dim 0: out = x.new_empty((x.shape[0] // t, "
-               "*x.shape[1:])); dist.reduce_scatter_single(out, x.contiguous()) leaves this "
-               "rank's rows of the sum in out.",
+    "gather": "this pass must all-gather along dim 0: every rank's rows, in rank order, in "
+              "one output of t times the rows, from one collective. "
+              + hint.pointer("sequence"),
+    "scatter": "this pass must reduce-scatter along dim 0: the sum over the ranks, of which "
+               "this rank keeps its own 1/t of the rows, from one collective. "
+               + hint.pointer("sequence"),
 }
 ROWS = 3   # rows of a sequence shard in the operators' own test
 # Parameters that act on this rank's positions only: their gradients are partial sums.
@@ -585,10 +643,10 @@ def _full_block():
     return y.detach(), x.grad, grads
 
 
-BLOCK_HINT = ("forward: LayerNorm on this rank's rows; GatherFromSequence to the whole "
-              "sequence; F.linear with fc1's weight and bias, GeLU; F.linear with fc2's "
-              "weight alone; ScatterToSequence (the sum, this rank's rows); then fc2's bias "
-              "and the residual x.")
+BLOCK_HINT = ("the block must normalize its own rows, gather the sequence before the "
+              "column-parallel product, scatter the row-parallel partial sums back to its "
+              "rows, and only then add fc2's bias and the residual; the shards' own "
+              "forwards would add f and g on top. " + hint.pointer("sequence"))
 NORM_ROWS_HINT = ("apply self.norm to x, this rank's rows, BEFORE GatherFromSequence: "
                   "sequence parallelism exists to run LayerNorm (and dropout, and the "
                   "residual) on s/t positions, with 1/t of their activations.")
