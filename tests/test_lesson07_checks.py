@@ -263,7 +263,55 @@ class Saves(torch.autograd.Function):
                 _reduce_scatter_mean(grad_y.sum(0)), None, None)
 ''')
     fails(capsys, checks.check_zero3, mine["Saves"], "world size 4, layers 64 → 127",
-          "Hint: gather the weight inside forward and inside backward")
+          "Hint: forward saves a gathered weight for backward (save_for_backward)")
+
+
+def test_zero3_keeping_the_gathered_weight_on_ctx_is_named(capsys):
+    mine = learner('''
+class OnCtx(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight_shard, bias_shard, out_features, in_features):
+        weight = _gather(weight_shard, out_features * in_features).view(out_features,
+                                                                        in_features)
+        ctx.save_for_backward(x)
+        ctx.weight = weight
+        return F.linear(x, weight, _gather(bias_shard, out_features))
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, = ctx.saved_tensors
+        return (grad_y @ ctx.weight, _reduce_scatter_mean(grad_y.T @ x),
+                _reduce_scatter_mean(grad_y.sum(0)), None, None)
+''')
+    fails(capsys, checks.check_zero3, mine["OnCtx"], "world size 4, layers 64 → 127",
+          "Hint: forward keeps a gathered weight as an attribute of ctx")
+
+
+def test_zero3_keeping_gathered_weights_in_a_list_is_not_blamed_on_saving(capsys):
+    mine = learner('''
+KEPT = []
+
+class Hoards(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight_shard, bias_shard, out_features, in_features):
+        weight = _gather(weight_shard, out_features * in_features).view(out_features,
+                                                                        in_features)
+        KEPT.append(weight)
+        ctx.save_for_backward(x, weight_shard)
+        ctx.sizes = out_features, in_features
+        return F.linear(x, weight, _gather(bias_shard, out_features))
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight_shard = ctx.saved_tensors
+        out_features, in_features = ctx.sizes
+        weight = _gather(weight_shard, out_features * in_features).view(out_features,
+                                                                        in_features)
+        return (grad_y @ weight, _reduce_scatter_mean(grad_y.T @ x),
+                _reduce_scatter_mean(grad_y.sum(0)), None, None)
+''')
+    fails(capsys, checks.check_zero3, mine["Hoards"], "world size 4, layers 64 → 127",
+          "Hint: no gathered weight is saved for backward")
 
 
 def test_zero3_summing_gradients_says_divide(capsys):

@@ -375,6 +375,27 @@ def _sharded(fn, widths):
     return nn.Sequential(*layers[:-1])
 
 
+def _gathered_kept(out, widths):
+    """How a gathered weight (out × in elements) outlives forward, read from the autograd
+    graph of ``out`` before backward: "saved" (``ctx.save_for_backward``), "ctx" (kept
+    as an attribute of ctx), or None (no node holds one)."""
+    sizes = {a * b for a, b in zip(widths, widths[1:])}
+    stack, seen = [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            if any(t is not None and t.numel() in sizes for t in node.saved_tensors):
+                return "saved"
+            if any(isinstance(v, torch.Tensor) and v.numel() in sizes
+                   for v in vars(node).values()):
+                return "ctx"
+        stack += [n for n, _ in node.next_functions]
+    return None
+
+
 def _zero3_body(fn, widths, measure):
     def body():
         rank = dist.get_rank()
@@ -384,8 +405,9 @@ def _zero3_body(fn, widths, measure):
         if measure:
             sc.reset_peak_memory()
         out = model(x)
+        kept = _gathered_kept(out, widths) if measure else None
         mse(out, y).backward()
-        return {"out": out.detach(), "start": start,
+        return {"out": out.detach(), "start": start, "kept": kept,
                 "grads": [None if q.grad is None else q.grad.clone()
                           for q in model.parameters()]}
 
@@ -457,6 +479,24 @@ def _compare_zero3(run, where, widths, p):
                               "then reduce-scatter (mean) grad_W and grad_b.")
 
 
+def _zero3_memory_hint(kept):
+    """The hint for a ZeRO-3 over its memory budget: what the graph showed is kept."""
+    if "saved" in kept:
+        cause = ("forward saves a gathered weight for backward (save_for_backward): every "
+                 "layer's whole weight then stays alive until its backward runs. Backward "
+                 "can gather it again from what you save instead.")
+    elif "ctx" in kept:
+        cause = ("forward keeps a gathered weight as an attribute of ctx: like a saved "
+                 "tensor, it stays alive until backward, for every layer. Backward can "
+                 "gather it again.")
+    else:
+        cause = ("no gathered weight is saved for backward, yet more than one layer's worth "
+                 "is alive at once: look for a gathered weight or gradient that outlives the "
+                 "layer that needs it (kept in a list, on the module, or a global), or a "
+                 "full gradient kept after its reduce-scatter.")
+    return f"{cause} {hint.pointer('zero3')}"
+
+
 @check("ZeRO-3")
 def check_zero3(fn):
     """``fn``, an autograd function ``fn.apply(x, weight_shard, bias_shard, out, in)``:
@@ -477,9 +517,7 @@ def check_zero3(fn):
     target = max(above(theirs))
     layer = 4 * (MEMORY_WIDTHS[1] * MEMORY_WIDTHS[2] + MEMORY_WIDTHS[2])
     budget(where, "memory", above(mine), target, "one gathered layer and its gradient",
-           "gather the weight inside forward and inside backward, and save only x and the "
-           "shards for backward (ctx.save_for_backward(x, weight_shard)): a gathered "
-           "weight saved for backward stays in memory until then.",
+           _zero3_memory_hint({r["kept"] for r in mine.results}),
            "in forward and backward, above the shards, the reference")
     peak = max(above(mine))
     return (f"outputs and gradient shards equal the whole model's on world sizes "
