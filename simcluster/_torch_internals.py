@@ -761,13 +761,14 @@ def _verify_params_in_bulk(acc, group, params, logger):
     n = group.size()
     with acc.paused(bypass=True):
         size.fill_(len(params))
-        gathered = torch.empty((n, 1), dtype=torch.long, device=params[0].device)
-        rows = list(gathered)
+        gathered = torch.empty((n,), dtype=torch.long, device=params[0].device)
+        with torch.no_grad():   # (views without autograd's bookkeeping: faster)
+            rows = gathered.split(1)
     acc.charge_timeless([size], [gathered])
     group.allgather([rows], [size]).wait()
     acc.charge_timeless([gathered], ())   # the items read it (one storage: one wait)
     with acc.paused(bypass=True):
-        counts = gathered.view(-1).tolist()
+        counts = gathered.tolist()
     for i, count in enumerate(counts):
         if count != len(params):
             raise RuntimeError(

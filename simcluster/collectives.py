@@ -151,7 +151,7 @@ def all_gather(args):
     inputs = [inp for _, inp in args]
     _check_data(inputs)
     if _all_alike(args, inputs):
-        # n copies per rank in one call: the same copies, but O(n) Python on n ranks, not
+        # n copies per rank in one call, in the same order: O(n) Python on n ranks, not
         # O(n^2). Only where no dispatch mode would see the ops (it would see one op
         # instead of n): the accounting's fast path has set its mode aside here.
         inputs = [inp.detach() for inp in inputs]
@@ -165,13 +165,18 @@ def all_gather(args):
 
 def _all_alike(args, inputs):
     """True if :func:`all_gather` may copy with ``torch._foreach_copy_``: no dispatch mode
-    is on, every input and output holds data and has the first input's shape and dtype."""
-    if not no_dispatch_mode() or _no_data(inputs[0]):
+    is on and the tensors are plain tensors with data, of one shape and dtype. Looked at
+    per rank, not per tensor: the backend has checked that a rank's outputs have its
+    input's shape, dtype, type and device (``validation.list_gather``)."""
+    if not no_dispatch_mode():
         return False
-    shape, dtype = inputs[0].shape, inputs[0].dtype
-    return all(t.shape == shape and t.dtype == dtype and not _no_data(t)
-               for tensors in ([inp for _, inp in args], *(out for out, _ in args))
-               for t in tensors)
+    first = inputs[0]
+    shape, dtype = first.shape, first.dtype
+    return not first.is_meta and all(
+        type(inp) is torch.Tensor and inp.shape == shape and inp.dtype is dtype
+        and len(outputs) == len(args) and type(outputs[0]) is torch.Tensor
+        and outputs[0].shape == shape and outputs[0].dtype is dtype
+        for outputs, inp in args)
 
 
 def all_gather_single(args):
