@@ -14,9 +14,10 @@ each) run:
    size and takes one SGD step.
 3. **DDP step** — the same step with the model wrapped in ``DistributedDataParallel``
    (its constructor also checks parameter shapes with an all_gather and broadcasts the
-   parameters from rank 0). The shape check costs O(ranks) aten ops per rank, O(ranks^2)
-   in all, each through the accounting dispatch mode: 3 per peer (an ``empty_like``
-   buffer, a ``select``, an ``.item()``), ~3.1 M at 1,024 ranks.
+   parameters from rank 0). torch's C++ shape check makes O(ranks) aten ops per rank,
+   O(ranks^2) in all: 3 per peer (an ``empty_like`` buffer, a ``select``, an
+   ``.item()``), ~3.1 M at 1,024 ranks; the accounting's fast path runs it in bulk
+   (docs/architecture.md, "The accounting fast path"), the reference path op by op.
 
 Every phase runs with accounting on, at every size (``--no-accounting`` turns it off).
 ``--reference`` also runs each phase on the accounting's reference per-op path
