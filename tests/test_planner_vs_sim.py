@@ -21,15 +21,16 @@ What agrees, and what does not:
 * peak memory within 15 % too (5-9 % more on the simulator). Both book memory in the
   same categories, compared one by one: optimizer state to 1 %; "gradients", the
   parameter gradients only, to 3 % (measured 1-2 % fewer on the simulator: about the
-  position embedding's gradient, 2·s·h bytes, which is not among them at its peak); "activations" (the planner's
-  "activations" + "workspace") to 10 %; "other", the backward's activation gradients:
-  the planner counts the largest, the attention probabilities' and scores' gradients
-  (2 x 2·a·s²·b/t bytes, eager), and the simulator holds those plus hidden-size ones
-  (2·s·b·h bytes each: the residual stream's and the attention's; with a pipeline more
-  of them are alive, which ones is not traced) -- measured 1.8 to 10.5 of them, the test
-  allows 12. Parameters differ by FSDP2's design: it keeps its 1/dp shard beside the gathered
-  copy (1.5x the planner's ZeRO-1 parameters at dp = 2), which Megatron-LM's distributed
-  optimizer, the planner's model, does not; the test pins that factor.
+  position embedding's gradient, 2·s·h bytes, which is not among them at its peak);
+  "activations" (the planner's "activations" + "workspace") to 10 %; "other", the
+  backward's activation gradients: the planner counts the largest, the attention
+  probabilities' and scores' gradients (2 x 2·a·s²·b/t bytes, eager), and the simulator
+  holds those plus hidden-size ones (2·s·b·h bytes each: the residual stream's and the
+  attention's; with a pipeline more of them are alive, which ones is not traced) --
+  measured 1.8 to 10.5 of them, the test allows 12. Parameters differ by FSDP2's design:
+  it keeps its 1/dp shard beside the gathered copy (1.5x the planner's ZeRO-1 parameters
+  at dp = 2), which Megatron-LM's distributed optimizer, the planner's model, does not;
+  the test pins that factor.
 """
 
 import pytest
