@@ -241,3 +241,35 @@ def test_all_gather_under_a_learners_mode_shows_it_every_copy():
 
     copies = A100.run(rank, world_size=4).results
     assert sum(copies) == 16   # 4 outputs on each of 4 ranks
+
+
+def test_ddp_shape_check_falls_back_to_torchs_cpp(monkeypatch):
+    """Where the bulk check could differ, torch's C++ runs: when its n outputs would not
+    all fit in the device (out of memory must come at the same allocation) and under a
+    learner's dispatch mode (which sees the C++'s ops one by one)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from simcluster import _torch_internals
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def under_a_mode():
+        with Seen():
+            return _ddp_rank()
+
+    bulk = []
+    original = _torch_internals._verify_params_in_bulk
+    monkeypatch.setattr(_torch_internals, "_verify_params_in_bulk",
+                        lambda *a: bulk.append(1) or original(*a))
+    A100.run(under_a_mode, world_size=4)
+    assert not bulk
+    monkeypatch.setattr(accounting.FastRankAccounting, "fits", lambda self, nbytes: False)
+    A100.run(_ddp_rank, world_size=4)
+    assert not bulk
+    monkeypatch.undo()
+    monkeypatch.setattr(_torch_internals, "_verify_params_in_bulk",
+                        lambda *a: bulk.append(1) or original(*a))
+    A100.run(_ddp_rank, world_size=4)
+    assert len(bulk) == 4   # (and taken otherwise: the spy works)
