@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from benchmarks.bench_ddp import fast_path
 
 IN, OUT, BATCH, LR = 16, 4, 8, 0.1
+DDP_GOAL_S = 20.0   # a DDP step on 1,024 ranks with accounting on, CPU seconds, at most
 
 
 def big_cluster(nodes=128, per_node=8):
@@ -219,6 +220,11 @@ def _measure(cluster, ranks, repeats, accounting, phases, compare, out):
             out(f"  {'  reference per-op path':<28}{'on':>5}{ref_wall:>12.2f} s"
                 f"{min(ref_times):>7.2f} s{ref_cpu:>7.2f} s   before / after: wall "
                 f"{ref_wall / wall:.2f}, CPU {ref_cpu / cpu:.2f}")
+    ddp = rows.get("ddp_rank")
+    if ddp is not None and ddp["accounting"] and ranks == 1024:
+        met = ddp["cpu"] <= DDP_GOAL_S
+        out(f"\n  DDP step on 1,024 ranks with accounting, CPU {ddp['cpu']:.1f} s: goal <= "
+            f"{DDP_GOAL_S:.0f} s {'met' if met else 'NOT met'} (docs/reference-numbers.md)")
     out("\n  acct = cluster.run(accounting=...): simulated time and memory charged per aten op."
         "\n  CPU = process CPU time of the cluster.run call (all threads): less sensitive "
         "than wall\n  time to other load on the machine.")
