@@ -731,7 +731,10 @@ def _verify_params(original, hooks):
 
     def verify(process_group, params, logger=None):
         acc = hooks.bulk()
-        if acc is None or not params or not acc.fits(8 * (process_group.size() + 1)):
+        # (a function mode, such as torch.device("meta"), would see this Python's calls,
+        # where it sees nothing of the C++)
+        if (acc is None or not params or torch._C._len_torch_function_stack()
+                or not acc.fits(8 * (process_group.size() + 1))):
             return checked(process_group, params, logger)
         return _verify_params_in_bulk(acc, process_group, params, logger)
 
@@ -775,13 +778,14 @@ def _verify_params_in_bulk(acc, group, params, logger):
                 f"DDP expects same model across all ranks, but Rank {group.rank()} has "
                 f"{len(params)} params, while rank {i} has inconsistent {count} params.")
     # every parameter's sizes then strides, broadcast from rank 0 and compared
-    mine = [n for p in params for n in (*p.shape, *p.stride())]
-    metadata = torch.empty((len(mine),), dtype=torch.long)
+    mine = [value for p in params for value in (*p.shape, *p.stride())]
+    cpu = torch.device("cpu")   # at::empty without a device
+    metadata = torch.empty((len(mine),), dtype=torch.long, device=cpu)
     with acc.paused(bypass=True):   # written through an accessor, cloned: not seen
-        metadata.copy_(torch.tensor(mine, dtype=torch.long))
+        metadata.copy_(torch.tensor(mine, dtype=torch.long, device=cpu))
         metadata_dev = metadata.clone()
     group.broadcast([metadata_dev]).wait()
-    control = torch.empty((len(mine),), dtype=torch.long)
+    control = torch.empty((len(mine),), dtype=torch.long, device=cpu)
     control.copy_(metadata_dev)
     with acc.paused(bypass=True):
         theirs = control.tolist()
@@ -789,8 +793,8 @@ def _verify_params_in_bulk(acc, group, params, logger):
     for p, param in enumerate(params):
         sizes = list(param.shape)
         for what, values in (("sizes", param.shape), ("strides", param.stride())):
-            for n in values:
-                if n != theirs[i]:
+            for value in values:
+                if value != theirs[i]:
                     where = f"[{group.rank()}]: " if what == "sizes" else ""
                     message = (f"{where}params[{p}] in this process with sizes {sizes} "
                                f"appears not to match {what} of the same param in "

@@ -245,8 +245,9 @@ def test_all_gather_under_a_learners_mode_shows_it_every_copy():
 
 def test_ddp_shape_check_falls_back_to_torchs_cpp(monkeypatch):
     """Where the bulk check could differ, torch's C++ runs: when its n outputs would not
-    all fit in the device (out of memory must come at the same allocation) and under a
-    learner's dispatch mode (which sees the C++'s ops one by one)."""
+    all fit in the device (out of memory must come at the same allocation), under a
+    learner's dispatch mode (which sees the C++'s ops one by one) and under a function
+    mode (``torch.device``: it would see the Python's calls)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from simcluster import _torch_internals
@@ -264,6 +265,13 @@ def test_ddp_shape_check_falls_back_to_torchs_cpp(monkeypatch):
     monkeypatch.setattr(_torch_internals, "_verify_params_in_bulk",
                         lambda *a: bulk.append(1) or original(*a))
     A100.run(under_a_mode, world_size=4)
+    assert not bulk
+
+    def under_a_device_context():   # a function mode: it would see the Python's calls
+        with torch.device("cpu"):
+            return _ddp_rank()
+
+    A100.run(under_a_device_context, world_size=4)
     assert not bulk
     monkeypatch.setattr(accounting.FastRankAccounting, "fits", lambda self, nbytes: False)
     A100.run(_ddp_rank, world_size=4)
