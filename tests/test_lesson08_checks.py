@@ -676,3 +676,49 @@ def test_a_scaler_that_delegates_to_grad_scaler_is_refused(capsys):
           "your class made a torch.amp.GradScaler and let it do the work")
     assert torch.amp.GradScaler.__init__.__name__ == "__init__"      # put back as it was
     assert "counted" not in repr(torch.amp.GradScaler.__init__)
+
+
+def _counts_checkpointed_blocks_as_nothing(profile, cap):
+    """The slip of the newcomer trial: a checkpointed block keeps nothing (it keeps its
+    output, the next block's input, until backward)."""
+    def estimate(chosen):
+        below = peak = 0
+        for i, row in enumerate(profile):
+            peak = max(peak, below + row["peak"])
+            below += 0 if i in chosen else row["kept"]
+        return max(peak, below)
+
+    subsets = [set(c) for k in range(9) for c in itertools.combinations(range(8), k)]
+    fitting = [s for s in subsets if estimate(s) <= cap]
+    return sorted(min(fitting, key=lambda s: sum(profile[i]["recompute"] for i in s)))
+
+
+def test_checkpointing_counting_checkpointed_blocks_as_nothing_fails_and_is_named(capsys):
+    """It passed the lab's three caps and the two boundary caps (its choices fit there);
+    a cap drawn where it picks blocks that do not fit catches it, and the hint names the
+    output a checkpointed block still keeps."""
+    random.seed(8)
+    fails(capsys, checks.check_checkpointing, _counts_checkpointed_blocks_as_nothing,
+          "MiB of activations", "Hint: these blocks fit only if a checkpointed block keeps "
+          "nothing after its forward; it keeps its output (the next block's input, 8 MiB "
+          "here)", "checks.hint('checkpoints')")
+
+
+def test_every_output_cap_fits_the_references_measured_choice():
+    """Each cap _output_caps may draw: the reference's choice measures within it, and the
+    slip's choice does not (so the drawn case can only fail the slip)."""
+    profile = profile_blocks()
+    caps = checks._output_caps(R, profile, n=len(_all_output_caps(profile)))
+    assert len(caps) >= 5
+    for cap in caps:
+        assert measure_checkpoints(R.choose_checkpoints(profile, cap))[0] <= cap
+        assert measure_checkpoints(_counts_checkpointed_blocks_as_nothing(profile, cap))[0] > cap
+
+
+def _all_output_caps(profile):
+    subsets = [set(c) for k in range(9) for c in itertools.combinations(range(8), k)]
+    caps = {R.peak_activations(profile, c) for c in subsets}
+    return [cap for cap in caps | {checks._outputs_as_nothing(profile, c) for c in subsets}
+            if cap not in CHECKPOINT_CAPS and R.choose_checkpoints(profile, cap) is not None
+            and R.peak_activations(profile, set(_counts_checkpointed_blocks_as_nothing(
+                profile, cap))) > cap]

@@ -11,7 +11,8 @@
   step: the scale, which steps are skipped, the parameters.
 * :func:`check_checkpointing` applies ``torch.utils.checkpoint`` to the blocks the learner
   chooses in a stack of attention and MLP blocks (fake tensors, one simulated A100), for
-  three caps on activation memory and two drawn afresh each run at a boundary: the peak
+  three caps on activation memory, two drawn afresh each run at a boundary and one where
+  a checkpointed block counted as 0 bytes does not fit: the peak
   must fit, and the recompute time must be
   within 5 % of the best choice's.
 * :func:`check_fit` runs the learner's training function on a small simulated device on
@@ -319,10 +320,62 @@ def _boundary_caps(ref, profile, n=2):
     return tuple(sorted(random.sample(boundary, n), reverse=True))
 
 
+def _outputs_as_nothing(profile, chosen):
+    """The estimate with a checkpointed block keeping nothing (the slip: it keeps its
+    output, the next block's input)."""
+    below = peak = 0
+    for i, block in enumerate(profile):
+        peak = max(peak, below + block["peak"])
+        below += 0 if i in chosen else block["kept"]
+    return max(peak, below)
+
+
+def _least_recompute(profile, estimate, cap):
+    """The subset ``estimate`` says fits ``cap`` with the least recompute (or None)."""
+    best = None
+    for k in range(len(profile) + 1):
+        for chosen in itertools.combinations(range(len(profile)), k):
+            if estimate(profile, set(chosen)) <= cap:
+                cost = sum(profile[i]["recompute"] for i in chosen)
+                if best is None or cost < best[0]:
+                    best = (cost, set(chosen))
+    return None if best is None else best[1]
+
+
+def _output_caps(ref, profile, n=1):
+    """``n`` caps drawn afresh each run at which counting a checkpointed block as 0 bytes
+    picks blocks that do not fit (the lab's three caps do not tell it apart)."""
+    subsets = [set(c) for k in range(len(profile) + 1)
+               for c in itertools.combinations(range(len(profile)), k)]
+    caps = sorted({ref.peak_activations(profile, c) for c in subsets}
+                  | {_outputs_as_nothing(profile, c) for c in subsets})
+    wrong = [cap for cap in caps if cap not in CHECKPOINT_CAPS
+             and ref.choose_checkpoints(profile, cap) is not None
+             and ref.peak_activations(
+                 profile, _least_recompute(profile, _outputs_as_nothing, cap) or set()) > cap]
+    return tuple(random.sample(wrong, n))
+
+
+def _over_cap_hint(profile, chosen, cap):
+    """The hint for a choice whose measured peak is over ``cap``: the slip that makes it
+    look as if it fits, when one does."""
+    if _outputs_as_nothing(profile, chosen) <= cap:
+        outputs = sorted({num(round(profile[i]["output"] / MiB, 1)) for i in chosen})
+        return ("these blocks fit only if a checkpointed block keeps nothing after its "
+                "forward; it keeps its output (the next block's input, "
+                f"{' or '.join(outputs)} MiB here) until backward. "
+                + hint.pointer("checkpoints"))
+    return ("block i runs (in forward, and again in backward when it is checkpointed) on "
+            "top of what the blocks before it keep: its peak plus their kept bytes (only "
+            "the output of a checkpointed one). Check that estimate for every block, and "
+            "the sum of all kept bytes.")
+
+
 @check("activation checkpointing")
 def check_checkpointing(fn):
-    """``fn(profile, cap)`` returns the blocks to checkpoint; for each of five caps (three
-    fixed, two drawn at a boundary by :func:`_boundary_caps`) the
+    """``fn(profile, cap)`` returns the blocks to checkpoint; for each of six caps (three
+    fixed, two drawn at a boundary by :func:`_boundary_caps`, one where a checkpointed
+    block counted as 0 bytes does not fit, :func:`_output_caps`) the
     measured peak of activation memory fits, and the recompute time is at most 5 % above
     the best choice's."""
     ref = _reference()
@@ -330,7 +383,7 @@ def check_checkpointing(fn):
     refuse_lesson_helpers(fn)
     profile = list(_profile())
     _, plain = measure_checkpoints(())
-    caps = CHECKPOINT_CAPS + _boundary_caps(ref, profile)
+    caps = CHECKPOINT_CAPS + _boundary_caps(ref, profile) + _output_caps(ref, profile)
     worst = 0.0
     for cap in caps:
         where = f"cap {num(cap / MiB)} MiB"
@@ -340,11 +393,7 @@ def check_checkpointing(fn):
         if peak > cap:
             raise Failure(f"{where}: checkpointing blocks {chosen} peaks at "
                           f"{num(round(peak / MiB, 1))} MiB of activations",
-                          "block i runs (in forward, and again in backward when it is "
-                          "checkpointed) on top of what the blocks before it keep: its peak "
-                          "plus their kept bytes (only the output of a checkpointed one). "
-                          "Check that estimate for every block, and the sum of all kept "
-                          "bytes.")
+                          _over_cap_hint(profile, set(chosen), cap))
         best_peak, best = measure_checkpoints(ref.choose_checkpoints(profile, cap))
         assert best_peak <= cap, "the reference's choice must fit"
         mine, theirs = elapsed - plain, best - plain
