@@ -722,3 +722,43 @@ def _all_output_caps(profile):
             if cap not in CHECKPOINT_CAPS and R.choose_checkpoints(profile, cap) is not None
             and R.peak_activations(profile, set(_counts_checkpointed_blocks_as_nothing(
                 profile, cap))) > cap]
+
+
+# ------------------------------------------------------------ a float is a float
+# The lab asks for floats (get_scale(): "S, a float"; fit: "a list of floats"); a 0-d
+# tensor holding the right number passed both checks (the newcomer trial).
+
+
+def test_scaler_get_scale_returning_a_tensor_is_named(capsys):
+    mine = learner('''
+class TensorScale(LossScaler):
+    def get_scale(self):
+        return torch.tensor(self._scale)
+''')
+    fails(capsys, checks.check_loss_scaler, mine["TensorScale"],
+          "❌ loss scaler: init_scale 16777216, ×2 after 3 good steps, ×0.5 on overflow: "
+          "before step 0, get_scale() returned a 0-d tensor, not a float",
+          "Hint: the lab asks for the scale as a Python float")
+
+
+def test_scaler_get_scale_returning_a_float_passes_whatever_it_stores(capsys):
+    """A scale kept as a tensor inside is fine: only what get_scale() returns is judged."""
+    mine = learner('''
+class Stored(LossScaler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._scale = torch.tensor(self._scale, dtype=torch.float64)
+
+    def get_scale(self):
+        return self._scale.item()
+''')
+    assert line(capsys, checks.check_loss_scaler, mine["Stored"])[0]
+
+
+def test_fit_returning_tensors_for_the_losses_is_named(capsys):
+    mine = learner('''
+def tensors(model, x, y, steps, lr, memory):
+    return [torch.tensor(v) for v in R_fit(model, x, y, steps, lr, memory)]
+''', R_fit=MINE["fit"])
+    fails(capsys, checks.check_fit, mine["tensors"], "16-MiB GPU: step 0's loss is a 0-d "
+          "tensor, not a float", "Hint: the lab asks for a list of Python floats")

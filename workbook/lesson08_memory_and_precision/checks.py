@@ -197,6 +197,13 @@ def _grad_scaler_log(index):
 
 
 def _compare_scaler(mine, torch_log, where):
+    for step, m in enumerate(mine):
+        if m.get("type", "float") != "float":
+            at = f"before step {step}" if step < SCALER_STEPS else "at the end"
+            raise Failure(f"{where}: {at}, get_scale() returned a {m['type']}, not a float",
+                          "the lab asks for the scale as a Python float, which is what "
+                          "GradScaler's get_scale() returns: its callers print, compare and "
+                          "log it. A tensor holding the number is not that.")
     for step, (m, t) in enumerate(zip(mine, torch_log)):
         at = f"{where}: before step {step}" if step < SCALER_STEPS else f"{where}: at the end"
         if m["scale"] != t["scale"]:
@@ -468,8 +475,17 @@ def check_fit(fn):
                 or any(number(v) is None for v in losses)):
             raise Failure(f"{where}: returned {short(repr(losses), 60)}",
                           f"return a list of {FIT_STEPS} floats: each step's loss on the "
-                          "whole batch (loss.item(), summed over micro-batches of the "
-                          "mean loss divided by their number).")
+                          "whole batch, summed over micro-batches of the mean loss divided "
+                          "by their number.")
+        for step, v in enumerate(losses):
+            if not isinstance(v, float):
+                kind = (f"a {v.dim()}-d tensor" if isinstance(v, torch.Tensor)
+                        else f"a value of type {type(v).__name__}")
+                raise Failure(f"{where}: step {step}'s loss is {kind}, not a float",
+                              "the lab asks for a list of Python floats, as train_plain "
+                              "returns: a tensor holding the loss is not that (and one "
+                              "that still has its graph keeps the step's activations "
+                              "alive).")
         for step, (e, g) in enumerate(zip(expected, map(number, losses))):
             if not math.isclose(g, e, rel_tol=FIT_TOLERANCE):
                 raise Failure(f"{where}: step {step}: your loss is {_apart(g, e)}",
