@@ -395,13 +395,17 @@ def assumes_a_list(plan, failure):
 
 @pytest.mark.parametrize("answer, message", [
     (seed_flow, "2 servers, 4 workers, server 1 failing: updates lost: slice 1 never "
-                "applied round(s) 4-5 — Hint: a reloaded slice is back at the checkpoint"),
+                "applied round(s) 4-5: it was reloaded as it was at round 4 (the "
+                "checkpoint), and the job went on at round 6 — Hint: a slice loaded from "
+                "the checkpoint has lost the rounds since then"),
     (rolls_back_without_reloading, "2 servers, 4 workers, worker 3 failing: updates applied "
-                                   "twice: slice 0 applied round(s) 4 twice — Hint: going "
-                                   "back to an earlier round redoes its updates"),
+                                   "twice: slice 0 applied round(s) 4 twice: the job went "
+                                   "back from round 5 to 4, and slice 0 was not reloaded"),
     (reloads_only_the_dead_slice_but_rolls_back,
      "2 servers, 4 workers, server 1 failing: updates applied twice: slice 0 applied "
-     "round(s) 4-5 twice"),
+     "round(s) 4-5 twice: the job went back from round 6 to 4, and slice 0 was not "
+     "reloaded, so it had applied those rounds already — Hint: a slice that is not "
+     "reloaded keeps every round it applied"),
     (forgets_the_workers_tasks, "2 servers, 4 workers: worker 3 failed at round 5: task 3 "
                                 "is given to worker 3, which is not alive (alive: 0, 1, 2)"),
     (moves_a_slice_without_reloading, "2 servers, 4 workers: server 1 failed at round 6: "
@@ -702,3 +706,16 @@ def test_resume_without_a_barrier_passes(capsys):
     makes a crash during the write harmless; the reference has none."""
     import inspect
     assert "barrier" not in inspect.getsource(R.train)
+
+
+@pytest.mark.parametrize("answer", [seed_flow, reloads_only_the_dead_slice_but_rolls_back,
+                                    rolls_back_without_reloading])
+def test_recovery_failures_name_the_cause_without_handing_over_the_plan(capsys, answer):
+    """The newcomer trial: the first recovery ❌ (the article's flow, which reloads only the
+    dead server's slice) stated the whole plan ("reload every slice and go back to the
+    checkpoint's round (plan['checkpoint'])"). It names what happened to the slice and
+    points to checks.hint('recovery') instead."""
+    text = starts(capsys, checks.check_recovery, answer, RECOVERY)
+    assert "checks.hint('recovery')" in text, text
+    for answer_part in ("reload every slice", "plan['checkpoint']", "checkpoint's round"):
+        assert answer_part not in text, text

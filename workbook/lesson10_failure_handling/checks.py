@@ -569,9 +569,10 @@ def _check_plan(before, failure, new, where):
                       "back to the checkpoint's round (plan['checkpoint']).")
 
 
-def _plans(fn, servers, workers, failures):
+def _plans(fn, servers, workers, failures, events=None):
     """The plans the job follows: ``{iteration: (failure, new plan)}``, asking ``fn`` at
-    each failure (outside the cluster: every rank would decide the same)."""
+    each failure (outside the cluster: every rank would decide the same). ``events`` (a
+    list) gets ``(round before, checkpoint, round after, slices reloaded)`` per failure."""
     plan, at, iteration, schedule = _initial_plan(servers, workers), dict(failures), 0, {}
     while plan["round"] < PS_ROUNDS and iteration < 4 * PS_ROUNDS:
         if iteration in at:
@@ -584,6 +585,9 @@ def _plans(fn, servers, workers, failures):
             _check_plan(before, failure, new, where)
             plan = dict(copy.deepcopy(new), round=int(new["round"]))   # a numpy int too
             schedule[iteration] = (failure, copy.deepcopy(plan))
+            if events is not None:
+                events.append((before["round"], before["checkpoint"], plan["round"],
+                               set(plan["reload"])))
         plan["round"] += 1
         iteration += 1
     return schedule
@@ -673,6 +677,33 @@ def _slices(run):
     return found
 
 
+def _lost_cause(piece, events):
+    """``": it was reloaded ..."`` for a slice reloaded while the job went on past the
+    checkpoint's round (what loses rounds), or ``""``."""
+    for before, checkpoint, after, reload in events:
+        if piece in reload and after > checkpoint:
+            return (f": it was reloaded as it was at round {checkpoint} (the checkpoint), and "
+                    f"the job went on at round {after}")
+    return ""
+
+
+def _twice_cause(piece, events):
+    """``(what, hint)`` for a slice that applied rounds twice: the job went back while the
+    slice kept its rounds, or went back before the checkpoint it was reloaded from."""
+    for before, checkpoint, after, reload in events:
+        if after < before and piece not in reload:
+            return (f": the job went back from round {before} to {after}, and slice {piece} "
+                    "was not reloaded, so it had applied those rounds already",
+                    "a slice that is not reloaded keeps every round it applied; going back "
+                    "makes it apply them again.")
+        if piece in reload and after < checkpoint:
+            return (f": it was reloaded as at round {checkpoint} and the job went back to "
+                    f"round {after}", "the checkpoint already holds every round before "
+                    "plan['checkpoint']: going back further redoes them.")
+    return "", ("a round is applied again only if the job goes back to it; which slices "
+                "still had it?")
+
+
 @check("parameter-server recovery")
 def check_recovery(fn):
     """``fn(plan, failure)``: the new plan after a worker or server failure. Driven through
@@ -686,7 +717,8 @@ def check_recovery(fn):
     clean = {}
     for servers, workers, failures in RECOVERY_CASES:
         what = f"{servers} servers, {workers} workers, {listed(_failure_text(f) for _, f in failures)} failing"
-        schedule = _plans(fn, servers, workers, failures)
+        events = []
+        schedule = _plans(fn, servers, workers, failures, events)
         if (servers, workers) not in clean:
             with tempfile.TemporaryDirectory() as d:
                 clean[servers, workers] = _slices(cluster.run(
@@ -701,15 +733,16 @@ def check_recovery(fn):
             twice = sorted({r for r in applied if applied.count(r) > 1})
             if lost:
                 raise Failure(f"{what}: updates lost: slice {piece} never applied round(s) "
-                              f"{_ranges(lost)}", "a reloaded slice is back at the "
-                              "checkpoint while the others are not: after a server failure "
-                              "reload every slice and go back to the checkpoint's round "
-                              "(plan['checkpoint']), so that the lost rounds are done again.")
+                              f"{_ranges(lost)}{_lost_cause(piece, events)}",
+                              "a slice loaded from the checkpoint has lost the rounds since "
+                              "then; the slices that were not reloaded still have them. No "
+                              "round to go on from suits both: what would make every slice "
+                              "agree? " + hint.pointer("recovery"))
             if twice:
+                cause, why = _twice_cause(piece, events)
                 raise Failure(f"{what}: updates applied twice: slice {piece} applied round(s)"
-                              f" {_ranges(twice)} twice", "going back to an earlier round "
-                              "redoes its updates: only slices reloaded from the checkpoint "
-                              "may go back, and all of them to the checkpoint's round.")
+                              f" {_ranges(twice)} twice{cause}",
+                              why + " " + hint.pointer("recovery"))
         for piece, (params, _) in sorted(clean[servers, workers].items()):
             if not torch.equal(got[piece][0], params):
                 raise Failure(f"{what}: slice {piece} differs from the run without failure",
