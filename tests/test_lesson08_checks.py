@@ -117,7 +117,8 @@ def test_bytes_forgetting_the_master_copy(capsys):
     fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
           "❌ bytes per parameter: float32 weights, SGD, fp32 master weights: you said 8 "
           "bytes per parameter, the simulator measured 12 (parameters 4, gradients 4, "
-          "optimizer state 4)", "Hint: the weights and their gradients")
+          "optimizer state 4)", "Hint: with master weights there is also an fp32 copy of "
+          "every parameter (4 bytes)")
 
 
 def test_bytes_with_adam_state_always_in_fp32(capsys):
@@ -128,7 +129,30 @@ def test_bytes_with_adam_state_always_in_fp32(capsys):
 
     fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
           "bfloat16 weights, SGD with momentum: you said 8 bytes per parameter, the "
-          "simulator measured 6")
+          "simulator measured 6", "Hint: without master weights the optimizer's state is in "
+          "the dtype of the parameter it updates")
+
+
+def test_bytes_with_gradients_in_fp32_is_named(capsys):
+    def bytes_per_parameter(weights, optimizer, master_weights=False):
+        return MINE["bytes_per_parameter"](weights, optimizer, master_weights) + (
+            0 if weights == "float32" else 2)
+
+    fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
+          "bfloat16 weights, SGD: you said 6", "Hint: a gradient has its parameter's dtype "
+          "(2 bytes here), not fp32")
+
+
+def test_bytes_with_master_state_in_the_weights_dtype_is_named(capsys):
+    def bytes_per_parameter(weights, optimizer, master_weights=False):
+        w = 4 if weights == "float32" else 2
+        return 2 * w + (4 if master_weights else 0) + w * {"sgd": 0, "momentum": 1,
+                                                           "adam": 2}[optimizer]
+
+    fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
+          "bfloat16 weights, SGD with momentum, fp32 master weights: you said 10",
+          "Hint: with master weights the optimizer updates the fp32 copy, so its state is "
+          "fp32 too")
 
 
 def test_bytes_as_a_string_is_reported(capsys):
@@ -477,6 +501,7 @@ def summed(model, x, y, steps, lr, memory):
     return losses
 ''')
     fails(capsys, checks.check_fit, mine["summed"], "16-MiB GPU: step 0: your loss is",
+          "Hint: it is 8× the whole batch's: step 0 starts from the initial model",
           "add up each one's mean loss / k")
 
 
@@ -570,7 +595,8 @@ def never_zeroed(model, x, y, steps, lr, memory):
     return losses
 ''')
     fails(capsys, checks.check_fit, mine["never_zeroed"], "16-MiB GPU: step 2: your loss is",
-          "optimizer.zero_grad()")
+          "Hint: steps before 2 match, so the loss is reported right and the training "
+          "differs", "optimizer.zero_grad()")
 
 
 def test_fit_in_float16_without_a_scaler_is_caught(capsys):
@@ -627,7 +653,7 @@ def wrapped(model, x, y, steps, lr, memory):
     return losses
 ''')
     text = fails(capsys, checks.check_fit, mine["wrapped"], "16-MiB GPU: step 1: your loss is",
-                 "% apart", "autocast around the forward only")
+                 "% apart", "autocast, if any, around the forward only")
     mine_, theirs = text.split("your loss is ")[1].split(", plain training's ")
     assert mine_.split()[0] != theirs.split()[0], text
 

@@ -129,6 +129,42 @@ def _measured():
     return run.results[0]
 
 
+def _bytes_hint(ref, recipe, measured, got):
+    """The hint for a wrong count of bytes per parameter: the slip that gives ``got`` (a
+    part left out, or counted in the wrong dtype), if one does."""
+    weights, optimizer, master = recipe
+    w, n = ref.ELEMENT_BYTES[weights], ref.STATES[optimizer]
+    total = sum(measured.values())
+    grads, each = measured["gradients"], 4 if master else w   # bytes of one state tensor
+    slips = []
+    if master:
+        slips += [(total - 4, "with master weights there is also an fp32 copy of every "
+                              "parameter (4 bytes), held between steps.")]
+        if w != 4 and n:
+            slips += [(total - 4 * n + n * w, "with master weights the optimizer updates "
+                       "the fp32 copy, so its state is fp32 too (4 bytes per tensor).")]
+    else:
+        slips += [(total + 4, "without master weights there is no fp32 copy: the optimizer "
+                              "updates the parameter itself.")]
+        if w != 4 and n:
+            slips += [(total - n * w + 4 * n, "without master weights the optimizer's state "
+                       "is in the dtype of the parameter it updates.")]
+    if w != 4:
+        slips += [(total - grads + 4, f"a gradient has its parameter's dtype ({w} bytes "
+                                      "here), not fp32.")]
+    slips += [(total - grads, "the gradients are held between steps too (until the next "
+                              "zero_grad).")]
+    if n:
+        slips += [(total - n * each, f"{recipe_text(weights, optimizer, False).split(', ')[1]} "
+                                  f"keeps {n} state tensor{'s' if n > 1 else ''} per "
+                                  "parameter.")]
+    for value, why in slips:
+        if got is not None and math.isclose(got, value, rel_tol=0.01):
+            return why
+    return ("compare your count with each part the simulator measured. "
+            + hint.pointer("bytes"))
+
+
 @check("bytes per parameter")
 def check_bytes_per_parameter(fn):
     """``fn(weights, optimizer, master_weights)``: bytes per parameter (parameters,
@@ -162,10 +198,7 @@ def check_bytes_per_parameter(fn):
             parts = ", ".join(f"{k} {num(round(v, 2))}" for k, v in measured.items())
             raise Failure(f"{where}: you said {said} bytes per parameter, the simulator "
                           f"measured {num(round(total, 2))} ({parts})",
-                          "the weights and their gradients are in the weights' dtype (4 "
-                          "bytes for float32, 2 for bfloat16 and float16); a master copy "
-                          "is fp32; SGD keeps no state, momentum one tensor, Adam two, in "
-                          "fp32 when there are master weights.")
+                          _bytes_hint(ref, recipe, measured, number(got)))
     return f"all {len(recipes)} recipes equal the simulator's measurement"
 
 
@@ -452,6 +485,26 @@ FIT_HINT = ("the model's parameters, gradients and Adam's state take 16 bytes pe
             "micro-batch's loss by their number), checkpoint blocks, or both.")
 
 
+def _loss_hint(step, ratio):
+    """The hint for the first step whose loss differs: at step 0 the model is the initial
+    one, so only the loss reported (or an update inside the step) can differ; later, with
+    step 0 right, it is the training itself."""
+    if step == 0:
+        times = round(ratio)
+        summed = (f"it is {times}× the whole batch's: " if times > 1 and abs(ratio - times)
+                  < 1e-3 * times else "")
+        return (f"{summed}step 0 starts from the initial model, so what differs is the loss "
+                "you report (or an update inside the step): the loss of a step is the mean "
+                "over the whole batch (with k equal micro-batches, add up each one's mean "
+                "loss / k, over every micro-batch); optimizer.step() and "
+                "optimizer.zero_grad() once per step, after every micro-batch.")
+    return (f"steps before {step} match, so the loss is reported right and the training "
+            "differs: one optimizer.step() and one optimizer.zero_grad() per step, after "
+            "every micro-batch's backward, the same lr; autocast, if any, around the "
+            "forward only, in bfloat16 (float16 without a loss scaler loses small "
+            "gradients).")
+
+
 @check("make it fit")
 def check_fit(fn):
     """``fn(model, x, y, steps, lr, memory)`` trains on a simulated GPU of 16 and of 12
@@ -489,13 +542,7 @@ def check_fit(fn):
         for step, (e, g) in enumerate(zip(expected, map(number, losses))):
             if not math.isclose(g, e, rel_tol=FIT_TOLERANCE):
                 raise Failure(f"{where}: step {step}: your loss is {_apart(g, e)}",
-                              "the loss of a step is the mean over the whole batch: with k "
-                              "equal micro-batches, add up each one's mean loss / k, over "
-                              "every micro-batch; call optimizer.step() and "
-                              "optimizer.zero_grad() once per step, after every "
-                              "micro-batch's backward; put autocast around the forward only, "
-                              "in bfloat16 (float16 without a loss scaler loses small "
-                              "gradients).")
+                              _loss_hint(step, g / e))
         model.load_state_dict(params)
         with torch.no_grad():
             trained = F.mse_loss(model(x), y).item()
