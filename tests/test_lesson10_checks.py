@@ -138,16 +138,16 @@ def test_resume_finds_the_forgotten_piece(capsys, piece):
     expect(capsys, checks.check_resume, functools.partial(learner_train, forget=piece),
            f"{RESUME}{HALF}: the final parameters after the restart differ from the "
            f"fault-free run: the same parameters as a restart that does not restore the "
-           f"{piece} — Hint: {C.RESUME_HINTS[piece]}")
+           f"{piece} — Hint: {C.RESUME_HINTS[piece]} more help: checks.hint('resume')")
 
 
 @pytest.mark.slow
 def test_resume_with_rank_0s_rng_on_every_rank(capsys):
     expect(capsys, checks.check_resume, functools.partial(learner_train, forget="own RNG"),
            f"{RESUME}{HALF}: the final parameters after the restart differ from the "
-           "fault-free run — Hint: restore everything the steps depend on: model, optimizer, "
-           "scheduler, the step (data position) and every rank's own RNG state "
-           "(torch.set_rng_state(states[rank]) on each rank, not rank 0's everywhere).")
+           "fault-free run: the same parameters as a restart that gives every rank rank 0's "
+           "RNG state — Hint: the RNG states are per rank: each rank must get back its own, "
+           "not rank 0's. more help: checks.hint('resume')")
 
 
 @pytest.mark.slow
@@ -204,9 +204,9 @@ def test_resume_with_a_training_mistake(capsys):
 
     expect(capsys, checks.check_resume, train,
            f"{RESUME}without a failure: the final parameters differ from 10 steps of the "
-           "job — Hint: call job.build() once, then job.train_step(ddp, optimizer, "
-           "scheduler, *job.batch(step)) for step = 0, 1, ...; saving a checkpoint must not "
-           "change the training.")
+           "job — Hint: without a failure your loop must train exactly as the job does: "
+           "build it once, then one train step per step, in order, each with that step's "
+           "batch; saving a checkpoint must not change the training.")
 
 
 # ---------------------------------------------------------- 2. find the straggler
@@ -592,8 +592,8 @@ def saves_only_once(ckpt_dir, steps, every):
 def test_a_loop_that_saves_only_once_is_refused(capsys):
     expect(capsys, checks.check_resume, saves_only_once,
            f"{RESUME}without a failure: checkpoints were written after step(s) 3 only; every "
-           "3 steps of 10 is after steps 3, 6, 9 — Hint: save whenever step % every == 0 (not "
-           "only once, step == every): a crash redoes the work since the latest checkpoint.")
+           "3 steps of 10 is after steps 3, 6, 9 — Hint: save every 3 steps, each time, not "
+           "only the first: a crash redoes the work since the latest checkpoint.")
 
 
 def test_the_resume_pass_line_names_only_the_scenarios_it_ran():
