@@ -231,7 +231,22 @@ class InfOnly(LossScaler):      # an overflow in float16 turns into NaN in backw
 ''')
     fails(capsys, checks.check_loss_scaler, mine["InfOnly"],
           "step 0: GradScaler skipped it (a gradient was inf or NaN) and left the weights "
-          "as they were, yours changed them", "Hint: look at every gradient")
+          "as they were, yours changed them", "Hint: when a gradient holds an inf or a NaN "
+          "the step must not happen at all", "NaN included?")
+
+
+def test_scaler_that_remembers_an_old_overflow_is_told_it_skipped_a_finite_step(capsys):
+    """The other direction: the hint used to be the same ("look at every gradient")."""
+    mine = learner('''
+class Sticky(LossScaler):
+    def step(self, optimizer):
+        found = self._found_inf
+        super().step(optimizer) if not found else None
+        self._found_inf = found or self._found_inf
+''')
+    fails(capsys, checks.check_loss_scaler, mine["Sticky"], "GradScaler stepped (every "
+          "gradient was finite), yours left the weights as they were", "Hint: your scaler "
+          "skipped a step whose gradients were all finite")
 
 
 def test_scaler_that_zeroes_instead_of_skipping_moves_the_weights(capsys):

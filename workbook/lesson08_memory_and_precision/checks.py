@@ -257,10 +257,12 @@ def _compare_scaler(mine, torch_log, where):
                              "they were, yours changed them" if not t["stepped"] else
                              "stepped (every gradient was finite), yours left the weights "
                              "as they were"),
-                          "look at every gradient of the optimizer's parameters: if one "
-                          "has an inf or a NaN (torch.isfinite(g).all() is False), do not "
-                          "call optimizer.step() at all (stepping with zeroed gradients "
-                          "still moves the weights with momentum); otherwise step.")
+                          "when a gradient holds an inf or a NaN the step must not happen "
+                          "at all (stepping with zeroed gradients still moves the weights "
+                          "with momentum): does your test look at every gradient of every "
+                          "parameter group, NaN included?" if not t["stepped"] else
+                          "your scaler skipped a step whose gradients were all finite: what "
+                          "does it test, and does it forget an earlier step's overflow?")
         for i, (e, g) in enumerate(zip(t["params"], m["params"])):
             diff = first_difference(e, g, lambda a, b: torch.isclose(a, b, rtol=1e-5,
                                                                      atol=1e-7))
