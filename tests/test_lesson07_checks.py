@@ -175,7 +175,7 @@ class AllReduce(ZeRO2Adam):
 ''')
     fails(capsys, checks.check_zero2, mine["AllReduce"], "world size 2, 32,959 parameters: "
           "ZeRO-2 sends 2·(N−1)/N·4Ψ per step", "1.50× that",
-          "Hint: reduce-scatter each gradient (not all-reduce)")
+          "Hint: an all-reduce sends 2·(N−1)/N of the buffer by itself")
 
 
 def test_zero2_keeping_q_grad_holds_whole_gradients(capsys):
@@ -246,7 +246,8 @@ class Twice(ZeRO2Adam):
 ''')
     fails(capsys, checks.check_zero2, mine["Twice"], "world size 2, 32,959 parameters: "
           "ZeRO-2 sends 2·(N−1)/N·4Ψ per step", "1.50× that",
-          "Hint: reduce-scatter each gradient (not all-reduce)")
+          "Hint: 8 all-gathers per step for 4 parameters: each parameter needs gathering "
+          "once per step")
 
 
 def test_zero2_summing_without_dividing_by_n_is_caught_in_the_chunks(capsys):

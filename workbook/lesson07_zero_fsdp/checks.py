@@ -425,10 +425,19 @@ def _check_bytes(run, where, p, psi, steps):
         sent[src] += nbytes
     per_step = [s / steps for s in sent]
     target = 2 * (p - 1) / p * 4 * psi
+    ops = [c.op for c in run.collectives]
+    gathers = sum(op.startswith("all_gather") for op in ops) / steps
+    if "all_reduce" in ops:
+        why = ("an all-reduce sends 2·(N−1)/N of the buffer by itself: a reduce-scatter "
+               "leaves each rank only its chunk for (N−1)/N.")
+    elif gathers > len(list(wide_model().parameters())):
+        why = (f"{num(gathers)} all-gathers per step for {len(list(wide_model().parameters()))}"
+               " parameters: each parameter needs gathering once per step.")
+    else:
+        why = ("reduce-scatter each gradient and all-gather each parameter once per step: on "
+               "a ring each rank sends (N−1)/N of the buffer for each.")
     budget(where, "bytes", per_step, target, f"2·(N−1)/N·4Ψ per step = 2·{p - 1}/{p}·4·"
-           f"{psi:,}", "reduce-scatter each gradient (not all-reduce) and all-gather each "
-           "parameter once per step: on a ring each rank sends (N−1)/N of the buffer for "
-           "each.", "ZeRO-2")
+           f"{psi:,}", why, "ZeRO-2")
     return max(per_step)
 
 
