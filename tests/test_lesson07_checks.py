@@ -798,3 +798,14 @@ class Doubled(ZeRO3Linear):
 ''')
     fails(capsys, checks.check_zero3, mine["Doubled"], "world size 1",
           "Hint: layer 2's gradients are right, earlier layers' are not")
+
+
+def test_an_instance_instead_of_the_class_is_a_failure_not_a_traceback(capsys):
+    """The check subclasses the learner's class to watch update_chunk; an instance (which
+    has update_chunk too) must not crash the check cell with a TypeError."""
+    class Made:
+        def update_chunk(self, i, q, grad):
+            pass
+
+    fails(capsys, checks.check_zero1, Made(), "world size 1, 197 parameters: rank 0 raised "
+          "TypeError")

@@ -235,8 +235,8 @@ def _probed(cls, names, where, seen=None):
     layout's shape (``(⌈numel / N⌉,)``), and a shape error inside it is reported with the
     shapes that were expected, not torch's bare message. ``seen`` (a list) gets
     ``(rank, step, parameter, chunk)`` for every call."""
-    if not callable(getattr(cls, "update_chunk", None)):
-        return cls
+    if not isinstance(cls, type) or not callable(getattr(cls, "update_chunk", None)):
+        return cls     # not a class (an instance, say): the run reports what it is
 
     class Probe(cls):
         def update_chunk(self, i, q, grad):
