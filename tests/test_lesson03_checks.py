@@ -227,11 +227,14 @@ COPY_BACK_HINT, BUCKET_HINT = checks.COPY_BACK_HINT, checks.BUCKET_HINT
      "world size 1, bucket cap 4000 bytes, step 1: rank 0 called 6 collective(s) "
      "(all_reduce); DDP all-reduces 1 bucket(s) — Hint: " + BUCKET_HINT),
     (buckets_in_parameter_order, "world size 1, bucket cap 1360 bytes: your all-reduces "
-     "carry 1600, 336 bytes; DDP's buckets carry 1360, 576 bytes — Hint: " + BUCKET_HINT),
+     "carry 1600, 336 bytes; DDP's buckets carry 1360, 576 bytes — Hint: "
+     + checks.FORWARD_ORDER_HINT),
     (closes_before_the_cap, "world size 1, bucket cap 336 bytes, step 1: rank 0 called 4 "
      "collective(s) (all_reduce); DDP all-reduces 3 bucket(s) — Hint: " + BUCKET_HINT),
     (closes_past_the_cap, "world size 1, bucket cap 1360 bytes: your all-reduces carry "
-     "1424, 512 bytes; DDP's buckets carry 1360, 576 bytes — Hint: " + BUCKET_HINT),
+     "1424, 512 bytes; DDP's buckets carry 1360, 576 bytes — Hint: a bucket that holds "
+     "exactly 1360 bytes has reached the cap: it is full (\"reaches the cap or more\"). "
+     "(more help: checks.hint('buckets'))"),
     (never_copies_back, "world size 2, bucket cap 4000 bytes, step 1: rank 0, 0.weight: the "
      "gradient is still this rank's own (not averaged): element 0 is 0.02095, DDP has "
      "-0.01737 — Hint: " + COPY_BACK_HINT),

@@ -337,10 +337,49 @@ def one_f_one_b_every_rank_takes_inputs(stage, inputs, targets, loss_fn, shape):
     MINE["one_f_one_b"](stage, inputs, targets, loss_fn, shape)
 
 
+def one_f_one_b_keeping_everything(stage, inputs, targets, loss_fn, shape):
+    """The right order, but every micro-batch's output is kept to the end: 1F1B's
+    timing, GPipe's memory."""
+    kept, original = [], stage.forward
+
+    def forward(x):
+        kept.append(original(x))
+        return kept[-1]
+
+    stage.forward = forward
+    MINE["one_f_one_b"](stage, inputs, targets, loss_fn, shape)
+
+
+def one_f_one_b_on(exchange):
+    """The reference 1F1B, as a learner would type it, on another ``exchange``."""
+    import inspect
+
+    namespace = {**vars(R), "_exchange": exchange}
+    exec(compile(inspect.getsource(R.one_f_one_b), "<learner>", "exec"), namespace)
+    return namespace["one_f_one_b"]
+
+
+def one_f_one_b_blocking_exchange():
+    """Blocking sends and receives, even ranks sending first and odd ranks receiving
+    first: no deadlock, and no extra wait (the deadlock hint offers it)."""
+
+    def exchange(send, send_to, recv_from, shape):
+        got = None if recv_from is None else torch.empty(shape)
+        first = dist.get_rank() % 2 == 0
+        if first and send is not None and send_to is not None:
+            dist.send(send, send_to)
+        if got is not None:
+            dist.recv(got, recv_from)
+        if not first and send is not None and send_to is not None:
+            dist.send(send, send_to)
+        return got
+
+    return one_f_one_b_on(exchange)
+
+
 def one_f_one_b_without_wait():
     """The right 1F1B whose exchange posts its send and receive together but never waits
     on them (the newcomer trial's missing .wait())."""
-    import inspect
 
     def exchange(send, send_to, recv_from, shape):
         ops, got = [], None
@@ -353,9 +392,7 @@ def one_f_one_b_without_wait():
             dist.batch_isend_irecv(ops)
         return got
 
-    namespace = {**vars(R), "_exchange": exchange}
-    exec(compile(inspect.getsource(R.one_f_one_b), "<learner>", "exec"), namespace)
-    return namespace["one_f_one_b"]
+    return one_f_one_b_on(exchange)
 
 
 @pytest.mark.parametrize("answer, message", [
@@ -372,17 +409,25 @@ def one_f_one_b_without_wait():
      "the micro-batches, not their mean): element 0 is -0.0008787, the single-process model "
      "has -0.0002929 — Hint: " + LOSS_SCALING),
     (MINE["gpipe"], "p = 2, m = 4, fake tensors: stage 0 held 4.0 micro-batches of "
-     "activations; 1F1B holds at most p - rank = 2 — Hint: start backward early: stage r "
-     "runs p - r - 1 warm-up forwards, then one forward and one backward in turn, and drops "
-     "each micro-batch's tensors once its backward is done."),
+     "activations; 1F1B holds at most p - rank = 2 — Hint: stage 0 ran 4 forward(s) before "
+     "its first backward, 1F1B runs 2: p - r - 1 warm-up forwards (here 1), then one more "
+     "before the first backward. With fewer, the stages wait for each other; with more, "
+     "they hold more activations."),
     (one_f_one_b_with(warmup=lambda p, rank: 0), "p = 2, m = 4, fake tensors: the stages "
      "idle 50.2% of the wall time; the formula (p - 1)/(m + p - 1) gives 20.0% — Hint: stage "
-     "r runs p - r - 1 warm-up forwards before its first backward (with fewer, the stages "
-     "wait for each other), and posts each send together with the receive that follows it "
-     "(dist.batch_isend_irecv)."),
+     "0 ran 1 forward(s) before its first backward, 1F1B runs 2: p - r - 1 warm-up forwards "
+     "(here 1), then one more before the first backward. With fewer, the stages wait for "
+     "each other; with more, they hold more activations."),
+    (one_f_one_b_keeping_everything, "p = 2, m = 4, fake tensors: stage 0 held 3.0 "
+     "micro-batches of activations; 1F1B holds at most p - rank = 2 — Hint: "
+     + checks.DROP_HINT),
 ])
 def test_1f1b_mistakes(capsys, answer, message):
     expect(capsys, checks.check_1f1b, answer, ONE_F_ONE_B + message)
+
+
+def test_1f1b_on_blocking_calls_in_even_odd_order_passes(capsys):
+    assert line(capsys, checks.check_1f1b, one_f_one_b_blocking_exchange())[0]
 
 
 def test_1f1b_warmup_longer_than_the_batch_is_caught(capsys):

@@ -245,7 +245,8 @@ def _check_buckets(where, run, p, cap, hint, next_step_hint=None):
     got = [c.nbytes for c in run.collectives if c.op == "all_reduce"][-len(expected):]
     if got != expected:
         raise Failure(f"{where}: your all-reduces carry {listed(got)} bytes; DDP's buckets "
-                      f"carry {listed(expected)} bytes", hint)
+                      f"carry {listed(expected)} bytes",
+                      _sizes_hint(cap, got) if hint is BUCKET_HINT else hint)
 
 
 COPY_BACK_HINT = _more("buckets", "the gradients were never overwritten: flattening makes "
@@ -277,28 +278,54 @@ def _expected_buckets(model, cap):
     return buckets
 
 
+FORWARD_ORDER_HINT = _more("buckets", "your buckets follow the forward order: backward "
+                           "produces the LAST layer's gradients first, and DDP fills its "
+                           "buckets in that order.")
+
+
+def _past_the_cap_hint(cap):
+    return _more("buckets", f"a bucket that holds exactly {cap} bytes has reached the cap: "
+                 "it is full (\"reaches the cap or more\").")
+
+
+def _nbytes(model):
+    """``{name: bytes of its gradient}`` of ``model``'s parameters."""
+    return {name: q.numel() * q.element_size() for name, q in model.named_parameters()}
+
+
+def _buckets_by(model, cap, forward=False, past=False):
+    """Buckets (by name) by DDP's rule, or filled in ``forward`` order, or closed only
+    once ``past`` the cap (``> cap``): the two slips the hints name."""
+    sizes = _nbytes(model)
+    order = list(sizes) if forward else list(sizes)[::-1]
+    buckets, current, total = [], [], 0
+    for name in order:
+        current.append(name)
+        total += sizes[name]
+        if total > cap if past else total >= cap:
+            buckets.append(current)
+            current, total = [], 0
+    return buckets + ([current] if current else [])
+
+
 def _rule_hint(model, cap, got_names):
     """What a wrong set of buckets did: closed at `> cap`, filled in forward order, or else."""
-    params = dict(model.named_parameters())
-    nbytes = lambda name: params[name].numel() * params[name].element_size()  # noqa: E731
-    order = [name for name, _ in model.named_parameters()]
     flat = [name for bucket in got_names for name in bucket]
-    if flat == order:
-        return _more("buckets", "your buckets follow the forward order: backward produces "
-                     "the LAST layer's gradients first, and DDP fills its buckets in that "
-                     "order.")
-    late, current, total = [], [], 0
-    for name in order[::-1]:
-        current.append(name)
-        total += nbytes(name)
-        if total > cap:
-            late.append(current)
-            current, total = [], 0
-    if current:
-        late.append(current)
-    if got_names == late:
-        return _more("buckets", f"a bucket that holds exactly {cap} bytes has reached the "
-                     "cap: it is full (\"reaches the cap or more\").")
+    if flat == list(_nbytes(model)):
+        return FORWARD_ORDER_HINT
+    if got_names == _buckets_by(model, cap, past=True):
+        return _past_the_cap_hint(cap)
+    return BUCKET_HINT
+
+
+def _sizes_hint(cap, got):
+    """The same for the bytes of a step's all-reduces (the checks' MLP)."""
+    model = make_mlp()
+    sizes = _nbytes(model)
+    for buckets, hint in ((_buckets_by(model, cap, forward=True), FORWARD_ORDER_HINT),
+                          (_buckets_by(model, cap, past=True), _past_the_cap_hint(cap))):
+        if got == [sum(sizes[n] for n in bucket) for bucket in buckets]:
+            return hint
     return BUCKET_HINT
 
 

@@ -402,6 +402,56 @@ def check_gpipe(fn):
 # ------------------------------------------------------------- exercise 2: 1F1B
 
 
+DROP_HINT = ("the warm-up is right, so a micro-batch's tensors outlive its backward: once "
+             "a micro-batch is backpropagated, nothing may keep its input or output.")
+POSTING_HINT = ("the warm-up is right, so the stages wait on their messages: no stage may "
+                "block on a send while its neighbour is busy elsewhere. Post each send "
+                "together with the receive that follows it.")
+
+
+def _first_backward(fn, p, m):
+    """Per rank, how many forwards of its stage ran before its first backward reached
+    the stage (real values, the values model; None if the run fails)."""
+
+    def body():
+        rank = dist.get_rank()
+        stage = split(mlp(WIDTH, DEPTH), p)[rank]
+        events = []
+
+        def on_output(module, args, output):
+            events.append("F")
+            if output.requires_grad:
+                output.register_hook(lambda grad: events.append("B"))
+
+        stage.register_forward_hook(on_output)
+        x, y = _data(p, m)
+        inputs = list(x.chunk(m)) if rank == 0 else [None] * m
+        targets = list(y.chunk(m)) if rank == p - 1 else [None] * m
+        fn(stage, inputs, targets, mse, (ROWS, WIDTH))
+        return events.index("B") if "B" in events else len(events)
+
+    try:
+        return simulate(_cluster(), body, p, lambda rank: _case(p, m)).results
+    except Failure:
+        return None
+
+
+def _warmup_hint(fn, p, m):
+    """The warm-up hint, if some stage did not run 1F1B's p - r - 1 warm-up forwards
+    (then the forward of its first backward's micro-batch) before its first backward;
+    else None."""
+    counts = _first_backward(fn, p, m)
+    for rank, count in enumerate(counts or []):
+        want = min(p - rank - 1, m) + 1 if m > p - rank - 1 else m
+        if count != want:
+            return (f"stage {rank} ran {count} forward(s) before its first backward, "
+                    f"1F1B runs {want}: p - r - 1 warm-up forwards (here "
+                    f"{min(p - rank - 1, m)}), then one more before the first backward. "
+                    "With fewer, the stages wait for each other; with more, they hold more "
+                    "activations.")
+    return None
+
+
 @check("1F1B")
 def check_1f1b(fn):
     """``fn(stage, inputs, targets, loss_fn, shape)`` on every rank: gradients as for
@@ -419,13 +469,11 @@ def check_1f1b(fn):
                 raise Failure(f"{_case(p, m)}, fake tensors: stage {rank} held "
                               f"{h:.1f} micro-batches of activations; 1F1B holds at most "
                               f"p - rank = {allowed}",
-                              "start backward early: stage r runs p - r - 1 warm-up "
-                              "forwards, then one forward and one backward in turn, and "
-                              "drops each micro-batch's tensors once its backward is done.")
-        measured.append((p, m, *_check_bubble(
-            p, m, run, "stage r runs p - r - 1 warm-up forwards before its first backward "
-                       "(with fewer, the stages wait for each other), and posts each send "
-                       "together with the receive that follows it (dist.batch_isend_irecv).")))
+                              _warmup_hint(fn, p, m) or DROP_HINT)
+        try:
+            measured.append((p, m, *_check_bubble(p, m, run, POSTING_HINT)))
+        except Failure as failure:
+            raise Failure(failure.what, _warmup_hint(fn, p, m) or failure.hint) from None
     return (f"gradients equal the single-process model's on (p, m) {listed(VALUE_CASES)}; "
             f"bubble {_bubbles_text(measured)}; {_held_text(p, m, held)}")
 
