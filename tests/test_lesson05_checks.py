@@ -285,8 +285,8 @@ def test_gpipe_mistakes(capsys, answer, message):
 def test_an_endless_schedule_is_stopped(capsys, short_timeout):
     expect(capsys, checks.check_gpipe, gpipe_never_ends,
            GPIPE + "p = 1, m = 3: rank 0 was still running after 2 s of wall-clock time (an "
-           "infinite loop?) — Hint: look for a loop whose bounds never end (over range(m), "
-           "m = len(inputs)).")
+           "infinite loop?) — Hint: look for a loop that never ends: each phase runs over "
+           "the m micro-batches, and m is the length of inputs on every rank.")
 
 
 def test_a_schedule_that_skips_the_stage_module_is_told_to_call_it(capsys):

@@ -529,9 +529,13 @@ def big_batch_reference(global_batch, steps, lr=LR):
 
 
 def _compare_parameters(where, rank, params, expected, names, hint):
+    """Fail at the first of ``params`` (a rank's, after training) not close to
+    ``expected``'s."""
     if not isinstance(params, (list, tuple)) or len(params) != len(expected):
         raise Failure(f"{where}: rank {rank} returned {type(params).__name__}, expected "
-                      f"the list of its {len(expected)} parameters", hint)
+                      f"the list of its {len(expected)} parameters",
+                      "train must return this rank's parameters after training, as the "
+                      "last line of the lab's train does.")
     close = lambda e, g: torch.isclose(e, g, rtol=1e-4, atol=1e-6)  # noqa: E731
     for name, got, exp in zip(names, params, expected):
         diff = first_difference(exp, got, close)

@@ -144,7 +144,8 @@ def _values_body(fn, p, m):
 
 SCHEDULE_HINTS = {
     "exception": "read the message above: it names the line of your schedule that failed.",
-    "timeout": "look for a loop whose bounds never end (over range(m), m = len(inputs)).",
+    "timeout": "look for a loop that never ends: each phase runs over the m "
+               "micro-batches, and m is the length of inputs on every rank.",
 }
 NONE_INPUT_HINT = ("only the first rank's inputs and the last rank's targets hold tensors "
                    "(the others hold None): the other stages receive their input from the "
@@ -250,7 +251,7 @@ def _compare_gradients(where, run, expected, m):
                 raise Failure(f"{at}: the gradient is None",
                               "every stage must run backward on each of its micro-batches: "
                               "the last from its loss, the others from the gradient the next "
-                              "stage sends back (output.backward(grad)).")
+                              "stage sends back for its output.")
             compare_scaled(at, param.grad, got, m, GRADIENT_HINTS, close=close,
                            holder="the single-process model",
                            summed="the sum over the micro-batches, not their mean")
