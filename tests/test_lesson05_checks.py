@@ -661,3 +661,17 @@ def test_seeing_the_schedules_before_writing_them_says_which_exercise_to_do_firs
         "⬜ Exercise 1 (GPipe) is not written yet: do it first, then run this cell again.\n")
     with pytest.raises(sc.RankError):     # a real error, or no exercise named: as before
         lesson05_lab.measure_schedule(lambda *args: 1 / 0, 2, 2, exercise="Exercise 1 (GPipe)")
+
+
+def test_watching_the_receives_leaves_the_backend_as_it_was(capsys):
+    """The check counts waits by wrapping the sim backend's Work while the learner's
+    schedule runs; afterwards, failed or not, the backend is untouched."""
+    from simcluster.backend import SimWork
+    before = (SimWork.__init__, SimWork.wait, SimWork.is_completed)
+    assert not line(capsys, checks.check_1f1b, one_f_one_b_without_wait())[0]
+    assert not line(capsys, checks.check_gpipe, gpipe_that_raises)[0]
+    assert (SimWork.__init__, SimWork.wait, SimWork.is_completed) == before
+
+
+def gpipe_that_raises(stage, inputs, targets, loss_fn, shape):
+    raise RuntimeError("stops the run inside the watched block")

@@ -191,15 +191,16 @@ def _watching_receives():
     """Every receive posted while the block runs, and which ones were waited for
     (``wait()``, ``result()``, or an ``is_completed()`` that said yes). A receive never
     waited for is a race on a real GPU: nothing guarantees its buffer is filled yet.
-    Yields the list of ``[work, waited]`` pairs."""
+    Yields the list of ``[receiving rank, waited]`` pairs."""
     from simcluster.backend import SimWork
     posted = []
     init, wait, completed = SimWork.__init__, SimWork.wait, SimWork.is_completed
 
     def watched_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        if getattr(self._pending, "kind", None) == "recv":
-            self._watched = [self, False]
+        message = getattr(self, "_pending", None)     # the posted send or receive
+        if getattr(message, "kind", None) == "recv":
+            self._watched = [message.dst, False]
             posted.append(self._watched)
 
     def watched_wait(self, *args, **kwargs):
@@ -225,9 +226,8 @@ def _watching_receives():
 def _check_waited(where, posted):
     """Fail if a rank read a receive it never waited for."""
     unwaited = {}
-    for work, waited in posted:
+    for rank, waited in posted:
         if not waited:
-            rank = work._pending.dst
             unwaited[rank] = unwaited.get(rank, 0) + 1
     if unwaited:
         rank = min(unwaited)
