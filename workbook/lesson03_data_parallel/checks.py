@@ -455,8 +455,10 @@ def _still_pending(wrapper):
 @check("overlapped DDP")
 def check_overlapped_ddp(cls):
     """``cls(model, bucket_cap_bytes)`` built before training; ``finish()`` after each
-    ``backward()``. Gradients and all-reduces compared with DDP, and communication must
-    overlap backward on the simulator's record (``run.summary()``'s ``overlap``)."""
+    ``backward()``. Gradients and all-reduces compared with DDP, ``self.pending`` empty
+    after each ``finish()`` (stale work would be waited on and copied back again), and
+    communication must overlap backward on the simulator's record
+    (``run.summary()``'s ``overlap``)."""
     refuse_reference(cls, _reference().OverlappedDDP, "class")
     hints = {**AVERAGE_HINTS, "own": COPY_BACK_HINT, "values": COPY_VALUES_HINT}
     for p in WORLD_SIZES:
@@ -746,8 +748,9 @@ def _rows_of(target, y):
 def check_distributed_trainer(cls):
     """``cls(nodes, gpus_per_node, batch_size, gradient_accumulation)`` with ``cluster``,
     ``world_size``, ``global_batch`` and ``train(make_model, inputs, targets, loss_fn, lr,
-    steps)`` run on every rank; placement, micro-batch sizes and the resulting parameters
-    checked against one process on the global batch."""
+    steps)`` run on every rank; placement, micro-batch sizes, the rows each rank's loss
+    saw (any split gives the same gradient, so the rows are read from the loss) and the
+    resulting parameters checked against one process on the global batch."""
     refuse_reference(cls, _reference().DistributedTrainer, "class")
     names = _names(make_mlp())
     for nodes, gpus, b, k in TRAINER_CASES:

@@ -4,8 +4,9 @@ A schedule (GPipe, 1F1B) is run as ``schedule(stage, inputs, targets, loss_fn, s
 every rank (the lab documents it) and judged twice:
 
 * **values**, on a small real MLP (``workbook.models.mlp``, 8 wide, cut into ``p``
-  stages by ``workbook.pipeline.split``) for several ``(p, m)``: every stage's gradients
-  equal those of the whole model run in one process on the whole batch;
+  stages by ``workbook.pipeline.split``) for several ``(p, m)``: every receive is waited
+  for, and every stage's gradients (for GPipe also the input gradients the first stage
+  returns) equal those of the whole model run in one process on the whole batch;
 * **time and memory**, on a large model under ``sc.fake_tensors()`` (shapes without
   values: 8192 wide, micro-batches of 1,024 rows, two layers per stage, so each stage's
   compute takes milliseconds and a message between stages about 1 % of that): the bubble
@@ -13,7 +14,8 @@ every rank (the lab documents it) and judged twice:
   of ``workbook.pipeline.bubble_formula``, and the activations each stage holds at its
   peak, counted in micro-batches, must be GPipe's ``m`` or at most 1F1B's ``p - rank``.
   Memory is read from the simulator (``sc.memory_in_use()``) after each forward of a
-  stage.
+  stage. When 1F1B misses either, a values run counts each stage's forwards before its
+  first backward, so the hint names the warm-up only when the warm-up is what is wrong.
 
 The reference answers (:mod:`._reference`) are imported inside the checks only.
 """
