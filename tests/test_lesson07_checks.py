@@ -103,7 +103,7 @@ class Whole(ZeRO1Adam):
 ''')
     fails(capsys, checks.check_zero1, mine["Whole"], "world size 2, 32,959 parameters: "
           "between steps, Adam's state sharded needs 1/2 of torch.optim.Adam's",
-          "2.00× that", "Hint: keep exp_avg and exp_avg_sq of your chunk only")
+          "2.00× that", "Hint: that is Adam's state of whole parameters (8Ψ)")
 
 
 def test_zero1_keeping_the_gathered_buffers_is_over_the_memory_budget(capsys):
@@ -114,7 +114,8 @@ class Keeps(ZeRO1Adam):
         self.kept = getattr(self, "kept", {})
         self.kept[i] = q.detach().clone()
 ''')
-    fails(capsys, checks.check_zero1, mine["Keeps"], "world size 2", "between steps")
+    fails(capsys, checks.check_zero1, mine["Keeps"], "world size 2", "between steps",
+          "Hint: the extra is whole parameter-sized tensors")
 
 
 def test_zero1_without_bias_correction_gives_other_values(capsys):
@@ -174,7 +175,7 @@ class AllReduce(ZeRO2Adam):
 ''')
     fails(capsys, checks.check_zero2, mine["AllReduce"], "world size 2, 32,959 parameters: "
           "ZeRO-2 sends 2·(N−1)/N·4Ψ per step", "1.50× that",
-          "Hint: reduce-scatter each gradient (not all-reduce)")
+          "Hint: an all-reduce sends 2·(N−1)/N of the buffer by itself")
 
 
 def test_zero2_keeping_q_grad_holds_whole_gradients(capsys):
@@ -184,7 +185,7 @@ class KeepsGrad(ZeRO2Adam):
         self.grads[i] = R_reduce(q.grad)
 ''', R_reduce=R._reduce_scatter_mean)
     fails(capsys, checks.check_zero2, mine["KeepsGrad"], "after backward",
-          "q.grad = None")
+          "Hint: whole gradients (4Ψ) are still alive after backward")
 
 
 def test_zero2_never_dropping_the_chunks_accumulates_old_gradients(capsys):
@@ -197,7 +198,41 @@ class Accumulates(ZeRO2Adam):
             self.update_chunk(i, q, self.grads[i])
 ''')
     fails(capsys, checks.check_zero2, mine["Accumulates"],
-          "❌ ZeRO-2: world size 1, 197 parameters: rank 0, 0.weight after 3 steps")
+          "❌ ZeRO-2: world size 4, 197 parameters: rank 0, step 2, the gradient chunk of "
+          "0.weight", "Hint: it is this step's chunk plus the one of the step before: the "
+          "chunks are kept after step() and added to")
+
+
+def test_zero2_keeping_the_chunks_after_the_step_names_the_chunks(capsys):
+    """Overwritten each step (so the values are right) but never cleared: the memory hint
+    used to be ZeRO-1's (Adam's state of your chunk); it names the chunks kept."""
+    mine = learner('''
+class KeepsChunks(ZeRO2Adam):
+    def _reduce(self, i, q):
+        self.grads[i] = _reduce_scatter_mean(q.grad)
+        q.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        self.t += 1
+        for i, q in enumerate(self.params):
+            self.update_chunk(i, q, self.grads[i])
+''')
+    fails(capsys, checks.check_zero2, mine["KeepsChunks"], "world size 2, 32,959 "
+          "parameters: between steps", "1.50× that", "Hint: the extra is one chunk per "
+          "parameter (4Ψ/N): the gradient chunks are still held after step() used them")
+
+
+def test_zero2_keeping_whole_gradients_after_the_step_names_them(capsys):
+    mine = learner('''
+class KeepsWhole(ZeRO2Adam):
+    def _reduce(self, i, q):
+        self.whole = getattr(self, "whole", {})
+        self.whole[i] = q.grad
+        super()._reduce(i, q)
+''')
+    fails(capsys, checks.check_zero2, mine["KeepsWhole"], "between steps", "2.00× that",
+          "Hint: the extra is whole parameter-sized tensors (4Ψ each): whole gradients")
 
 
 def test_zero2_gathering_twice_is_over_the_bytes_budget(capsys):
@@ -211,7 +246,8 @@ class Twice(ZeRO2Adam):
 ''')
     fails(capsys, checks.check_zero2, mine["Twice"], "world size 2, 32,959 parameters: "
           "ZeRO-2 sends 2·(N−1)/N·4Ψ per step", "1.50× that",
-          "Hint: reduce-scatter each gradient (not all-reduce)")
+          "Hint: 8 all-gathers per step for 4 parameters: each parameter needs gathering "
+          "once per step")
 
 
 def test_zero2_summing_without_dividing_by_n_is_caught_in_the_chunks(capsys):
@@ -240,7 +276,7 @@ class Raises(ZeRO2Adam):
         super()._reduce(i, q)
 ''')
     fails(capsys, checks.check_zero2, mine["Raises"],
-          "world size 2, 197 parameters: rank 1 raised ValueError: no shard for me")
+          "world size 4, 197 parameters: rank 1 raised ValueError: no shard for me")
 
 
 # ------------------------------------------------------------ ZeRO-3
@@ -337,8 +373,10 @@ class Whole(ZeRO3Linear):
         weight = _gather(weight_shard, math.prod(ctx.shape)).view(ctx.shape)
         return grad_y @ weight, grad_y.T @ x, grad_y.sum(0), None, None
 ''')
-    fails(capsys, checks.check_zero3, mine["Whole"], "world size 1", "invalid gradient",
-          "the shards' gradients are shards")
+    fails(capsys, checks.check_zero3, mine["Whole"], "world size 1, layers 7 → 33 → 31 → "
+          "5: rank 0, layer 2 (31 → 5), backward: backward returned a gradient for "
+          "weight_shard of shape (5, 31), expected (155,)",
+          "the gradients of the shards are this rank's chunks")
 
 
 def test_zero3_gathering_on_rank_0_only_in_backward_deadlocks(capsys):
@@ -586,3 +624,188 @@ def test_the_memory_table_accepts_numpy_numbers_and_fractions(capsys):
     assert line(capsys, checks.check_zero_memory,
                 lambda *args: Fraction(mine(*args)))[0]
     fails(capsys, checks.check_zero_memory, lambda *args: "120", "you said '120'")
+
+
+# ------------------------------------------------------------ shapes: expected and received
+# Each of these used to print torch's own message only ("The size of tensor a (96) must
+# match the size of tensor b (48) ...") with the generic "read the message above" hint.
+
+ADAM_CHUNK = '''
+        b1, b2 = self.betas
+        m, v = self.exp_avg[i], self.exp_avg_sq[i]
+        m.lerp_(grad, 1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        denom = (v.sqrt() / math.sqrt(1 - b2 ** self.t)).add_(self.eps)
+        chunk = my_shard(q)
+        chunk.addcdiv_(m, denom, value=-self.lr / (1 - b1 ** self.t))
+'''
+
+
+def test_zero1_state_of_whole_parameters_names_its_shape(capsys):
+    mine = learner('''
+class WholeState(ZeRO1Adam):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+        super().__init__(params, lr, betas, eps)
+        self.exp_avg = [torch.zeros(q.numel()) for q in self.params]
+        self.exp_avg_sq = [torch.zeros(q.numel()) for q in self.params]
+''')
+    fails(capsys, checks.check_zero1, mine["WholeState"], "world size 2, 197 parameters: "
+          "rank 0, 0.weight (16 × 6 = 96 elements): self.exp_avg[0] has shape (96,), "
+          "expected (48,) = ⌈96 / 2⌉", "Hint: Adam's state covers this rank's chunk only")
+
+
+def test_zero1_whole_gradient_handed_to_update_chunk_names_both_shapes(capsys):
+    mine = learner('''
+class WholeGrad(ZeRO1Adam):
+    def step(self):
+        self.t += 1
+        for i, q in enumerate(self.params):
+            self.update_chunk(i, q, q.grad.reshape(-1))
+''')
+    fails(capsys, checks.check_zero1, mine["WholeGrad"], "world size 2, 197 parameters: "
+          "rank 0, 0.weight (16 × 6 = 96 elements): update_chunk got a gradient chunk of "
+          "shape (96,), expected (48,) = ⌈numel / world size⌉ = ⌈96 / 2⌉",
+          "Hint: that is the whole gradient")
+
+
+def test_zero1_gathered_buffer_not_cut_back_names_the_shapes(capsys):
+    mine = learner('''
+class NoCut(ZeRO1Adam):
+    def update_chunk(self, i, q, grad):
+''' + ADAM_CHUNK + '''
+        full = torch.empty(chunk.numel() * dist.get_world_size())
+        dist.all_gather_single(full, chunk)
+        q.data.copy_(full.view_as(q))
+''')
+    fails(capsys, checks.check_zero1, mine["NoCut"], "world size 2, 197 parameters: rank 0, "
+          "2.bias (5 elements): update_chunk raised RuntimeError: shape '[5]' is invalid",
+          "the gathered buffer holds 2 chunks, (6,) with the padding, cut back to its first "
+          "5 elements and viewed as (5,)")
+
+
+def test_zero1_gather_buffer_too_small_names_the_shapes(capsys):
+    mine = learner('''
+class Small(ZeRO1Adam):
+    def update_chunk(self, i, q, grad):
+''' + ADAM_CHUNK + '''
+        full = torch.empty(q.numel())
+        dist.all_gather_single(full, chunk)
+        q.data.copy_(full.view_as(q))
+''')
+    fails(capsys, checks.check_zero1, mine["Small"], "2.bias (5 elements): update_chunk "
+          "raised ValueError", "must hold 6 elements, got 5", "(6,) with the padding")
+
+
+def test_zero2_reduce_scatter_without_padding_names_the_shapes(capsys):
+    mine = learner('''
+class NoPad(ZeRO2Adam):
+    def _reduce(self, i, q):
+        p = dist.get_world_size()
+        out = torch.empty(q.numel() // p)
+        dist.reduce_scatter_single(out, q.grad.reshape(-1))
+        self.grads[i] = out / p
+        q.grad = None
+''')
+    fails(capsys, checks.check_zero2, mine["NoPad"], "world size 4, 197 parameters: rank 0, "
+          "while reducing the gradient of 2.bias (5 elements): ValueError",
+          "Hint: on 4 ranks the reduce-scatter takes that gradient flat, padded with zeros "
+          "to 4·2 = 8 elements, and gives each rank (2,) = ⌈5 / 4⌉ elements")
+
+
+def test_zero2_whole_gradient_as_the_chunk_names_both_shapes(capsys):
+    mine = learner('''
+class WholeChunk(ZeRO2Adam):
+    def _reduce(self, i, q):
+        dist.all_reduce(q.grad)
+        self.grads[i] = q.grad / dist.get_world_size()
+        q.grad = None
+''')
+    fails(capsys, checks.check_zero2, mine["WholeChunk"], "world size 4, 197 parameters: "
+          "rank 0, 0.weight (16 × 6 = 96 elements): update_chunk got a gradient chunk of "
+          "shape (16, 6), expected (24,)", "Hint: that is the whole gradient")
+
+
+def test_zero3_transposed_weight_names_the_layer_and_its_shapes(capsys):
+    mine = learner('''
+class Transposed(ZeRO3Linear):
+    @staticmethod
+    def forward(ctx, x, weight_shard, bias_shard, out_features, in_features):
+        ctx.save_for_backward(x, weight_shard)
+        ctx.shape = (out_features, in_features)
+        weight = _gather(weight_shard, out_features * in_features).view(in_features,
+                                                                        out_features)
+        return F.linear(x, weight, _gather(bias_shard, out_features))
+''')
+    fails(capsys, checks.check_zero3, mine["Transposed"], "world size 1, layers 7 → 33 → 31 "
+          "→ 5: rank 0, layer 0 (7 → 33), forward: RuntimeError: mat1 and mat2 shapes",
+          "Hint: the shapes here: x is (4, 7); W is (33, 7), the first 231 of the 1·231 "
+          "gathered elements; b is (33,)")
+
+
+def test_zero3_gathered_weight_not_cut_back_names_the_shapes(capsys):
+    mine = learner('''
+class NoCut(ZeRO3Linear):
+    @staticmethod
+    def forward(ctx, x, weight_shard, bias_shard, out_features, in_features):
+        ctx.save_for_backward(x, weight_shard)
+        ctx.shape = (out_features, in_features)
+        full = torch.empty(weight_shard.numel() * dist.get_world_size())
+        dist.all_gather_single(full, weight_shard)
+        return F.linear(x, full.view(out_features, in_features),
+                        _gather(bias_shard, out_features))
+''')
+    fails(capsys, checks.check_zero3, mine["NoCut"], "world size 2", "layer 0 (7 → 33), "
+          "forward: RuntimeError: shape '[33, 7]' is invalid for input of size 232",
+          "W is (33, 7), the first 231 of the 2·116 gathered elements")
+
+
+def test_zero3_output_of_the_wrong_shape_is_named(capsys):
+    mine = learner('''
+class Sums(ZeRO3Linear):
+    @staticmethod
+    def forward(ctx, x, weight_shard, bias_shard, out_features, in_features):
+        return ZeRO3Linear.forward(ctx, x, weight_shard, bias_shard, out_features,
+                                   in_features).sum(0)
+''')
+    fails(capsys, checks.check_zero3, mine["Sums"], "world size 1", "layer 0 (7 → 33): "
+          "forward returned (33,), expected (4, 33)")
+
+
+def test_zero3_grad_x_of_the_wrong_shape_names_both(capsys):
+    mine = learner('''
+class Transposed(ZeRO3Linear):
+    @staticmethod
+    def backward(ctx, grad_y):
+        grads = list(ZeRO3Linear.backward(ctx, grad_y))
+        grads[0] = grads[0].T
+        return tuple(grads)
+''')
+    fails(capsys, checks.check_zero3, mine["Transposed"], "layer 2 (31 → 5), backward: "
+          "backward returned a gradient for x of shape (31, 4), expected (4, 31)",
+          "Hint: the gradient of x has x's shape")
+
+
+def test_zero3_wrong_grad_x_values_point_to_grad_x(capsys):
+    """Right shape, wrong values: the last layer's gradients are right, the earlier ones
+    not, which is what the gradient returned for x decides."""
+    mine = learner('''
+class Doubled(ZeRO3Linear):
+    @staticmethod
+    def backward(ctx, grad_y):
+        grads = list(ZeRO3Linear.backward(ctx, grad_y))
+        grads[0] = grads[0] * 2
+        return tuple(grads)
+''')
+    fails(capsys, checks.check_zero3, mine["Doubled"], "world size 1",
+          "Hint: layer 2's gradients are right, earlier layers' are not")
+
+
+def test_an_instance_instead_of_the_class_is_a_failure_not_a_traceback(capsys):
+    """The check subclasses the learner's class to watch update_chunk; an instance (which
+    has update_chunk too) must not crash the check cell with a TypeError."""
+    class Made:
+        def update_chunk(self, i, q, grad):
+            pass
+
+    fails(capsys, checks.check_zero1, Made(), "world size 1, 197 parameters: rank 0 raised "
+          "TypeError")

@@ -117,7 +117,8 @@ def test_bytes_forgetting_the_master_copy(capsys):
     fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
           "❌ bytes per parameter: float32 weights, SGD, fp32 master weights: you said 8 "
           "bytes per parameter, the simulator measured 12 (parameters 4, gradients 4, "
-          "optimizer state 4)", "Hint: the weights and their gradients")
+          "optimizer state 4)", "Hint: with master weights there is also an fp32 copy of "
+          "every parameter (4 bytes)")
 
 
 def test_bytes_with_adam_state_always_in_fp32(capsys):
@@ -128,7 +129,30 @@ def test_bytes_with_adam_state_always_in_fp32(capsys):
 
     fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
           "bfloat16 weights, SGD with momentum: you said 8 bytes per parameter, the "
-          "simulator measured 6")
+          "simulator measured 6", "Hint: without master weights the optimizer's state is in "
+          "the dtype of the parameter it updates")
+
+
+def test_bytes_with_gradients_in_fp32_is_named(capsys):
+    def bytes_per_parameter(weights, optimizer, master_weights=False):
+        return MINE["bytes_per_parameter"](weights, optimizer, master_weights) + (
+            0 if weights == "float32" else 2)
+
+    fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
+          "bfloat16 weights, SGD: you said 6", "Hint: a gradient has its parameter's dtype "
+          "(2 bytes here), not fp32")
+
+
+def test_bytes_with_master_state_in_the_weights_dtype_is_named(capsys):
+    def bytes_per_parameter(weights, optimizer, master_weights=False):
+        w = 4 if weights == "float32" else 2
+        return 2 * w + (4 if master_weights else 0) + w * {"sgd": 0, "momentum": 1,
+                                                           "adam": 2}[optimizer]
+
+    fails(capsys, checks.check_bytes_per_parameter, bytes_per_parameter,
+          "bfloat16 weights, SGD with momentum, fp32 master weights: you said 10",
+          "Hint: with master weights the optimizer updates the fp32 copy, so its state is "
+          "fp32 too")
 
 
 def test_bytes_as_a_string_is_reported(capsys):
@@ -207,7 +231,22 @@ class InfOnly(LossScaler):      # an overflow in float16 turns into NaN in backw
 ''')
     fails(capsys, checks.check_loss_scaler, mine["InfOnly"],
           "step 0: GradScaler skipped it (a gradient was inf or NaN) and left the weights "
-          "as they were, yours changed them", "Hint: look at every gradient")
+          "as they were, yours changed them", "Hint: when a gradient holds an inf or a NaN "
+          "the step must not happen at all", "NaN included?")
+
+
+def test_scaler_that_remembers_an_old_overflow_is_told_it_skipped_a_finite_step(capsys):
+    """The other direction: the hint used to be the same ("look at every gradient")."""
+    mine = learner('''
+class Sticky(LossScaler):
+    def step(self, optimizer):
+        found = self._found_inf
+        super().step(optimizer) if not found else None
+        self._found_inf = found or self._found_inf
+''')
+    fails(capsys, checks.check_loss_scaler, mine["Sticky"], "GradScaler stepped (every "
+          "gradient was finite), yours left the weights as they were", "Hint: your scaler "
+          "skipped a step whose gradients were all finite")
 
 
 def test_scaler_that_zeroes_instead_of_skipping_moves_the_weights(capsys):
@@ -477,6 +516,7 @@ def summed(model, x, y, steps, lr, memory):
     return losses
 ''')
     fails(capsys, checks.check_fit, mine["summed"], "16-MiB GPU: step 0: your loss is",
+          "Hint: it is 8× the whole batch's: step 0 starts from the initial model",
           "add up each one's mean loss / k")
 
 
@@ -570,7 +610,8 @@ def never_zeroed(model, x, y, steps, lr, memory):
     return losses
 ''')
     fails(capsys, checks.check_fit, mine["never_zeroed"], "16-MiB GPU: step 2: your loss is",
-          "optimizer.zero_grad()")
+          "Hint: steps before 2 match, so the loss is reported right and the training "
+          "differs", "optimizer.zero_grad()")
 
 
 def test_fit_in_float16_without_a_scaler_is_caught(capsys):
@@ -627,7 +668,7 @@ def wrapped(model, x, y, steps, lr, memory):
     return losses
 ''')
     text = fails(capsys, checks.check_fit, mine["wrapped"], "16-MiB GPU: step 1: your loss is",
-                 "% apart", "autocast around the forward only")
+                 "% apart", "autocast, if any, around the forward only")
     mine_, theirs = text.split("your loss is ")[1].split(", plain training's ")
     assert mine_.split()[0] != theirs.split()[0], text
 
@@ -676,3 +717,89 @@ def test_a_scaler_that_delegates_to_grad_scaler_is_refused(capsys):
           "your class made a torch.amp.GradScaler and let it do the work")
     assert torch.amp.GradScaler.__init__.__name__ == "__init__"      # put back as it was
     assert "counted" not in repr(torch.amp.GradScaler.__init__)
+
+
+def _counts_checkpointed_blocks_as_nothing(profile, cap):
+    """The slip of the newcomer trial: a checkpointed block keeps nothing (it keeps its
+    output, the next block's input, until backward)."""
+    def estimate(chosen):
+        below = peak = 0
+        for i, row in enumerate(profile):
+            peak = max(peak, below + row["peak"])
+            below += 0 if i in chosen else row["kept"]
+        return max(peak, below)
+
+    subsets = [set(c) for k in range(9) for c in itertools.combinations(range(8), k)]
+    fitting = [s for s in subsets if estimate(s) <= cap]
+    return sorted(min(fitting, key=lambda s: sum(profile[i]["recompute"] for i in s)))
+
+
+def test_checkpointing_counting_checkpointed_blocks_as_nothing_fails_and_is_named(capsys):
+    """It passed the lab's three caps and the two boundary caps (its choices fit there);
+    a cap drawn where it picks blocks that do not fit catches it, and the hint names the
+    output a checkpointed block still keeps."""
+    random.seed(8)
+    fails(capsys, checks.check_checkpointing, _counts_checkpointed_blocks_as_nothing,
+          "MiB of activations", "Hint: these blocks fit only if a checkpointed block keeps "
+          "nothing after its forward; it keeps its output (the next block's input, 8 MiB "
+          "here)", "checks.hint('checkpoints')")
+
+
+def test_every_output_cap_fits_the_references_measured_choice():
+    """Each cap _output_caps may draw: the reference's choice measures within it, and the
+    slip's choice does not (so the drawn case can only fail the slip)."""
+    profile = profile_blocks()
+    caps = checks._output_caps(R, profile, n=len(_all_output_caps(profile)))
+    assert len(caps) >= 5
+    for cap in caps:
+        assert measure_checkpoints(R.choose_checkpoints(profile, cap))[0] <= cap
+        assert measure_checkpoints(_counts_checkpointed_blocks_as_nothing(profile, cap))[0] > cap
+
+
+def _all_output_caps(profile):
+    subsets = [set(c) for k in range(9) for c in itertools.combinations(range(8), k)]
+    caps = {R.peak_activations(profile, c) for c in subsets}
+    return [cap for cap in caps | {checks._outputs_as_nothing(profile, c) for c in subsets}
+            if cap not in CHECKPOINT_CAPS and R.choose_checkpoints(profile, cap) is not None
+            and R.peak_activations(profile, set(_counts_checkpointed_blocks_as_nothing(
+                profile, cap))) > cap]
+
+
+# ------------------------------------------------------------ a float is a float
+# The lab asks for floats (get_scale(): "S, a float"; fit: "a list of floats"); a 0-d
+# tensor holding the right number passed both checks (the newcomer trial).
+
+
+def test_scaler_get_scale_returning_a_tensor_is_named(capsys):
+    mine = learner('''
+class TensorScale(LossScaler):
+    def get_scale(self):
+        return torch.tensor(self._scale)
+''')
+    fails(capsys, checks.check_loss_scaler, mine["TensorScale"],
+          "❌ loss scaler: init_scale 16777216, ×2 after 3 good steps, ×0.5 on overflow: "
+          "before step 0, get_scale() returned a 0-d tensor, not a float",
+          "Hint: the lab asks for the scale as a Python float")
+
+
+def test_scaler_get_scale_returning_a_float_passes_whatever_it_stores(capsys):
+    """A scale kept as a tensor inside is fine: only what get_scale() returns is judged."""
+    mine = learner('''
+class Stored(LossScaler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._scale = torch.tensor(self._scale, dtype=torch.float64)
+
+    def get_scale(self):
+        return self._scale.item()
+''')
+    assert line(capsys, checks.check_loss_scaler, mine["Stored"])[0]
+
+
+def test_fit_returning_tensors_for_the_losses_is_named(capsys):
+    mine = learner('''
+def tensors(model, x, y, steps, lr, memory):
+    return [torch.tensor(v) for v in R_fit(model, x, y, steps, lr, memory)]
+''', R_fit=MINE["fit"])
+    fails(capsys, checks.check_fit, mine["tensors"], "16-MiB GPU: step 0's loss is a 0-d "
+          "tensor, not a float", "Hint: the lab asks for a list of Python floats")

@@ -138,16 +138,16 @@ def test_resume_finds_the_forgotten_piece(capsys, piece):
     expect(capsys, checks.check_resume, functools.partial(learner_train, forget=piece),
            f"{RESUME}{HALF}: the final parameters after the restart differ from the "
            f"fault-free run: the same parameters as a restart that does not restore the "
-           f"{piece} — Hint: {C.RESUME_HINTS[piece]}")
+           f"{piece} — Hint: {C.RESUME_HINTS[piece]} more help: checks.hint('resume')")
 
 
 @pytest.mark.slow
 def test_resume_with_rank_0s_rng_on_every_rank(capsys):
     expect(capsys, checks.check_resume, functools.partial(learner_train, forget="own RNG"),
            f"{RESUME}{HALF}: the final parameters after the restart differ from the "
-           "fault-free run — Hint: restore everything the steps depend on: model, optimizer, "
-           "scheduler, the step (data position) and every rank's own RNG state "
-           "(torch.set_rng_state(states[rank]) on each rank, not rank 0's everywhere).")
+           "fault-free run: the same parameters as a restart that gives every rank rank 0's "
+           "RNG state — Hint: the RNG states are per rank: each rank must get back its own, "
+           "not rank 0's. more help: checks.hint('resume')")
 
 
 @pytest.mark.slow
@@ -204,9 +204,9 @@ def test_resume_with_a_training_mistake(capsys):
 
     expect(capsys, checks.check_resume, train,
            f"{RESUME}without a failure: the final parameters differ from 10 steps of the "
-           "job — Hint: call job.build() once, then job.train_step(ddp, optimizer, "
-           "scheduler, *job.batch(step)) for step = 0, 1, ...; saving a checkpoint must not "
-           "change the training.")
+           "job — Hint: without a failure your loop must train exactly as the job does: "
+           "build it once, then one train step per step, in order, each with that step's "
+           "batch; saving a checkpoint must not change the training.")
 
 
 # ---------------------------------------------------------- 2. find the straggler
@@ -395,13 +395,17 @@ def assumes_a_list(plan, failure):
 
 @pytest.mark.parametrize("answer, message", [
     (seed_flow, "2 servers, 4 workers, server 1 failing: updates lost: slice 1 never "
-                "applied round(s) 4-5 — Hint: a reloaded slice is back at the checkpoint"),
+                "applied round(s) 4-5: it was reloaded as it was at round 4 (the "
+                "checkpoint), and the job went on at round 6 — Hint: a slice loaded from "
+                "the checkpoint has lost the rounds since then"),
     (rolls_back_without_reloading, "2 servers, 4 workers, worker 3 failing: updates applied "
-                                   "twice: slice 0 applied round(s) 4 twice — Hint: going "
-                                   "back to an earlier round redoes its updates"),
+                                   "twice: slice 0 applied round(s) 4 twice: the job went "
+                                   "back from round 5 to 4, and slice 0 was not reloaded"),
     (reloads_only_the_dead_slice_but_rolls_back,
      "2 servers, 4 workers, server 1 failing: updates applied twice: slice 0 applied "
-     "round(s) 4-5 twice"),
+     "round(s) 4-5 twice: the job went back from round 6 to 4, and slice 0 was not "
+     "reloaded, so it had applied those rounds already — Hint: a slice that is not "
+     "reloaded keeps every round it applied"),
     (forgets_the_workers_tasks, "2 servers, 4 workers: worker 3 failed at round 5: task 3 "
                                 "is given to worker 3, which is not alive (alive: 0, 1, 2)"),
     (moves_a_slice_without_reloading, "2 servers, 4 workers: server 1 failed at round 6: "
@@ -588,8 +592,8 @@ def saves_only_once(ckpt_dir, steps, every):
 def test_a_loop_that_saves_only_once_is_refused(capsys):
     expect(capsys, checks.check_resume, saves_only_once,
            f"{RESUME}without a failure: checkpoints were written after step(s) 3 only; every "
-           "3 steps of 10 is after steps 3, 6, 9 — Hint: save whenever step % every == 0 (not "
-           "only once, step == every): a crash redoes the work since the latest checkpoint.")
+           "3 steps of 10 is after steps 3, 6, 9 — Hint: save every 3 steps, each time, not "
+           "only the first: a crash redoes the work since the latest checkpoint.")
 
 
 def test_the_resume_pass_line_names_only_the_scenarios_it_ran():
@@ -702,3 +706,16 @@ def test_resume_without_a_barrier_passes(capsys):
     makes a crash during the write harmless; the reference has none."""
     import inspect
     assert "barrier" not in inspect.getsource(R.train)
+
+
+@pytest.mark.parametrize("answer", [seed_flow, reloads_only_the_dead_slice_but_rolls_back,
+                                    rolls_back_without_reloading])
+def test_recovery_failures_name_the_cause_without_handing_over_the_plan(capsys, answer):
+    """The newcomer trial: the first recovery ❌ (the article's flow, which reloads only the
+    dead server's slice) stated the whole plan ("reload every slice and go back to the
+    checkpoint's round (plan['checkpoint'])"). It names what happened to the slice and
+    points to checks.hint('recovery') instead."""
+    text = starts(capsys, checks.check_recovery, answer, RECOVERY)
+    assert "checks.hint('recovery')" in text, text
+    for answer_part in ("reload every slice", "plan['checkpoint']", "checkpoint's round"):
+        assert answer_part not in text, text

@@ -157,16 +157,23 @@ def _train_body(cls, make_model, steps, average, measure):
     """On every rank: train with ``cls(model.parameters(), lr=LR)``; ``average``: the
     check all-reduces the gradients first (ZeRO-1 is handed averaged gradients)."""
 
-    def body():
+    def body(where):
         rank, p = dist.get_rank(), dist.get_world_size()
         model = make_model()
         data = [batch(model, rank, step) for step in range(steps)]
         base = _in_use() if measure else 0
+        # registered before the learner's hooks, so it names the gradient they work on
+        reducing = _watch_gradients(model)
         optimizer = cls(model.parameters(), lr=LR)
         kept = held = 0
         for x, y in data:
             before = _in_use() if measure else 0
-            mse(model(x), y).backward()
+            try:
+                mse(model(x), y).backward()
+            except (RuntimeError, ValueError) as error:
+                if reducing and _shape_error(error):
+                    raise _hook_shape_failure(where, reducing[-1], p, error) from None
+                raise
             if measure:
                 held = _in_use() - before
             if average:
@@ -179,7 +186,7 @@ def _train_body(cls, make_model, steps, average, measure):
             if measure:
                 kept = _in_use() - base
         return {"params": [q.detach().clone() for q in model.parameters()],
-                "kept": kept, "held": held}
+                "kept": kept, "held": held, "whole": _whole_tensors_kept(optimizer, model)}
 
     return body
 
@@ -188,11 +195,118 @@ def _where(p, model):
     return f"world size {p}, {_params(model):,} parameters"
 
 
-def _run_training(cls, make_model, p, steps, average, measure=False):
+def _run_training(cls, make_model, p, steps, average, measure=False, seen=None):
+    """``cls`` trained on ``p`` ranks; its ``update_chunk`` watched (:func:`_probed`), the
+    gradient chunks it gets appended to ``seen``."""
     where = _where(p, make_model())
+    names = [name for name, _ in make_model().named_parameters()]
     return simulate(sc.Cluster.preset("dgx-a100"),
-                    _train_body(cls, make_model, steps, average, measure), p,
-                    lambda rank: where, accounting=measure), where
+                    _train_body(_probed(cls, names, where, seen), make_model, steps,
+                                average, measure), p,
+                    lambda rank: where, accounting=measure, args=(where,)), where
+
+
+# ------------------------------------------------------------- shapes, named
+
+
+def _shape_error(error):
+    """Whether ``error`` (torch's or the simulator's) is about sizes or shapes."""
+    return bool(re.search(r"size|shape|must hold|cannot be multiplied|invalid gradient",
+                          str(error)))
+
+
+def _size(tensor):
+    """``16 × 6 = 96 elements``, or ``5 elements``."""
+    dims = " × ".join(map(str, tensor.shape))
+    return f"{dims} = {tensor.numel()} elements" if tensor.dim() > 1 else f"{tensor.numel()} elements"
+
+
+def _chunk_shapes(numel, shape, p):
+    """What the shapes are for a tensor of ``numel`` elements (``shape``) on ``p`` ranks."""
+    n = shard_size(numel, p)
+    return (f"a chunk is ({n},) = ⌈{numel} / {p}⌉ elements, flat (Adam's m and v for it "
+            f"too); the gathered buffer holds {p} chunk{'s' if p > 1 else ''}, ({p * n},) "
+            "with the padding, "
+            f"cut back to its first {numel} elements and viewed as {shape}")
+
+
+def _probed(cls, names, where, seen=None):
+    """``cls`` with its ``update_chunk`` watched: the gradient chunk it gets must have the
+    layout's shape (``(⌈numel / N⌉,)``), and a shape error inside it is reported with the
+    shapes that were expected, not torch's bare message. ``seen`` (a list) gets
+    ``(rank, step, parameter, chunk)`` for every call."""
+    if not isinstance(cls, type) or not callable(getattr(cls, "update_chunk", None)):
+        return cls     # not a class (an instance, say): the run reports what it is
+
+    class Probe(cls):
+        def update_chunk(self, i, q, grad):
+            p, rank = dist.get_world_size(), dist.get_rank()
+            n = shard_size(q.numel(), p)
+            name = names[i] if isinstance(i, int) and 0 <= i < len(names) else f"parameter {i}"
+            at = f"{where}: rank {rank}, {name} ({_size(q)})"
+            got = None if grad is None else tuple(torch.as_tensor(grad).shape)
+            if got != (n,):
+                whole = got is not None and math.prod(got) == q.numel() and p > 1
+                raise Failure(f"{at}: update_chunk got a gradient chunk of shape {got}, "
+                              f"expected ({n},) = ⌈numel / world size⌉ = ⌈{q.numel()} / {p}⌉",
+                              "that is the whole gradient: each rank's update uses its own "
+                              "chunk of it only." if whole else
+                              "no chunk reached update_chunk: what hands it one?"
+                              if got is None else
+                              f"the chunk is flat, in the layout above: {_chunk_shapes(q.numel(), tuple(q.shape), p)}.")
+            if seen is not None:
+                seen.append((rank, self.t, i, torch.as_tensor(grad).detach().clone()))
+            try:
+                return super().update_chunk(i, q, grad)
+            except (RuntimeError, ValueError) as error:
+                if not _shape_error(error):
+                    raise
+                raise _state_shape_failure(self, i, q, n, at, error) from None
+
+    Probe.__name__ = Probe.__qualname__ = cls.__name__
+    return Probe
+
+
+def _state_shape_failure(optimizer, i, q, n, at, error):
+    """The :class:`Failure` for a shape error in ``update_chunk`` (whose gradient chunk had
+    the right shape): a per-parameter list of the optimizer whose entry ``i`` is not a
+    chunk, if there is one, else the shapes the update needs."""
+    for attr, value in vars(optimizer).items():
+        if not isinstance(value, (list, tuple)) or len(value) <= i:
+            continue
+        entry = value[i]
+        if (isinstance(entry, torch.Tensor) and entry is not q
+                and all(isinstance(v, torch.Tensor) or v is None for v in value)
+                and tuple(entry.shape) != (n,)):
+            return Failure(f"{at}: self.{attr}[{i}] has shape {tuple(entry.shape)}, "
+                           f"expected ({n},) = ⌈{q.numel()} / {dist.get_world_size()}⌉ "
+                           f"(update_chunk raised {type(error).__name__}: {short(error, 90)})",
+                           "Adam's state covers this rank's chunk only: as many elements "
+                           "as the chunk, flat.")
+    p = dist.get_world_size()
+    return Failure(f"{at}: update_chunk raised {type(error).__name__}: {short(error, 120)}",
+                   f"the shapes in the update: {_chunk_shapes(q.numel(), tuple(q.shape), p)}.")
+
+
+def _watch_gradients(model):
+    """A list that gets ``(name, parameter)`` each time a parameter's gradient is
+    accumulated: its last entry is the gradient the learner's hook is working on."""
+    reducing = []
+    for name, q in model.named_parameters():
+        q.register_post_accumulate_grad_hook(
+            lambda q, name=name: reducing.append((name, q)))
+    return reducing
+
+
+def _hook_shape_failure(where, current, p, error):
+    name, q = current
+    n = shard_size(q.numel(), p)
+    return Failure(f"{where}: rank {dist.get_rank()}, while reducing the gradient of {name} "
+                   f"({_size(q)}): {type(error).__name__}: "
+                   f"{short(error, 120)}",
+                   f"on {p} ranks the reduce-scatter takes that gradient flat, padded with "
+                   f"zeros to {p}·{n} = {p * n} elements, and gives each rank ({n},) = "
+                   f"⌈{q.numel()} / {p}⌉ elements.")
 
 
 def _compare_parameters(run, where, expected, names, steps):
@@ -201,14 +315,14 @@ def _compare_parameters(run, where, expected, names, steps):
             at = f"{where}: rank {rank}, {name} after {steps} steps"
             if g.shape != e.shape:
                 raise Failure(f"{at} has shape {tuple(g.shape)}, expected {tuple(e.shape)}",
-                              "write the gathered values back into the parameter itself "
-                              "(q.data.copy_(full[:q.numel()].view_as(q))).")
+                              "the parameter keeps its shape: write the gathered values "
+                              "into it, cut back to its elements and viewed as it.")
             diff = first_difference(e, g, _close)
             if diff is not None:
                 i, ev, gv = diff
                 unchanged = torch.equal(g, _initial_params()[name])
-                hint = ("that parameter did not change: all-gather every rank's updated "
-                        "chunk and copy it into the parameter (q.data.copy_(...))."
+                hint = ("that parameter did not change: every rank's updated chunk must be "
+                        "gathered and written into the parameter itself."
                         if unchanged else
                         "compare with torch.optim.Adam on world size 1 first; then check "
                         "that every rank updates its own chunk (my_shard) and that the "
@@ -235,13 +349,55 @@ def _check_values(cls, average):
         _compare_parameters(run, where, _unsharded(small_model, p, STEPS), names, STEPS)
 
 
-def _check_state_memory(run, where, p, what):
+def _whole_tensors_kept(optimizer, model):
+    """Whole parameter-sized tensors (not the parameters) the optimizer keeps in its
+    attributes (directly, or in a list, tuple or dict), per parameter: 2 for Adam's whole
+    state, 1 for whole gradients or gathered buffers."""
+    params = list(model.parameters())
+    sizes = {q.numel() for q in params}
+    found = {}
+    for value in vars(optimizer).values():
+        items = (value.values() if isinstance(value, dict) else
+                 value if isinstance(value, (list, tuple)) else [value])
+        for t in items:
+            if (isinstance(t, torch.Tensor) and t.numel() in sizes
+                    and not any(t is q for q in params)):
+                found[id(t)] = t
+    return len(found) / len(params)
+
+
+def _chunk_elements(make_model, p):
+    """Elements of one rank's chunks of every parameter (padding included)."""
+    return sum(shard_size(q.numel(), p) for q in make_model().parameters())
+
+
+def _kept_cause(kept, whole, make_model, p):
+    """What a rank keeps between steps beyond Adam's sharded state (8 bytes per chunk
+    element), from the whole tensors it holds (``whole`` per parameter) and how much more
+    it keeps: the hint for the memory budget."""
+    chunk, psi = 4 * _chunk_elements(make_model, p), 4 * _params(make_model())
+    extra = kept - 2 * chunk
+    if whole >= 2 or (not whole and abs(kept - 2 * psi) <= 0.1 * psi):
+        return ("that is Adam's state of whole parameters (8Ψ): keep m and v of your chunk "
+                "only.")
+    if abs(extra - chunk) <= 0.1 * chunk:
+        return ("the extra is one chunk per parameter (4Ψ/N): the gradient chunks are still "
+                "held after step() used them. Drop them once the update is done.")
+    if whole >= 1 or extra >= 0.9 * psi:
+        return ("the extra is whole parameter-sized tensors (4Ψ each): whole gradients, or a "
+                "gathered buffer, kept after the step. Only chunks may stay.")
+    return ("keep exp_avg and exp_avg_sq of your chunk only (shard_size elements per "
+            "parameter), and drop every gathered buffer once it is copied into the "
+            "parameter.")
+
+
+def _check_state_memory(run, where, p, what, make_model=None):
     baseline = _adam_kept(wide_model)
-    budget(where, "memory", [r["kept"] for r in run.results], baseline / p,
+    kept = [r["kept"] for r in run.results]
+    budget(where, "memory", kept, baseline / p,
            f"1/{p} of torch.optim.Adam's {num(baseline)}",
-           "keep exp_avg and exp_avg_sq of your chunk only (shard_size elements per "
-           "parameter), and drop every gathered buffer once it is copied into the "
-           "parameter.", f"between steps, {what}")
+           _kept_cause(max(kept), max(r.get("whole", 0) for r in run.results),
+                       make_model or wide_model, p), f"between steps, {what}")
 
 
 @check("ZeRO-1")
@@ -269,10 +425,19 @@ def _check_bytes(run, where, p, psi, steps):
         sent[src] += nbytes
     per_step = [s / steps for s in sent]
     target = 2 * (p - 1) / p * 4 * psi
+    ops = [c.op for c in run.collectives]
+    gathers = sum(op.startswith("all_gather") for op in ops) / steps
+    if "all_reduce" in ops:
+        why = ("an all-reduce sends 2·(N−1)/N of the buffer by itself: a reduce-scatter "
+               "leaves each rank only its chunk for (N−1)/N.")
+    elif gathers > len(list(wide_model().parameters())):
+        why = (f"{num(gathers)} all-gathers per step for {len(list(wide_model().parameters()))}"
+               " parameters: each parameter needs gathering once per step.")
+    else:
+        why = ("reduce-scatter each gradient and all-gather each parameter once per step: on "
+               "a ring each rank sends (N−1)/N of the buffer for each.")
     budget(where, "bytes", per_step, target, f"2·(N−1)/N·4Ψ per step = 2·{p - 1}/{p}·4·"
-           f"{psi:,}", "reduce-scatter each gradient (not all-reduce) and all-gather each "
-           "parameter once per step: on a ring each rank sends (N−1)/N of the buffer for "
-           "each.", "ZeRO-2")
+           f"{psi:,}", why, "ZeRO-2")
     return max(per_step)
 
 
@@ -295,41 +460,38 @@ def _check_gradient_chunks(cls, p):
     """The chunks ``cls`` hands ``update_chunk`` are this rank's chunks of the mean gradient.
 
     Adam hardly notices a gradient N times too large (it divides by the gradient's own
-    scale), so the parameters alone cannot tell the sum from the mean: look at the chunks."""
+    scale), so the parameters alone cannot tell the sum from the mean: look at the chunks.
+    A chunk that is this step's plus the last step's names chunks never cleared."""
     if not callable(getattr(cls, "update_chunk", None)):
         return
     seen = []   # (rank, step, parameter, chunk), from every rank's thread
-
-    class Probe(cls):
-        def update_chunk(self, i, q, grad):
-            chunk = None if grad is None else torch.as_tensor(grad).detach().clone()
-            seen.append((dist.get_rank(), self.t, i, chunk))
-            return super().update_chunk(i, q, grad)
-
-    Probe.__name__ = cls.__name__
-    _, where = _run_training(Probe, small_model, p, STEPS, False)
+    _, where = _run_training(cls, small_model, p, STEPS, False, seen=seen)
     expected = _mean_gradients(small_model, p, STEPS)
     names = [name for name, _ in small_model().named_parameters()]
+    earlier = {}
     for rank, t, i, got in sorted(seen, key=lambda e: e[:3]):
-        if not (1 <= t <= STEPS and 0 <= i < len(names)):
+        if not (isinstance(t, int) and 1 <= t <= STEPS and 0 <= i < len(names)):
             continue   # a count of its own: the parameters' check judges the steps
         want = _chunk(expected[t - 1][i], rank, p)
         at = f"{where}: rank {rank}, step {t}, the gradient chunk of {names[i]}"
-        if got is None or got.shape != want.shape:
-            raise Failure(f"{at} has shape {None if got is None else tuple(got.shape)}, "
-                          f"expected {tuple(want.shape)}",
-                          "each rank keeps its own chunk of every reduced gradient.")
+        before = earlier.get((rank, i))
+        earlier[rank, i] = got
         diff = first_difference(want, got, _close)
-        if diff is not None:
-            k, ev, gv = diff
-            ratio = gv / ev if ev else math.nan
+        if diff is None:
+            continue
+        k, ev, gv = diff
+        ratio = gv / ev if ev else math.nan
+        if before is not None and first_difference(want + before, got, _close) is None:
+            hint = ("it is this step's chunk plus the one of the step before: the chunks "
+                    "are kept after step() and added to. Clear them once used.")
+        elif abs(ratio - p) < 1e-3 * p:
             hint = (f"this chunk is {num(ratio)}× the mean: what does a reduce-scatter "
-                    "add up, and what did each rank's backward compute?"
-                    if abs(ratio - p) < 1e-3 * p else
-                    "compare your chunk with the same chunk of the mean over the ranks' "
+                    "add up, and what did each rank's backward compute?")
+        else:
+            hint = ("compare your chunk with the same chunk of the mean over the ranks' "
                     "gradients.")
-            raise Failure(f"{at}, element {k}: the mean over ranks is {num(ev)}, yours "
-                          f"{num(gv)}", hint)
+        raise Failure(f"{at}, element {k}: the mean over ranks is {num(ev)}, yours "
+                      f"{num(gv)}", hint)
 
 
 @check("ZeRO-2")
@@ -340,16 +502,18 @@ def check_zero2(cls):
     (× 1.05) 2·(N−1)/N·4Ψ bytes sent per rank and step."""
     refuse_reference(cls, _reference().ZeRO2Adam, "class")
     refuse_reference(cls, _reference().ZeRO1Adam, "class")
+    _check_gradient_chunks(cls, max(WORLD_SIZES))   # first: it names why values differ
     _check_values(cls, average=False)
-    _check_gradient_chunks(cls, max(WORLD_SIZES))
     psi = _params(wide_model())
     for p in MEMORY_WORLD_SIZES:
         run, where = _run_training(cls, wide_model, p, 2, False, measure=True)
-        budget(where, "memory", [r["held"] for r in run.results], 4 * psi / p,
-               f"4Ψ/N = 4·{psi:,}/{p}",
-               "reduce-scatter each gradient as soon as it is accumulated (a hook: "
-               "q.register_post_accumulate_grad_hook), keep your chunk, and set q.grad = "
-               "None.", "after backward, ZeRO-2's gradient shards")
+        held = [r["held"] for r in run.results]
+        budget(where, "memory", held, 4 * psi / p, f"4Ψ/N = 4·{psi:,}/{p}",
+               "whole gradients (4Ψ) are still alive after backward: once a gradient's "
+               "chunk is taken, the whole one (q.grad) must go." if max(held) >= 0.9 * 4 * psi
+               else "more than the chunks is alive after backward: reduce each gradient as "
+               "soon as it is accumulated (torch can call you back per parameter) and keep "
+               "only your chunk.", "after backward, ZeRO-2's gradient shards")
         _check_state_memory(run, where, p, "Adam's state sharded")
         sent = _check_bytes(run, where, p, psi, 2)
     return (f"parameters equal torch.optim.Adam's on world sizes {listed(WORLD_SIZES)}; "
@@ -396,17 +560,79 @@ def _gathered_kept(out, widths):
     return None
 
 
-def _zero3_body(fn, widths, measure):
+def _layer_shapes(layer, batch_size, p):
+    """The shapes in the forward and backward of ``layer`` (a :class:`ShardedLinear`) on
+    ``p`` ranks, for a hint."""
+    out, inp = layer.out_features, layer.in_features
+    nw, nb = shard_size(out * inp, p), shard_size(out, p)
+    return (f"x is ({batch_size}, {inp}); W is ({out}, {inp}), the first {out * inp} of the "
+            f"{p}·{nw} gathered elements; b is ({out},); y and grad_y are ({batch_size}, "
+            f"{out}). backward returns grad_x ({batch_size}, {inp}) and the chunks of grad_W "
+            f"and grad_b, ({nw},) and ({nb},).")
+
+
+# what backward returns, in the order of forward's inputs
+_INPUTS = ("x", "weight_shard", "bias_shard", "out_features", "in_features")
+
+
+def _zero3_shape_failure(at, layer, batch_size, p, error):
+    """A shape error in a layer's forward or backward, with the shapes it expected."""
+    bad = re.search(r"invalid gradient at index (\d+) - got \[([\d, ]*)\] but expected "
+                    r"shape compatible with \[([\d, ]*)\]", str(error))
+    if bad:
+        k = int(bad.group(1))
+        got, want = (tuple(int(d) for d in g.split(",") if d.strip())
+                     for g in bad.group(2, 3))
+        name = _INPUTS[k] if k < len(_INPUTS) else f"input {k}"
+        return Failure(f"{at}: backward returned a gradient for {name} of shape {got}, "
+                       f"expected {want}",
+                       "the gradient of x has x's shape; the gradients of the shards are "
+                       "this rank's chunks of the mean gradients, flat: "
+                       + _layer_shapes(layer, batch_size, p) if k else
+                       "the gradient of x has x's shape: " + _layer_shapes(layer, batch_size, p))
+    return Failure(f"{at}: {type(error).__name__}: {short(error, 120)}",
+                   "the shapes here: " + _layer_shapes(layer, batch_size, p))
+
+
+def _zero3_body(fn, widths, measure, where):
     def body():
-        rank = dist.get_rank()
+        rank, p = dist.get_rank(), dist.get_world_size()
         model = _sharded(fn, widths)
         x, y = batch(model, rank, 0)
+        layers = [m for m in model if isinstance(m, ShardedLinear)]
+        current = {}    # the layer running now, and in which pass
+
+        def before(module, args):
+            current.update(layer=module, phase="forward")
+
+        def after(module, args, out):
+            if not isinstance(out, torch.Tensor) or tuple(out.shape) != (len(x),
+                                                                         module.out_features):
+                got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                raise Failure(f"{where}: rank {rank}, layer {layers.index(module)} "
+                              f"({module.in_features} → {module.out_features}): forward "
+                              f"returned {got}, expected ({len(x)}, {module.out_features})",
+                              _layer_shapes(module, len(x), p))
+            if out.requires_grad:
+                out.register_hook(lambda grad: current.update(layer=module, phase="backward"))
+
+        for layer in layers:
+            layer.register_forward_pre_hook(before)
+            layer.register_forward_hook(after)
         start = _in_use() if measure else 0
         if measure:
             sc.reset_peak_memory()
-        out = model(x)
-        kept = _gathered_kept(out, widths) if measure else None
-        mse(out, y).backward()
+        try:
+            out = model(x)
+            kept = _gathered_kept(out, widths) if measure else None
+            mse(out, y).backward()
+        except (RuntimeError, ValueError) as error:
+            if not (_shape_error(error) and current):
+                raise
+            layer = current["layer"]
+            at = (f"{where}: rank {rank}, layer {layers.index(layer)} ({layer.in_features} → "
+                  f"{layer.out_features}), {current['phase']}")
+            raise _zero3_shape_failure(at, layer, len(x), p, error) from None
         return {"out": out.detach(), "start": start, "kept": kept,
                 "grads": [None if q.grad is None else q.grad.clone()
                           for q in model.parameters()]}
@@ -416,15 +642,8 @@ def _zero3_body(fn, widths, measure):
 
 def _run_zero3(fn, widths, p, measure=False):
     where = f"world size {p}, layers {' → '.join(map(str, widths))}"
-    try:
-        run = simulate(sc.Cluster.preset("dgx-a100"), _zero3_body(fn, widths, measure), p,
-                       lambda rank: where, accounting=measure)
-    except Failure as failure:
-        if "invalid gradient" in failure.what:
-            raise Failure(failure.what, "backward returns the gradient of each input of "
-                          "forward, in its shape: the shards' gradients are shards "
-                          "(reduce-scatter them), the ints get None.") from None
-        raise
+    run = simulate(sc.Cluster.preset("dgx-a100"), _zero3_body(fn, widths, measure, where), p,
+                   lambda rank: where, accounting=measure)
     return run, where
 
 
@@ -458,25 +677,31 @@ def _compare_zero3(run, where, widths, p):
         if diff is not None:
             raise Failure(f"{where}: rank {rank}: the output differs from the whole "
                           f"model's (element {diff[0]}: expected {num(diff[1])}, got "
-                          f"{num(diff[2])})", "forward: all-gather the weight and the bias "
-                          "shards, cut them back to out·in and out elements, then "
-                          "F.linear(x, weight, bias).")
+                          f"{num(diff[2])})", "forward computes x Wᵀ + b from W and b "
+                          "gathered whole (every rank's shard, in rank order) and cut back "
+                          "to out·in and out elements: which of these differs?")
+        wrong = []
         for name, full, got in zip(names, grads, result["grads"]):
             at = f"{where}: rank {rank}, gradient of {name}"
-            expected = _chunk(full, rank, p)
             if got is None:
                 raise Failure(f"{at} is None", "backward must return the gradient of "
                               "weight_shard and bias_shard (positions 2 and 3).")
-            diff = first_difference(expected, got, _close)
+            diff = first_difference(_chunk(full, rank, p), got, _close)
             if diff is not None:
-                i, e, g = diff
-                twice = math.isclose(g, e * p, rel_tol=1e-4) and p > 1
-                raise Failure(f"{at}, element {i}: expected {num(e)}, got {num(g)}",
-                              "reduce-scatter sums over ranks: divide by N for the mean "
-                              "over the ranks' batches." if twice else
-                              "backward: gather the weight again, grad_x = grad_y @ W, "
-                              "grad_W = grad_yᵀ x, grad_b = grad_y summed over the batch, "
-                              "then reduce-scatter (mean) grad_W and grad_b.")
+                wrong.append((name, at, diff))
+        if not wrong:
+            continue
+        name, at, (i, e, g) = wrong[0]
+        last = len(widths) - 2
+        if math.isclose(g, e * p, rel_tol=1e-4) and p > 1:
+            hint = "reduce-scatter sums over ranks: divide by N for the mean over the ranks' batches."
+        elif all(not n.endswith(f"layer {last}") for n, *_ in wrong):
+            hint = (f"layer {last}'s gradients are right, earlier layers' are not: what "
+                    "reaches them is the gradient your backward returns for x.")
+        else:
+            hint = ("backward: grad_W = grad_yᵀ x, grad_b = grad_y summed over the batch, "
+                    "each rank keeps its chunk of their mean over ranks.")
+        raise Failure(f"{at}, element {i}: expected {num(e)}, got {num(g)}", hint)
 
 
 def _zero3_memory_hint(kept):

@@ -11,7 +11,8 @@
   step: the scale, which steps are skipped, the parameters.
 * :func:`check_checkpointing` applies ``torch.utils.checkpoint`` to the blocks the learner
   chooses in a stack of attention and MLP blocks (fake tensors, one simulated A100), for
-  three caps on activation memory and two drawn afresh each run at a boundary: the peak
+  three caps on activation memory, two drawn afresh each run at a boundary and one where
+  a checkpointed block counted as 0 bytes does not fit: the peak
   must fit, and the recompute time must be
   within 5 % of the best choice's.
 * :func:`check_fit` runs the learner's training function on a small simulated device on
@@ -128,6 +129,42 @@ def _measured():
     return run.results[0]
 
 
+def _bytes_hint(ref, recipe, measured, got):
+    """The hint for a wrong count of bytes per parameter: the slip that gives ``got`` (a
+    part left out, or counted in the wrong dtype), if one does."""
+    weights, optimizer, master = recipe
+    w, n = ref.ELEMENT_BYTES[weights], ref.STATES[optimizer]
+    total = sum(measured.values())
+    grads, each = measured["gradients"], 4 if master else w   # bytes of one state tensor
+    slips = []
+    if master:
+        slips += [(total - 4, "with master weights there is also an fp32 copy of every "
+                              "parameter (4 bytes), held between steps.")]
+        if w != 4 and n:
+            slips += [(total - 4 * n + n * w, "with master weights the optimizer updates "
+                       "the fp32 copy, so its state is fp32 too (4 bytes per tensor).")]
+    else:
+        slips += [(total + 4, "without master weights there is no fp32 copy: the optimizer "
+                              "updates the parameter itself.")]
+        if w != 4 and n:
+            slips += [(total - n * w + 4 * n, "without master weights the optimizer's state "
+                       "is in the dtype of the parameter it updates.")]
+    if w != 4:
+        slips += [(total - grads + 4, f"a gradient has its parameter's dtype ({w} bytes "
+                                      "here), not fp32.")]
+    slips += [(total - grads, "the gradients are held between steps too (until the next "
+                              "zero_grad).")]
+    if n:
+        slips += [(total - n * each, f"{recipe_text(weights, optimizer, False).split(', ')[1]} "
+                                  f"keeps {n} state tensor{'s' if n > 1 else ''} per "
+                                  "parameter.")]
+    for value, why in slips:
+        if got is not None and math.isclose(got, value, rel_tol=0.01):
+            return why
+    return ("compare your count with each part the simulator measured. "
+            + hint.pointer("bytes"))
+
+
 @check("bytes per parameter")
 def check_bytes_per_parameter(fn):
     """``fn(weights, optimizer, master_weights)``: bytes per parameter (parameters,
@@ -161,10 +198,7 @@ def check_bytes_per_parameter(fn):
             parts = ", ".join(f"{k} {num(round(v, 2))}" for k, v in measured.items())
             raise Failure(f"{where}: you said {said} bytes per parameter, the simulator "
                           f"measured {num(round(total, 2))} ({parts})",
-                          "the weights and their gradients are in the weights' dtype (4 "
-                          "bytes for float32, 2 for bfloat16 and float16); a master copy "
-                          "is fp32; SGD keeps no state, momentum one tensor, Adam two, in "
-                          "fp32 when there are master weights.")
+                          _bytes_hint(ref, recipe, measured, number(got)))
     return f"all {len(recipes)} recipes equal the simulator's measurement"
 
 
@@ -196,6 +230,13 @@ def _grad_scaler_log(index):
 
 
 def _compare_scaler(mine, torch_log, where):
+    for step, m in enumerate(mine):
+        if m.get("type", "float") != "float":
+            at = f"before step {step}" if step < SCALER_STEPS else "at the end"
+            raise Failure(f"{where}: {at}, get_scale() returned a {m['type']}, not a float",
+                          "the lab asks for the scale as a Python float, which is what "
+                          "GradScaler's get_scale() returns: its callers print, compare and "
+                          "log it. A tensor holding the number is not that.")
     for step, (m, t) in enumerate(zip(mine, torch_log)):
         at = f"{where}: before step {step}" if step < SCALER_STEPS else f"{where}: at the end"
         if m["scale"] != t["scale"]:
@@ -216,10 +257,12 @@ def _compare_scaler(mine, torch_log, where):
                              "they were, yours changed them" if not t["stepped"] else
                              "stepped (every gradient was finite), yours left the weights "
                              "as they were"),
-                          "look at every gradient of the optimizer's parameters: if one "
-                          "has an inf or a NaN (torch.isfinite(g).all() is False), do not "
-                          "call optimizer.step() at all (stepping with zeroed gradients "
-                          "still moves the weights with momentum); otherwise step.")
+                          "when a gradient holds an inf or a NaN the step must not happen "
+                          "at all (stepping with zeroed gradients still moves the weights "
+                          "with momentum): does your test look at every gradient of every "
+                          "parameter group, NaN included?" if not t["stepped"] else
+                          "your scaler skipped a step whose gradients were all finite: what "
+                          "does it test, and does it forget an earlier step's overflow?")
         for i, (e, g) in enumerate(zip(t["params"], m["params"])):
             diff = first_difference(e, g, lambda a, b: torch.isclose(a, b, rtol=1e-5,
                                                                      atol=1e-7))
@@ -319,10 +362,62 @@ def _boundary_caps(ref, profile, n=2):
     return tuple(sorted(random.sample(boundary, n), reverse=True))
 
 
+def _outputs_as_nothing(profile, chosen):
+    """The estimate with a checkpointed block keeping nothing (the slip: it keeps its
+    output, the next block's input)."""
+    below = peak = 0
+    for i, block in enumerate(profile):
+        peak = max(peak, below + block["peak"])
+        below += 0 if i in chosen else block["kept"]
+    return max(peak, below)
+
+
+def _least_recompute(profile, estimate, cap):
+    """The subset ``estimate`` says fits ``cap`` with the least recompute (or None)."""
+    best = None
+    for k in range(len(profile) + 1):
+        for chosen in itertools.combinations(range(len(profile)), k):
+            if estimate(profile, set(chosen)) <= cap:
+                cost = sum(profile[i]["recompute"] for i in chosen)
+                if best is None or cost < best[0]:
+                    best = (cost, set(chosen))
+    return None if best is None else best[1]
+
+
+def _output_caps(ref, profile, n=1):
+    """``n`` caps drawn afresh each run at which counting a checkpointed block as 0 bytes
+    picks blocks that do not fit (the lab's three caps do not tell it apart)."""
+    subsets = [set(c) for k in range(len(profile) + 1)
+               for c in itertools.combinations(range(len(profile)), k)]
+    caps = sorted({ref.peak_activations(profile, c) for c in subsets}
+                  | {_outputs_as_nothing(profile, c) for c in subsets})
+    wrong = [cap for cap in caps if cap not in CHECKPOINT_CAPS
+             and ref.choose_checkpoints(profile, cap) is not None
+             and ref.peak_activations(
+                 profile, _least_recompute(profile, _outputs_as_nothing, cap) or set()) > cap]
+    return tuple(random.sample(wrong, n))
+
+
+def _over_cap_hint(profile, chosen, cap):
+    """The hint for a choice whose measured peak is over ``cap``: the slip that makes it
+    look as if it fits, when one does."""
+    if _outputs_as_nothing(profile, chosen) <= cap:
+        outputs = sorted({num(round(profile[i]["output"] / MiB, 1)) for i in chosen})
+        return ("these blocks fit only if a checkpointed block keeps nothing after its "
+                "forward; it keeps its output (the next block's input, "
+                f"{' or '.join(outputs)} MiB here) until backward. "
+                + hint.pointer("checkpoints"))
+    return ("block i runs (in forward, and again in backward when it is checkpointed) on "
+            "top of what the blocks before it keep: its peak plus their kept bytes (only "
+            "the output of a checkpointed one). Check that estimate for every block, and "
+            "the sum of all kept bytes.")
+
+
 @check("activation checkpointing")
 def check_checkpointing(fn):
-    """``fn(profile, cap)`` returns the blocks to checkpoint; for each of five caps (three
-    fixed, two drawn at a boundary by :func:`_boundary_caps`) the
+    """``fn(profile, cap)`` returns the blocks to checkpoint; for each of six caps (three
+    fixed, two drawn at a boundary by :func:`_boundary_caps`, one where a checkpointed
+    block counted as 0 bytes does not fit, :func:`_output_caps`) the
     measured peak of activation memory fits, and the recompute time is at most 5 % above
     the best choice's."""
     ref = _reference()
@@ -330,7 +425,7 @@ def check_checkpointing(fn):
     refuse_lesson_helpers(fn)
     profile = list(_profile())
     _, plain = measure_checkpoints(())
-    caps = CHECKPOINT_CAPS + _boundary_caps(ref, profile)
+    caps = CHECKPOINT_CAPS + _boundary_caps(ref, profile) + _output_caps(ref, profile)
     worst = 0.0
     for cap in caps:
         where = f"cap {num(cap / MiB)} MiB"
@@ -340,11 +435,7 @@ def check_checkpointing(fn):
         if peak > cap:
             raise Failure(f"{where}: checkpointing blocks {chosen} peaks at "
                           f"{num(round(peak / MiB, 1))} MiB of activations",
-                          "block i runs (in forward, and again in backward when it is "
-                          "checkpointed) on top of what the blocks before it keep: its peak "
-                          "plus their kept bytes (only the output of a checkpointed one). "
-                          "Check that estimate for every block, and the sum of all kept "
-                          "bytes.")
+                          _over_cap_hint(profile, set(chosen), cap))
         best_peak, best = measure_checkpoints(ref.choose_checkpoints(profile, cap))
         assert best_peak <= cap, "the reference's choice must fit"
         mine, theirs = elapsed - plain, best - plain
@@ -396,6 +487,26 @@ FIT_HINT = ("the model's parameters, gradients and Adam's state take 16 bytes pe
             "micro-batch's loss by their number), checkpoint blocks, or both.")
 
 
+def _loss_hint(step, ratio):
+    """The hint for the first step whose loss differs: at step 0 the model is the initial
+    one, so only the loss reported (or an update inside the step) can differ; later, with
+    step 0 right, it is the training itself."""
+    if step == 0:
+        times = round(ratio)
+        summed = (f"it is {times}× the whole batch's: " if times > 1 and abs(ratio - times)
+                  < 1e-3 * times else "")
+        return (f"{summed}step 0 starts from the initial model, so what differs is the loss "
+                "you report (or an update inside the step): the loss of a step is the mean "
+                "over the whole batch (with k equal micro-batches, add up each one's mean "
+                "loss / k, over every micro-batch); optimizer.step() and "
+                "optimizer.zero_grad() once per step, after every micro-batch.")
+    return (f"steps before {step} match, so the loss is reported right and the training "
+            "differs: one optimizer.step() and one optimizer.zero_grad() per step, after "
+            "every micro-batch's backward, the same lr; autocast, if any, around the "
+            "forward only, in bfloat16 (float16 without a loss scaler loses small "
+            "gradients).")
+
+
 @check("make it fit")
 def check_fit(fn):
     """``fn(model, x, y, steps, lr, memory)`` trains on a simulated GPU of 16 and of 12
@@ -419,18 +530,21 @@ def check_fit(fn):
                 or any(number(v) is None for v in losses)):
             raise Failure(f"{where}: returned {short(repr(losses), 60)}",
                           f"return a list of {FIT_STEPS} floats: each step's loss on the "
-                          "whole batch (loss.item(), summed over micro-batches of the "
-                          "mean loss divided by their number).")
+                          "whole batch, summed over micro-batches of the mean loss divided "
+                          "by their number.")
+        for step, v in enumerate(losses):
+            if not isinstance(v, float):
+                kind = (f"a {v.dim()}-d tensor" if isinstance(v, torch.Tensor)
+                        else f"a value of type {type(v).__name__}")
+                raise Failure(f"{where}: step {step}'s loss is {kind}, not a float",
+                              "the lab asks for a list of Python floats, as train_plain "
+                              "returns: a tensor holding the loss is not that (and one "
+                              "that still has its graph keeps the step's activations "
+                              "alive).")
         for step, (e, g) in enumerate(zip(expected, map(number, losses))):
             if not math.isclose(g, e, rel_tol=FIT_TOLERANCE):
                 raise Failure(f"{where}: step {step}: your loss is {_apart(g, e)}",
-                              "the loss of a step is the mean over the whole batch: with k "
-                              "equal micro-batches, add up each one's mean loss / k, over "
-                              "every micro-batch; call optimizer.step() and "
-                              "optimizer.zero_grad() once per step, after every "
-                              "micro-batch's backward; put autocast around the forward only, "
-                              "in bfloat16 (float16 without a loss scaler loses small "
-                              "gradients).")
+                              _loss_hint(step, g / e))
         model.load_state_dict(params)
         with torch.no_grad():
             trained = F.mse_loss(model(x), y).item()

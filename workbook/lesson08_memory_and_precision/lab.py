@@ -80,10 +80,21 @@ SCALER_STEPS = 14
 HUGE_STEP, NAN_STEP = 7, 10     # an input ×10⁴ (fp16 overflows), a NaN in the input
 
 
+def _kind(value):
+    """``"float"`` for a Python float (or a numpy float64, a float too), else what it is:
+    ``"0-d tensor"``, ``"int"``, ..."""
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, torch.Tensor):
+        return f"{value.dim()}-d tensor"
+    return type(value).__name__
+
+
 def scaled_training(make_scaler, case, steps=SCALER_STEPS):
     """Train a small MLP for ``steps`` steps under ``torch.autocast`` (float16) with SGD
-    (momentum 0.9) and ``make_scaler(**case)``; per step: the scale before it, whether the
-    parameters changed, the parameters after it. Call it inside a rank."""
+    (momentum 0.9) and ``make_scaler(**case)``; per step: the scale before it (and the
+    type ``get_scale()`` returned it as), whether the parameters changed, the parameters
+    after it. Call it inside a rank."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -99,16 +110,18 @@ def scaled_training(make_scaler, case, steps=SCALER_STEPS):
         with torch.autocast("cpu", dtype=torch.float16):
             loss = F.mse_loss(model(x), y)
         before = [q.detach().clone() for q in model.parameters()]
-        scale = float(scaler.get_scale())
+        raw = scaler.get_scale()
+        scale = float(raw)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad()
         after = [q.detach().clone() for q in model.parameters()]
-        log.append({"scale": scale, "stepped": any(not torch.equal(b, a)
-                                                    for b, a in zip(before, after)),
+        log.append({"scale": scale, "type": _kind(raw),
+                    "stepped": any(not torch.equal(b, a) for b, a in zip(before, after)),
                     "params": after})
-    log.append({"scale": float(scaler.get_scale())})
+    raw = scaler.get_scale()
+    log.append({"scale": float(raw), "type": _kind(raw)})
     return log
 
 

@@ -20,7 +20,8 @@ PIECES = ("model", "optimizer", "scheduler", "data position", "RNG")
 def train(ckpt_dir, steps, every, leave_out=None, step_shift=0):
     """Train :mod:`job` for ``steps`` steps on every rank, checkpoint every ``every``
     steps into ``ckpt_dir``, and resume from the latest checkpoint if there is one.
-    Returns the final parameters (flat). ``leave_out`` (a piece of :data:`PIECES`) and
+    Returns the final parameters (flat). ``leave_out`` (a piece of :data:`PIECES`, or
+    "own RNG": rank 0's RNG state restored on every rank) and
     ``step_shift`` (resume that many steps after the saved one) are the slips a check
     replays to name the one a learner made."""
     rank = dist.get_rank()
@@ -32,7 +33,8 @@ def train(ckpt_dir, steps, every, leave_out=None, step_shift=0):
         restore = {"model": lambda: model.load_state_dict(ckpt["model"]),
                    "optimizer": lambda: optimizer.load_state_dict(ckpt["optimizer"]),
                    "scheduler": lambda: scheduler.load_state_dict(ckpt["scheduler"]),
-                   "RNG": lambda: torch.set_rng_state(ckpt["rng"][rank])}
+                   "RNG": lambda: torch.set_rng_state(
+                       ckpt["rng"][0 if leave_out == "own RNG" else rank])}
         for piece, load in restore.items():
             if piece != leave_out:
                 load()

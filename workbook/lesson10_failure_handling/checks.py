@@ -92,17 +92,20 @@ def _refuse_lesson_demos(fn, *names):
 RESUME_STEPS, RESUME_EVERY = 10, 3
 
 RESUME_HINTS = {
-    "model": "load the model's state_dict from the checkpoint (model.load_state_dict).",
-    "optimizer": "save and load optimizer.state_dict() too: AdamW's moments and step "
-                 "count are state, and a restart without them takes different steps.",
-    "scheduler": "save and load scheduler.state_dict(): without it the learning rate "
-                 "starts its schedule again.",
-    "data position": "save the step and go on from it after a restart: the step is the "
-                     "data position (job.batch(step)), and the number of steps left.",
-    "RNG": "dropout draws from each rank's own torch RNG: save every rank's "
-           "torch.get_rng_state() (dist.all_gather_object to rank 0, or one file per "
-           "rank) and torch.set_rng_state(...) it back on the same rank.",
+    "model": "the model's weights must come back from the checkpoint.",
+    "optimizer": "AdamW's moments and step count are state too: a restart without them "
+                 "takes different steps.",
+    "scheduler": "the learning-rate schedule has state too: without it the schedule "
+                 "starts again.",
+    "data position": "the step is the data position (job.batch(step)) and the number of "
+                     "steps left: a restart must go on from the step it saved.",
+    "RNG": "dropout draws from each rank's own torch RNG, whose state the restart does "
+           "not bring back.",
+    "own RNG": "the RNG states are per rank: each rank must get back its own, not rank "
+               "0's.",
 }
+# How the slip a replay matched reads in the ❌ line ("the same parameters as ...").
+RESUME_SLIPS = {"own RNG": "a restart that gives every rank rank 0's RNG state"}
 
 
 def _train_run(cluster, fn, where, crashes=(), max_restarts=0, **kwargs):
@@ -144,7 +147,7 @@ def _forgotten_piece(cluster, ref, crashes, got):
     """The slip whose replay with the reference gives ``got``: a piece of state the
     restart does not restore (a name of ``ref.PIECES``), a step off by one (1 or -1 of
     :data:`STEP_SLIPS`), or None."""
-    slips = [dict(leave_out=piece) for piece in ref.PIECES]
+    slips = [dict(leave_out=piece) for piece in (*ref.PIECES, "own RNG")]
     slips += [dict(step_shift=shift) for shift in STEP_SLIPS]
     for slip in slips:
         run = _train_run(cluster, ref.train, lambda rank: "", crashes, len(crashes), **slip)
@@ -227,8 +230,9 @@ def _checkpoint_steps(run, gradient_bytes):
     return {bisect.bisect_right(ends, e.start) for e in _io_events(run, "write")}
 
 
-TORN_HINT = ("write the checkpoint to a temporary name (path + \".tmp\") and os.replace it "
-             "onto path: a crash during the write then leaves the previous checkpoint whole.")
+TORN_HINT = ("a crash during the write left a half-written file where the checkpoint was: "
+             "the previous checkpoint must stay whole until the new one is complete. "
+             + hint.pointer("resume"))
 
 
 @check("checkpoint and resume")
@@ -246,9 +250,10 @@ def check_resume(fn):
     clean = _train_run(cluster, fn, lambda rank: where)
     if not _same_params(clean, expected, where):
         raise Failure(f"{where}: the final parameters differ from {RESUME_STEPS} steps of "
-                      "the job", "call job.build() once, then job.train_step(ddp, optimizer, "
-                      "scheduler, *job.batch(step)) for step = 0, 1, ...; saving a "
-                      "checkpoint must not change the training.")
+                      "the job", "without a failure your loop must train exactly as the "
+                      "job does: build it once, then one train step per step, in order, "
+                      "each with that step's batch; saving a checkpoint must not change "
+                      "the training.")
     written = sum(io["write"] for io in clean.storage_io)
     if written == 0:
         raise Failure(f"{where}: no rank wrote a checkpoint (torch.save or dcp.save to a "
@@ -261,7 +266,7 @@ def check_resume(fn):
         raise Failure(f"{where}: checkpoints were written after step(s) "
                       f"{listed(sorted(saved_after))} only; every {RESUME_EVERY} steps of "
                       f"{RESUME_STEPS} is after steps {listed(due)}",
-                      "save whenever step % every == 0 (not only once, step == every): a "
+                      f"save every {RESUME_EVERY} steps, each time, not only the first: a "
                       "crash redoes the work since the latest checkpoint.")
     torn = _torn_write_case(clean)
     cases = _crash_cases(clean.elapsed) + torn
@@ -282,15 +287,14 @@ def check_resume(fn):
                 raise Failure(f"{what}: the final parameters after the restart differ from "
                               f"the fault-free run: the same parameters as "
                               f"{STEP_SLIPS[piece][0]}", STEP_SLIPS[piece][1])
-            found = (f": the same parameters as a restart that does not restore the {piece}"
-                     if piece else "")
+            slip = RESUME_SLIPS.get(piece, f"a restart that does not restore the {piece}")
+            found = f": the same parameters as {slip}" if piece else ""
             raise Failure(f"{what}: the final parameters after the restart differ from the "
                           f"fault-free run{found}",
-                          RESUME_HINTS.get(piece, "restore everything the steps depend on: "
-                                           "model, optimizer, scheduler, the step (data "
-                                           "position) and every rank's own RNG state "
-                                           "(torch.set_rng_state(states[rank]) on each "
-                                           "rank, not rank 0's everywhere)."))
+                          (RESUME_HINTS[piece] if piece else
+                           "something the next steps depend on did not come back as it "
+                           "was: model, optimizer, scheduler, the step, every rank's own "
+                           "RNG state?") + " " + hint.pointer("resume"))
         resumed = _resumed_from_memory(run, gradient_bytes)
         if resumed is not None:
             raise Failure(f"{what}: the restarted run went on from step {resumed} but read "
@@ -569,9 +573,10 @@ def _check_plan(before, failure, new, where):
                       "back to the checkpoint's round (plan['checkpoint']).")
 
 
-def _plans(fn, servers, workers, failures):
+def _plans(fn, servers, workers, failures, events=None):
     """The plans the job follows: ``{iteration: (failure, new plan)}``, asking ``fn`` at
-    each failure (outside the cluster: every rank would decide the same)."""
+    each failure (outside the cluster: every rank would decide the same). ``events`` (a
+    list) gets ``(round before, checkpoint, round after, slices reloaded)`` per failure."""
     plan, at, iteration, schedule = _initial_plan(servers, workers), dict(failures), 0, {}
     while plan["round"] < PS_ROUNDS and iteration < 4 * PS_ROUNDS:
         if iteration in at:
@@ -584,6 +589,9 @@ def _plans(fn, servers, workers, failures):
             _check_plan(before, failure, new, where)
             plan = dict(copy.deepcopy(new), round=int(new["round"]))   # a numpy int too
             schedule[iteration] = (failure, copy.deepcopy(plan))
+            if events is not None:
+                events.append((before["round"], before["checkpoint"], plan["round"],
+                               set(plan["reload"])))
         plan["round"] += 1
         iteration += 1
     return schedule
@@ -673,6 +681,33 @@ def _slices(run):
     return found
 
 
+def _lost_cause(piece, events):
+    """``": it was reloaded ..."`` for a slice reloaded while the job went on past the
+    checkpoint's round (what loses rounds), or ``""``."""
+    for before, checkpoint, after, reload in events:
+        if piece in reload and after > checkpoint:
+            return (f": it was reloaded as it was at round {checkpoint} (the checkpoint), and "
+                    f"the job went on at round {after}")
+    return ""
+
+
+def _twice_cause(piece, events):
+    """``(what, hint)`` for a slice that applied rounds twice: the job went back while the
+    slice kept its rounds, or went back before the checkpoint it was reloaded from."""
+    for before, checkpoint, after, reload in events:
+        if after < before and piece not in reload:
+            return (f": the job went back from round {before} to {after}, and slice {piece} "
+                    "was not reloaded, so it had applied those rounds already",
+                    "a slice that is not reloaded keeps every round it applied; going back "
+                    "makes it apply them again.")
+        if piece in reload and after < checkpoint:
+            return (f": it was reloaded as at round {checkpoint} and the job went back to "
+                    f"round {after}", "the checkpoint already holds every round before "
+                    "plan['checkpoint']: going back further redoes them.")
+    return "", ("a round is applied again only if the job goes back to it; which slices "
+                "still had it?")
+
+
 @check("parameter-server recovery")
 def check_recovery(fn):
     """``fn(plan, failure)``: the new plan after a worker or server failure. Driven through
@@ -686,7 +721,8 @@ def check_recovery(fn):
     clean = {}
     for servers, workers, failures in RECOVERY_CASES:
         what = f"{servers} servers, {workers} workers, {listed(_failure_text(f) for _, f in failures)} failing"
-        schedule = _plans(fn, servers, workers, failures)
+        events = []
+        schedule = _plans(fn, servers, workers, failures, events)
         if (servers, workers) not in clean:
             with tempfile.TemporaryDirectory() as d:
                 clean[servers, workers] = _slices(cluster.run(
@@ -701,15 +737,16 @@ def check_recovery(fn):
             twice = sorted({r for r in applied if applied.count(r) > 1})
             if lost:
                 raise Failure(f"{what}: updates lost: slice {piece} never applied round(s) "
-                              f"{_ranges(lost)}", "a reloaded slice is back at the "
-                              "checkpoint while the others are not: after a server failure "
-                              "reload every slice and go back to the checkpoint's round "
-                              "(plan['checkpoint']), so that the lost rounds are done again.")
+                              f"{_ranges(lost)}{_lost_cause(piece, events)}",
+                              "a slice loaded from the checkpoint has lost the rounds since "
+                              "then; the slices that were not reloaded still have them. No "
+                              "round to go on from suits both: what would make every slice "
+                              "agree? " + hint.pointer("recovery"))
             if twice:
+                cause, why = _twice_cause(piece, events)
                 raise Failure(f"{what}: updates applied twice: slice {piece} applied round(s)"
-                              f" {_ranges(twice)} twice", "going back to an earlier round "
-                              "redoes its updates: only slices reloaded from the checkpoint "
-                              "may go back, and all of them to the checkpoint's round.")
+                              f" {_ranges(twice)} twice{cause}",
+                              why + " " + hint.pointer("recovery"))
         for piece, (params, _) in sorted(clean[servers, workers].items()):
             if not torch.equal(got[piece][0], params):
                 raise Failure(f"{what}: slice {piece} differs from the run without failure",
