@@ -161,14 +161,18 @@ def _ddp_rank(mismatch=None):
 
 
 def _all_gather_rank():
-    """all_gather into a list (the outputs rows of one buffer) and into separate tensors."""
+    """all_gather into a list (the outputs rows of one buffer), into separate tensors and
+    into tensors autograd tracks."""
     import torch.distributed as dist
     n, rank = dist.get_world_size(), dist.get_rank()
     rows = torch.zeros(n, 3)
     dist.all_gather(list(rows), torch.full((3,), float(rank)))
     separate = [torch.zeros(2, dtype=torch.int64) for _ in range(n)]
     dist.all_gather(separate, torch.arange(2) + 10 * rank)
-    return rows.tolist(), [t.tolist() for t in separate]
+    tracked = [torch.zeros(2, requires_grad=True) for _ in range(n)]   # autograd's leaves
+    dist.all_gather(tracked, torch.full((2,), float(rank)))
+    assert all(t.grad_fn is None and t.requires_grad for t in tracked)
+    return rows.tolist(), [t.tolist() for t in separate], [t.tolist() for t in tracked]
 
 
 TWO_NODES = sc.Cluster.preset("dgx-a100", nodes=2)
@@ -200,7 +204,8 @@ def test_bulk_work_charges_exactly_what_the_reference_charges(name, monkeypatch,
 def test_bulk_all_gather_gives_every_rank_every_input():
     run = TWO_NODES.run(_all_gather_rank, world_size=8)
     rows = [[float(r)] * 3 for r in range(8)]
-    assert run.results == [(rows, [[10 * r, 10 * r + 1] for r in range(8)])] * 8
+    assert run.results == [(rows, [[10 * r, 10 * r + 1] for r in range(8)],
+                            [[float(r)] * 2 for r in range(8)])] * 8
 
 
 @pytest.mark.parametrize("mismatch", ["count", "shape", "strides"])
