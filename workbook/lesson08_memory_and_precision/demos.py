@@ -35,7 +35,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 import simcluster as sc
 from simcluster.spec import preset
 from workbook.formulas import korthikanti_bytes  # noqa: F401 (shared with lesson 13's drills)
-from workbook.models import Block, activation_bytes
+from workbook.models import Block, activation_bytes, first_optimizer_step
 
 GiB = 2**30
 CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "other")
@@ -128,15 +128,19 @@ def parameter_count(layers, hidden):
 
 
 def train_steps(layers=12, hidden=1024, heads=16, seq=1024, batch=8, precision="fp32",
-                micro_batches=1, steps=2, fake=True, dropout=0.1, seed=0, **checkpointing):
+                micro_batches=1, steps=2, fake=True, dropout=0.1, seed=0, full_warmup=False,
+                **checkpointing):
     """What the rank runs: ``steps`` Adam steps of :class:`GPT` (``checkpointing``: its
     ``checkpoint``, ``selective`` or ``segments``) in ``precision`` (a key of
     :data:`PRECISIONS`), each step on ``batch`` sequences split into ``micro_batches``
     (gradient accumulation: each micro-batch's loss is divided by their number).
 
     The loss is the mean square of the output (a stand-in for the LM head's
-    cross-entropy). Warm-up steps (all but the last) run one micro-batch: they only create
-    Adam's state. A barrier marks the start of the last step, where the peak is reset.
+    cross-entropy). Warm-up steps (all but the last) only create Adam's state: with
+    :func:`~workbook.models.first_optimizer_step` (no forward: the last step sees the
+    same parameters, Adam state and memory, and the simulation is about twice as fast),
+    or with ``full_warmup`` as a real step of one micro-batch (to see it in the memory
+    plot). A barrier marks the start of the last step, where the peak is reset.
     Returns ``{"held": bytes by category the last micro-batch's forward added (what it
     keeps for the backward), "state": bytes by category after the last optimizer step,
     "loss": the last loss (None on fake tensors)}``.
@@ -158,10 +162,16 @@ def train_steps(layers=12, hidden=1024, heads=16, seq=1024, batch=8, precision="
             if last:
                 dist.barrier()                     # the measured step starts here
                 sc.reset_peak_memory()
-            # the warm-up steps only have to create Adam's state: one micro-batch each
+            elif not full_warmup:
+                # the warm-up steps only have to create Adam's state: no forward needed
+                first_optimizer_step(model, optimizer)
+                optimizer.zero_grad()
+                continue
+            # a full warm-up step runs one micro-batch: it too only creates Adam's state
             for _ in range(micro_batches if last else 1):
                 x = torch.randn(batch // micro_batches, seq, hidden,
                                 generator=None if fake else generator)
+                loss = None              # a previous loss is not what this forward keeps
                 before = sc.memory_in_use()
                 with autocast:
                     loss = model(x).float().square().mean() / micro_batches
