@@ -756,12 +756,19 @@ class SimProcessGroup(dist.ProcessGroup):
             # Full duplex, as NVLink and InfiniBand are: the message needs the sender's
             # send lane and the receiver's receive lane, so a rank's send and receive of
             # one batch_isend_irecv overlap, while its sends to several peers queue on its
-            # egress (they share its bandwidth).
+            # egress (they share its bandwidth): the transfer takes the first time from
+            # when both sides have posted it that both lanes are free for it.
             nbytes = _nbytes([send.tensor])
             sender, receiver = recorder.clocks[send.src], recorder.clocks[recv.dst]
-            start = max(send.posted, recv.posted, sender.send_free, receiver.recv_free)
-            send.end = recv.end = start + recorder.cost.p2p_time(send.src, recv.dst, nbytes,
-                                                                 at=start)
+            start = max(send.posted, recv.posted)
+            while True:
+                end = start + recorder.cost.p2p_time(send.src, recv.dst, nbytes, at=start)
+                clashes = [c for c in (sender.lane_clash("send", start, end),
+                                       receiver.lane_clash("recv", start, end)) if c is not None]
+                if not clashes:
+                    break
+                start = max(clashes)
+            send.end = recv.end = end
             reason = self._world.faults.dies_before((send.src, recv.dst), send.end)
             if reason is not None:   # one side dies before the message is through
                 self._world.faults.fail_message(send, reason)

@@ -80,7 +80,8 @@ class RankClock:
     Attributes:
         now: when the compute stream is next free.
         send_free, recv_free: when the send lane (egress) and the receive lane (ingress)
-            of the communication stream are next free.
+            of the communication stream are free for good (after their last transfer);
+            a point-to-point message may still use an earlier gap (:meth:`lane_clash`).
         comm_free: when the communication stream is all free: the later of the two lanes.
         compute, comm, idle: simulated seconds spent computing, communicating (a send and
             a receive at the same time count once), and waiting on the compute stream.
@@ -105,6 +106,8 @@ class RankClock:
         self.pending_reads = self._ready_at   # the same dict, read (never written) by
         # the accounting's fast path, which skips has_pending_reads' call per op
         self._busy_starts, self._busy_ends = [], []  # communication spans, sorted, disjoint
+        # the same per lane: a message needs only its own lane, a collective both
+        self._lanes = {"send": ([], []), "recv": ([], [])}
         self.deadline = math.inf
         self._on_deadline = None   # called (and raises) when the clock reaches the deadline
         self.deadline_label = ""   # what the compute stream waits for until the deadline
@@ -193,10 +196,13 @@ class RankClock:
         """
         if lane != "recv":
             self.send_free = max(self.send_free, end)
+            _add_span(*self._lanes["send"], start, end)
         if lane != "send":
             self.recv_free = max(self.recv_free, end)
+            _add_span(*self._lanes["recv"], start, end)
         self.events.append(ClockEvent("comm", start, end, label))
-        fresh = self._mark_busy(start, end)   # the parts when no other transfer ran
+        # the parts when no other transfer ran
+        fresh = _add_span(self._busy_starts, self._busy_ends, start, end)
         self.comm += sum(b - a for a, b in fresh)
         if self.overlap_slowdown == 1.0:
             return
@@ -210,21 +216,19 @@ class RankClock:
         self.run_compute(overlap * (1 - 1 / self.overlap_slowdown), "(slowed by communication)",
                          may_die=False)
 
-    def _mark_busy(self, start, end):
-        """Add ``[start, end)`` to the busy spans; return its parts that were not busy."""
-        starts, ends = self._busy_starts, self._busy_ends
-        i = j = bisect.bisect_right(ends, start)
-        fresh, t = [], start
-        while j < len(starts) and starts[j] < end:
-            if starts[j] > t:
-                fresh.append((t, starts[j]))
-            t = max(t, ends[j])
-            j += 1
-        if t < end:
-            fresh.append((t, end))
-        starts[i:j] = [min([start] + starts[i:j])]
-        ends[i:j] = [max([end] + ends[i:j])]
-        return fresh
+    def lane_clash(self, lane, start, end):
+        """The latest end of the transfers already on ``lane`` (``"send"`` or ``"recv"``)
+        that overlap ``[start, end)``, or None if the lane is free then.
+
+        Messages are matched in the order the rank threads happen to run, not in simulated
+        time, so a message posted early may be matched after one posted later: it still
+        gets the gap before that one if it fits."""
+        starts, ends = self._lanes[lane]
+        i = bisect.bisect_right(ends, start)   # the first span ending after start
+        if i < len(starts) and starts[i] < end:
+            j = bisect.bisect_left(starts, end)   # the spans from i to j overlap
+            return ends[j - 1]
+        return None
 
     def wait_until(self, t, label):
         """The compute stream waits (idle) until simulated time ``t``; the rank dies if
@@ -270,3 +274,20 @@ class RankClock:
     def end(self):
         """When this rank's last work, compute or communication, finished."""
         return max(self.now, self.comm_free)
+
+
+def _add_span(starts, ends, start, end):
+    """Add ``[start, end)`` to the sorted, disjoint spans ``starts``/``ends`` (merging
+    what it overlaps); return its parts that were not covered before."""
+    i = j = bisect.bisect_right(ends, start)
+    fresh, t = [], start
+    while j < len(starts) and starts[j] < end:
+        if starts[j] > t:
+            fresh.append((t, starts[j]))
+        t = max(t, ends[j])
+        j += 1
+    if t < end:
+        fresh.append((t, end))
+    starts[i:j] = [min([start] + starts[i:j])]
+    ends[i:j] = [max([end] + ends[i:j])]
+    return fresh

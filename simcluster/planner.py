@@ -65,11 +65,24 @@ SOFTWARE_EFFICIENCY = 0.851
 ADAM_BYTES_PER_PARAMETER = 34
 # Memory per parameter under mixed-precision Adam (Rajbhandari et al. 2020, ZeRO):
 # 16-bit weights and gradients, K = 12 bytes of fp32 master weights, momentum, variance.
+# Training in fp32 keeps 4-byte weights and gradients and needs no master copy (K = 8):
+# see model_state_bytes.
 WEIGHT_BYTES, GRADIENT_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 # Bytes per logit the vocabulary-parallel cross-entropy moves, forward and backward
 # (Megatron-LM's vocab_parallel_cross_entropy: fp32 cast, max-subtract, exp, sum, divide,
 # then the gradient softmax - one-hot): ~6 passes over fp32 logits.
 CROSS_ENTROPY_BYTES_PER_LOGIT = 24
+
+
+def model_state_bytes(dtype):
+    """``(weight, gradient, optimizer)`` bytes per parameter when training in ``dtype``
+    with Adam: weights and gradients in ``dtype``; fp32 momentum and variance, plus an
+    fp32 master copy of the weights when they are 16-bit (2 + 2 + 12, Rajbhandari et al.
+    2020); in fp32 the weights are their own master (4 + 4 + 8)."""
+    value_bytes = DTYPES[_check_choice(dtype, tuple(DTYPES), "dtype")][1]
+    if value_bytes == 4:
+        return 4, 4, 8
+    return WEIGHT_BYTES, GRADIENT_BYTES, OPTIMIZER_BYTES
 
 
 def _real(value):
@@ -682,11 +695,12 @@ def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, sched
     # --- data parallel
     stage_params = max(_stage_parameters(cfg, pp, tp))
     dp_ranks = tuple(i * tp for i in range(dp))
+    state = model_state_bytes(dtype)
     dp_exposed = _dp_exposed(costs, dp_ranks, stage_params, layers, m, pp, zero,
-                             compute_mb + recompute_mb) if dp > 1 else 0.0
+                             compute_mb + recompute_mb, state) if dp > 1 else 0.0
     # the same collectives with no compute to hide behind: what overlap has to hide
     dp_traffic = _dp_exposed(costs, dp_ranks, stage_params, layers, m, pp, zero,
-                             0.0) if dp > 1 else 0.0
+                             0.0, state) if dp > 1 else 0.0
 
     shard = dp if zero >= 1 else 1
     optimizer = dev.memory_bound(ADAM_BYTES_PER_PARAMETER * stage_params / shard)
@@ -702,7 +716,7 @@ def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, sched
     }
     step = sum(breakdown.values())
     memory = _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes,
-                     efficiency.fused)
+                     efficiency.fused, state)
     return Estimate(tp=tp, pp=pp, dp=dp, global_batch=global_batch, micro_batch=b,
                     recompute=recompute, sequence_parallel=sp, zero=zero,
                     schedule="interleaved" if v > 1 else schedule, virtual_stages=v,
@@ -713,7 +727,7 @@ def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, sched
                     breakdown=breakdown, dp_traffic=dp_traffic)
 
 
-def _dp_exposed(costs, ranks, params, layers, m, pp, zero, busy_mb):
+def _dp_exposed(costs, ranks, params, layers, m, pp, zero, busy_mb, state):
     """Seconds of data-parallel communication not hidden behind compute.
 
     ZeRO 0: one all-reduce of the gradients; 1 and 2: a reduce-scatter of the gradients
@@ -725,9 +739,9 @@ def _dp_exposed(costs, ranks, params, layers, m, pp, zero, busy_mb):
     overlaps the last micro-batch's backward (DDP's buckets, FSDP's per-layer hooks) and
     ZeRO-3's gathers the rest of the compute (prefetch); overlapped compute runs
     ``OVERLAP_SLOWDOWN`` times slower. With ``pp > 1`` they are exposed, as Megatron-LM
-    reduces gradients after the pipeline flush.
+    reduces gradients after the pipeline flush. ``state``: :func:`model_state_bytes`.
     """
-    grads, weights = params * GRADIENT_BYTES, params * WEIGHT_BYTES
+    weights, grads = params * state[0], params * state[1]
     after = 0.0
     gathers = 0.0
     if zero == 0:
@@ -779,25 +793,34 @@ def _in_flight(pp, m, schedule, v):
     return min(m, pp)
 
 
-def _zero3_unsharded(params, weights, grads, layers, pp):
+def _zero3_unsharded(params, weights, grads, layers, pp, state):
     """ZeRO-3's shards plus what is unsharded at the peak, as FSDP2 does it (one unit per
     layer and one for the rest): with ``pp == 1`` two units' weights (the one running and
     the one prefetched) and one unit's gradients before its reduce-scatter; with ``pp > 1``
     the whole stage's weights and gradients, which torch's pipelining keeps unsharded
-    across micro-batches (the gradients are reduced after the last one)."""
+    across micro-batches (the gradients are reduced after the last one). ``state``:
+    :func:`model_state_bytes`."""
+    weight_bytes, grad_bytes = state[0], state[1]
     unit = params / (layers + 1)
     if pp > 1:
-        return weights + params * WEIGHT_BYTES, grads + params * GRADIENT_BYTES
-    return weights + 2 * unit * WEIGHT_BYTES, grads + unit * GRADIENT_BYTES
+        return weights + params * weight_bytes, grads + params * grad_bytes
+    return weights + 2 * unit * weight_bytes, grads + unit * grad_bytes
 
 
-def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes, fused):
-    """Bytes per GPU by category on the worse of the first and the last stage.
+def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes, fused,
+            state):
+    """Bytes per GPU by category on the worse of the first and the last stage, booked as
+    the executing simulator books them (``simcluster.memory.CATEGORIES``; its "optimizer
+    state" is "optimizer" here, and its "activations" are "activations" + "workspace").
 
-    "activations" is what the layers store for their backward, as Korthikanti et al. 2022
-    count it (Table 2 per layer, times the layers and micro-batches in flight; their
-    Figure 1); "workspace" is what comes on top at the peak: the activations of the layer
-    being recomputed and back-propagated, and the output layer's fp32 logits."""
+    "parameters", "gradients", "optimizer" are the model states, ``state`` =
+    :func:`model_state_bytes` per parameter, sharded by the ZeRO stage; "gradients" are
+    the parameter gradients only. "activations" is what the layers store for their
+    backward, as Korthikanti et al. 2022 count it (Table 2 per layer, times the layers and
+    micro-batches in flight; their Figure 1); "workspace" is what comes on top at the
+    peak: the activations of the layer being recomputed and back-propagated, and the
+    output layer's fp32 logits. "other" is the backward's activation gradients: the
+    gradient of the attention probabilities (and, eager, of the scores), the largest."""
     scale = value_bytes / 2  # the formulas count 16-bit activations
     per_layer = activation_memory_per_layer(cfg, b, tp, sp, recompute) * scale
     working = 0.0  # the layer being recomputed and back-propagated holds its activations
@@ -812,6 +835,7 @@ def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes
     # that of the scores (the fused softmax backward writes it in place)
     score_grads = ((1 if fused else 2) * 2 * cfg.heads * cfg.seq_len ** 2 * b / tp
                    * scale)
+    weight_bytes, grad_bytes, optimizer_bytes = state
     first_params, last_params = _stage_parameters(cfg, pp, tp)
     in_flight = _in_flight(pp, m, schedule, v)
     stages = []
@@ -819,17 +843,18 @@ def _memory(cfg, tp, pp, dp, b, m, recompute, sp, zero, schedule, v, value_bytes
                                 (last_params, max(1, in_flight - (pp - 1)), logits)):
         activations = per_layer * (cfg.layers // pp) * held
         workspace = working + (logits if pp == 1 else extra)
-        weights = params * WEIGHT_BYTES / (dp if zero >= 3 else 1)
-        grads = params * GRADIENT_BYTES / (dp if zero >= 2 else 1)
+        weights = params * weight_bytes / (dp if zero >= 3 else 1)
+        grads = params * grad_bytes / (dp if zero >= 2 else 1)
         if zero == 3 and dp > 1:
-            weights, grads = _zero3_unsharded(params, weights, grads, cfg.layers // pp, pp)
-        grads += score_grads
+            weights, grads = _zero3_unsharded(params, weights, grads, cfg.layers // pp, pp,
+                                              state)
         stages.append({
             "parameters": int(weights),
             "gradients": int(grads),
-            "optimizer": int(params * OPTIMIZER_BYTES / (dp if zero >= 1 else 1)),
+            "optimizer": int(params * optimizer_bytes / (dp if zero >= 1 else 1)),
             "activations": int(activations),
-            "workspace": int(workspace)})
+            "workspace": int(workspace),
+            "other": int(score_grads)})
         if pp == 1:
             break
     return max(stages, key=lambda d: sum(d.values()))

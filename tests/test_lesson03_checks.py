@@ -227,11 +227,14 @@ COPY_BACK_HINT, BUCKET_HINT = checks.COPY_BACK_HINT, checks.BUCKET_HINT
      "world size 1, bucket cap 4000 bytes, step 1: rank 0 called 6 collective(s) "
      "(all_reduce); DDP all-reduces 1 bucket(s) — Hint: " + BUCKET_HINT),
     (buckets_in_parameter_order, "world size 1, bucket cap 1360 bytes: your all-reduces "
-     "carry 1600, 336 bytes; DDP's buckets carry 1360, 576 bytes — Hint: " + BUCKET_HINT),
+     "carry 1600, 336 bytes; DDP's buckets carry 1360, 576 bytes — Hint: "
+     + checks.FORWARD_ORDER_HINT),
     (closes_before_the_cap, "world size 1, bucket cap 336 bytes, step 1: rank 0 called 4 "
      "collective(s) (all_reduce); DDP all-reduces 3 bucket(s) — Hint: " + BUCKET_HINT),
     (closes_past_the_cap, "world size 1, bucket cap 1360 bytes: your all-reduces carry "
-     "1424, 512 bytes; DDP's buckets carry 1360, 576 bytes — Hint: " + BUCKET_HINT),
+     "1424, 512 bytes; DDP's buckets carry 1360, 576 bytes — Hint: a bucket that holds "
+     "exactly 1360 bytes has reached the cap: it is full (\"reaches the cap or more\"). "
+     "(more help: checks.hint('buckets'))"),
     (never_copies_back, "world size 2, bucket cap 4000 bytes, step 1: rank 0, 0.weight: the "
      "gradient is still this rank's own (not averaged): element 0 is 0.02095, DDP has "
      "-0.01737 — Hint: " + COPY_BACK_HINT),
@@ -292,6 +295,18 @@ class NeverResetsItsCounters(OverlappedDDP):
         self.pending = []
 
 
+class NeverClearsPending(OverlappedDDP):
+    """Right values every step (the stale buckets are copied back first, this step's
+    after them), but finish() leaves this step's all-reduces in self.pending."""
+
+    def finish(self):
+        p = dist.get_world_size()
+        for i, flat, work in self.pending:
+            work.wait()
+            MINE["_reduce_bucket"](self.buckets[i], flat, p)
+        self.ready = [0] * len(self.buckets)
+
+
 class HookRaises(OverlappedDDP):
     def _grad_ready(self, param):
         raise KeyError("bucket of this parameter")
@@ -309,6 +324,9 @@ class HookRaises(OverlappedDDP):
      + checks.OVERLAP_HINT),
     (NeverResetsItsCounters, "world size 1, bucket cap 4000 bytes, step 2: rank 0 called 0 "
      "collective(s) (none); DDP all-reduces 1 bucket(s) — Hint: " + checks.RESET_HINT),
+    (NeverClearsPending, "world size 1, bucket cap 4000 bytes, step 1: after finish(), rank "
+     "0's self.pending still holds 1 all-reduce(s) it has already copied back — Hint: "
+     + checks.STALE_HINT),
     (HookRaises, "world size 1, bucket cap 4000 bytes: rank 0 raised KeyError: 'bucket of "
      "this parameter' — Hint: " + checking.HINTS["exception"]),
 ])
@@ -377,7 +395,7 @@ ACCUMULATION_HINT, IN_NO_SYNC = checks.ACCUMULATION_HINT, checks.IN_NO_SYNC_HINT
      "rank 0 all-reduced 4 time(s); DDP needs 1 (one bucket) — Hint: " + IN_NO_SYNC),
     (forgot_to_scale_the_loss, "world size 2, 4 micro-batches of 2, after 3 steps: rank 0, "
      "0.weight, element 0: -0.01774, the big-batch run has -0.006516 — Hint: "
-     + ACCUMULATION_HINT),
+     + checks.SCALE_HINT),
     (everything_in_no_sync, "world size 1, 1 micro-batch of 2, optimizer step 1: rank 0 "
      "all-reduced 0 time(s); DDP needs 1 (one bucket) — Hint: " + checks.LAST_OUTSIDE_HINT),
     (rank_1_never_syncs, "world size 2, 4 micro-batches of 2: deadlock (rank 0: all_reduce "
@@ -386,6 +404,88 @@ ACCUMULATION_HINT, IN_NO_SYNC = checks.ACCUMULATION_HINT, checks.IN_NO_SYNC_HINT
 ])
 def test_accumulation_mistakes(capsys, short_timeout, answer, message):
     expect(capsys, checks.check_accumulation, answer, ACCUMULATION + message)
+
+
+# zero_grad placement (newcomer trial): where the gradients are cleared decides what the
+# step sees; each wrong place gets the cause the check finds in the gradients it saw
+
+
+def never_zeroes(ddp_model, optimizer, micro_batches, loss_fn):
+    k = len(micro_batches)
+    with ddp_model.no_sync():
+        for x, y in micro_batches[:-1]:
+            (loss_fn(ddp_model(x), y) / k).backward()
+    x, y = micro_batches[-1]
+    (loss_fn(ddp_model(x), y) / k).backward()
+    optimizer.step()
+
+
+def zeroes_before_the_step(ddp_model, optimizer, micro_batches, loss_fn):
+    k = len(micro_batches)
+    with ddp_model.no_sync():
+        for x, y in micro_batches[:-1]:
+            (loss_fn(ddp_model(x), y) / k).backward()
+    x, y = micro_batches[-1]
+    (loss_fn(ddp_model(x), y) / k).backward()
+    optimizer.zero_grad()
+    optimizer.step()
+
+
+def zeroes_every_micro_batch(ddp_model, optimizer, micro_batches, loss_fn):
+    k = len(micro_batches)
+    with ddp_model.no_sync():
+        for x, y in micro_batches[:-1]:
+            optimizer.zero_grad()
+            (loss_fn(ddp_model(x), y) / k).backward()
+    x, y = micro_batches[-1]
+    optimizer.zero_grad()
+    (loss_fn(ddp_model(x), y) / k).backward()
+    optimizer.step()
+
+
+def steps_every_micro_batch(ddp_model, optimizer, micro_batches, loss_fn):
+    k = len(micro_batches)
+    with ddp_model.no_sync():
+        for x, y in micro_batches[:-1]:
+            (loss_fn(ddp_model(x), y) / k).backward()
+            optimizer.step()
+    x, y = micro_batches[-1]
+    (loss_fn(ddp_model(x), y) / k).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def zeroes_at_the_start(ddp_model, optimizer, micro_batches, loss_fn):
+    """The common idiom: clear, then accumulate and step. As right as clearing at the
+    end: no gradient of one call reaches the next call's step."""
+    optimizer.zero_grad()
+    k = len(micro_batches)
+    with ddp_model.no_sync():
+        for x, y in micro_batches[:-1]:
+            (loss_fn(ddp_model(x), y) / k).backward()
+    x, y = micro_batches[-1]
+    (loss_fn(ddp_model(x), y) / k).backward()
+    optimizer.step()
+
+
+@pytest.mark.parametrize("answer, message", [
+    (never_zeroes, "world size 1, 1 micro-batch of 2, after 3 steps: rank 0, 0.weight, "
+     "element 0: -0.004562, the big-batch run has -0.004436 — Hint: " + checks.LEFTOVER_HINT),
+    (zeroes_before_the_step, "world size 1, 1 micro-batch of 2, after 3 steps: rank 0, "
+     "0.weight, element 0: -0.002647, the big-batch run has -0.004436 — Hint: "
+     + checks.ZEROED_BEFORE_STEP_HINT),
+    (zeroes_every_micro_batch, "world size 2, 4 micro-batches of 2, after 3 steps: rank 0, "
+     "0.weight, element 0: -0.002763, the big-batch run has -0.006516 — Hint: "
+     + checks.ZEROED_BETWEEN_HINT),
+    (steps_every_micro_batch, "world size 2, 4 micro-batches of 2, call 1: rank 0 ran 4 "
+     "optimizer step(s); one call is one step — Hint: " + checks.STEPS_HINT),
+])
+def test_accumulation_zero_grad_and_step_mistakes(capsys, answer, message):
+    expect(capsys, checks.check_accumulation, answer, ACCUMULATION + message)
+
+
+def test_clearing_the_gradients_at_the_start_is_right_too(capsys):
+    assert line(capsys, checks.check_accumulation, zeroes_at_the_start)[0]
 
 
 # ------------------------------------------------------ exercise 5: the trainer
@@ -421,6 +521,23 @@ class EveryRankTakesTheSameSamples(DistributedTrainer):
             start = step * self.global_batch
             micro = [(inputs[start + i * b:start + (i + 1) * b],
                       targets[start + i * b:start + (i + 1) * b]) for i in range(k)]
+            MINE["train_with_accumulation"](model, optimizer, micro, loss_fn)
+        return [p.detach().clone() for p in model.parameters()]
+
+
+class InterleavedRows(DistributedTrainer):
+    """Every row of the step used once, rank r taking every p-th row (as torch's
+    DistributedSampler deals them): the same gradient, but not the rows the lab gives."""
+
+    def train(self, make_model, inputs, targets, loss_fn, lr, steps):
+        rank, b, k = dist.get_rank(), self.batch_size, self.gradient_accumulation
+        model = DDP(make_model())
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        for step in range(steps):
+            rows = torch.arange(step * self.global_batch, (step + 1) * self.global_batch)
+            mine = rows[rank::self.world_size]
+            micro = [(inputs[mine[i * b:(i + 1) * b]], targets[mine[i * b:(i + 1) * b]])
+                     for i in range(k)]
             MINE["train_with_accumulation"](model, optimizer, micro, loss_fn)
         return [p.detach().clone() for p in model.parameters()]
 
@@ -475,14 +592,12 @@ PLACEMENT_HINT = ("the ranks need 3 node(s) of 2 GPU(s) each; a preset node has 
     (BatchSizeIsGlobal, "global_batch is 2, expected batch_size × nodes × gpus_per_node × "
      "gradient_accumulation = 24 — Hint: batch_size is per GPU, as in the article: the global "
      "batch counts every GPU and every micro-batch. (more help: checks.hint('trainer'))"),
-    (EveryRankTakesTheSameSamples, "rank 0, 0.weight, element 0: 0.0003162, the big-batch "
-     "run has -0.001584 — Hint: the ranks' micro-batches are not the rows the lab gives "
-     "them: within a step, rank r's rows start after those of ranks 0 … r−1. (more help: "
-     "checks.hint('trainer'))"),
+    (EveryRankTakesTheSameSamples, "rank 1, step 1, micro-batch 1 trained on rows 0–1; the "
+     "lab gives it rows 4–5 — Hint: " + checks.ROWS_HINT),
+    (InterleavedRows, "rank 0, step 1, micro-batch 1 trained on rows 0, 6; the lab gives it "
+     "rows 0–1 — Hint: " + checks.ROWS_HINT),
     (RightRowsWrongStep, "rank 0, 0.weight, element 0: -0.000532, the big-batch run has "
-     "-0.001584 — Hint: every rank took the right rows, so the step itself is wrong: does "
-     "your train_with_accumulation pass exercise 4's check? (more help: "
-     "checks.hint('trainer'))"),
+     "-0.001584 — Hint: " + checks.STEP_HINT),
     (IgnoresAccumulation, "rank 0 computed 2 loss(es) on micro-batches of 2 sample(s) in 2 "
      "steps; expected 4 of 2 — Hint: each optimizer step, every rank takes "
      "gradient_accumulation micro-batches of batch_size samples (batch_size is per GPU). "

@@ -46,14 +46,18 @@ ONE_F_ONE_B_BUBBLES = ("p = 2, m = 4: 20.5% (formula 20.0%), p = 4, m = 8: 27.8%
                        "27.3%); ")
 
 
+GPIPE_VALUES = VALUES.replace("gradients equal", "gradients (and the first stage's input "
+                                                 "gradients) equal")
+
+
 @pytest.mark.parametrize("check, answer, text", [
-    (checks.check_gpipe, MINE["gpipe"], VALUES + GPIPE_BUBBLES + "stages held 8 / 8 / 8 / 8 micro-batches "
+    (checks.check_gpipe, MINE["gpipe"], GPIPE_VALUES + GPIPE_BUBBLES + "stages held 8 / 8 / 8 / 8 micro-batches "
      "of activations (p = 4, m = 8)"),
     (checks.check_1f1b, MINE["one_f_one_b"], VALUES + ONE_F_ONE_B_BUBBLES + "stages held 4 / 3 / 2 / 1 "
      "micro-batches of activations (p = 4, m = 8)"),
     (checks.check_interleaved_bubble, MINE["interleaved_bubble"],
      "right on 60 cases of p ∈ {1, 2, 4, 8}, m up to 32, v ∈ {1, 2, 4}"),
-    (checks.check_pick_m_v, MINE["pick_m_v"], "right on 9 cases (6 feasible, 3 infeasible)"),
+    (checks.check_pick_m_v, MINE["pick_m_v"], "right on 10 cases (7 feasible, 3 infeasible)"),
 ])
 def test_reference_passes(capsys, check, answer, text):
     expect(capsys, check, answer, f"✅ {NAMES[check]}: {text}")
@@ -110,11 +114,16 @@ def receive(shape, src):
     return x
 
 
-def forward(stage, i, inputs, targets, loss_fn, shape, scale=True, wants_grad=True):
-    """Micro-batch ``i`` through this stage, its input received unless on the first stage;
-    the last stage returns the loss, divided by m when ``scale``."""
+def forward(stage, i, inputs, targets, loss_fn, shape, scale=True, wants_grad=True,
+            first_wants_grad=True):
+    """Micro-batch ``i`` through this stage, its input received unless on the first stage
+    (where it wants its gradient when ``first_wants_grad``); the last stage returns the
+    loss, divided by m when ``scale``."""
     rank, p, m = dist.get_rank(), dist.get_world_size(), len(inputs)
-    x = inputs[i] if rank == 0 else receive(shape, rank - 1)
+    if rank == 0:
+        x = inputs[i].detach().requires_grad_(first_wants_grad)
+    else:
+        x = receive(shape, rank - 1)
     if rank > 0 and wants_grad:
         x.requires_grad_()
     y = stage(x)
@@ -145,15 +154,17 @@ def send_on(y):
 
 
 def gpipe_with(order=lambda held: held, scale=True, wants_grad=True, send_back=True,
-               send_later=False):
+               send_later=False, first_wants_grad=True, returns=True):
     """GPipe with one thing changed: the order of the backwards, the loss scaling, the
-    received input's ``requires_grad``, sending its gradient back, or sending the
-    activations only after every forward."""
+    received input's ``requires_grad``, the first stage's, sending its gradient back,
+    sending the activations only after every forward, or returning the first stage's
+    input gradients."""
 
     def gpipe(stage, inputs, targets, loss_fn, shape):
         held = []
         for i in range(len(inputs)):
-            x, y = forward(stage, i, inputs, targets, loss_fn, shape, scale, wants_grad)
+            x, y = forward(stage, i, inputs, targets, loss_fn, shape, scale, wants_grad,
+                           first_wants_grad)
             if not send_later:
                 send_on(y)
             held.append((x, y))
@@ -162,8 +173,42 @@ def gpipe_with(order=lambda held: held, scale=True, wants_grad=True, send_back=T
                 send_on(y)
         for x, y in order(held):
             backward(x, y, shape, send_back)
+        if returns and dist.get_rank() == 0:
+            return [x.grad for x, _ in held]
 
     return gpipe
+
+
+def one_f_one_b_as_gpipe(stage, inputs, targets, loss_fn, shape):
+    """The right 1F1B, returning the first stage's input gradients as exercise 1 asks:
+    right values, but not GPipe's memory."""
+    if dist.get_rank() == 0:
+        inputs = [x.detach().requires_grad_() for x in inputs]
+    MINE["one_f_one_b"](stage, inputs, targets, loss_fn, shape)
+    return [x.grad for x in inputs] if dist.get_rank() == 0 else None
+
+
+def gpipe_receiving_without_wait(stage, inputs, targets, loss_fn, shape):
+    """GPipe on irecv whose Work is never waited for: the received tensor is read
+    before anything guarantees it holds the message."""
+    rank, p, m = dist.get_rank(), dist.get_world_size(), len(inputs)
+    held = []
+    for i in range(m):
+        if rank == 0:
+            x = inputs[i].detach().requires_grad_()
+        else:
+            x = torch.empty(shape)
+            dist.irecv(x, rank - 1)
+            x.requires_grad_()
+        y = stage(x)
+        if rank == p - 1:
+            y = loss_fn(y, targets[i]) / m
+        else:
+            dist.send(y.detach(), rank + 1)
+        held.append((x, y))
+    for x, y in held:
+        backward(x, y, shape)
+    return [x.grad for x, _ in held] if rank == 0 else None
 
 
 def last_stage_backwards_in_reverse(held):
@@ -172,13 +217,13 @@ def last_stage_backwards_in_reverse(held):
 
 def gpipe_receives_the_wrong_shape(stage, inputs, targets, loss_fn, shape):
     # too small for the message (a larger buffer gets the bytes at its start, as in gloo)
-    MINE["gpipe"](stage, inputs, targets, loss_fn, (shape[1], shape[0] - 1))
+    return MINE["gpipe"](stage, inputs, targets, loss_fn, (shape[1], shape[0] - 1))
 
 
 def gpipe_calls_a_collective(stage, inputs, targets, loss_fn, shape):
     """Right values, but a collective among the point-to-point messages."""
     dist.barrier()
-    MINE["gpipe"](stage, inputs, targets, loss_fn, shape)
+    return MINE["gpipe"](stage, inputs, targets, loss_fn, shape)
 
 
 def gpipe_never_ends(stage, inputs, targets, loss_fn, shape):
@@ -202,7 +247,14 @@ HOLDS_M = ("GPipe runs the forward of every micro-batch, then the backward of ev
      "returned) — Hint: rank 1 returned while others still wait to exchange messages with "
      "it: every send needs a matching recv on the other side."),
     (gpipe_with(wants_grad=False), "p = 2, m = 1: rank 1 raised TypeError: Invalid function "
-     "argument. Expected parameter `tensor` of type torch.Tensor — Hint: " + RAISED),
+     "argument. Expected parameter `tensor` of type torch.Tensor — Hint: "
+     + checks.NONE_SENT_HINT),
+    (gpipe_with(first_wants_grad=False), "p = 1, m = 3: rank 0, the gradient of input "
+     "micro-batch 0 is None — Hint: " + checks.FIRST_INPUT_HINT),
+    (gpipe_with(returns=False), "p = 1, m = 3: rank 0 returned None; expected the list of "
+     "the 3 input gradients — Hint: " + checks.INPUT_GRADIENTS_HINT),
+    (gpipe_receiving_without_wait, "p = 2, m = 1: rank 1 never waited for 1 of its receives "
+     "(their Work's wait() was not called) — Hint: " + checks.UNWAITED_HINT),
     (gpipe_with(scale=False), "p = 1, m = 3: rank 0, 0.weight: 3× the reference (the sum "
      "over the micro-batches, not their mean): element 0 is -0.0008787, the single-process "
      "model has -0.0002929 — Hint: " + LOSS_SCALING),
@@ -219,7 +271,7 @@ HOLDS_M = ("GPipe runs the forward of every micro-batch, then the backward of ev
      "pass activations and gradients between neighbouring stages with point-to-point "
      "operations only (dist.send, dist.recv, dist.isend, dist.irecv, "
      "dist.batch_isend_irecv)."),
-    (MINE["one_f_one_b"], "p = 2, m = 4, fake tensors: stage 0 held at most 2.0 "
+    (one_f_one_b_as_gpipe, "p = 2, m = 4, fake tensors: stage 0 held at most 2.0 "
      "micro-batches of activations; GPipe holds all 4 — Hint: " + HOLDS_M),
     (gpipe_with(send_later=True), "p = 2, m = 4, fake tensors: the stages idle 33.6% of the "
      "wall time; the formula (p - 1)/(m + p - 1) gives 20.0% — Hint: every stage must start "
@@ -233,8 +285,8 @@ def test_gpipe_mistakes(capsys, answer, message):
 def test_an_endless_schedule_is_stopped(capsys, short_timeout):
     expect(capsys, checks.check_gpipe, gpipe_never_ends,
            GPIPE + "p = 1, m = 3: rank 0 was still running after 2 s of wall-clock time (an "
-           "infinite loop?) — Hint: look for a loop whose bounds never end (over range(m), "
-           "m = len(inputs)).")
+           "infinite loop?) — Hint: look for a loop that never ends: each phase runs over "
+           "the m micro-batches, and m is the length of inputs on every rank.")
 
 
 def test_a_schedule_that_skips_the_stage_module_is_told_to_call_it(capsys):
@@ -242,7 +294,7 @@ def test_a_schedule_that_skips_the_stage_module_is_told_to_call_it(capsys):
     by one is reported, not misread as holding nothing."""
 
     def gpipe(stage, inputs, targets, loss_fn, shape):
-        MINE["gpipe"](lambda x: stage[1:](stage[0](x)), inputs, targets, loss_fn, shape)
+        return MINE["gpipe"](lambda x: stage[1:](stage[0](x)), inputs, targets, loss_fn, shape)
 
     expect(capsys, checks.check_gpipe, gpipe,
            GPIPE + "p = 2, m = 4, fake tensors: stage 0 was called 0 time(s); expected once "
@@ -285,28 +337,97 @@ def one_f_one_b_every_rank_takes_inputs(stage, inputs, targets, loss_fn, shape):
     MINE["one_f_one_b"](stage, inputs, targets, loss_fn, shape)
 
 
+def one_f_one_b_keeping_everything(stage, inputs, targets, loss_fn, shape):
+    """The right order, but every micro-batch's output is kept to the end: 1F1B's
+    timing, GPipe's memory."""
+    kept, original = [], stage.forward
+
+    def forward(x):
+        kept.append(original(x))
+        return kept[-1]
+
+    stage.forward = forward
+    MINE["one_f_one_b"](stage, inputs, targets, loss_fn, shape)
+
+
+def one_f_one_b_on(exchange):
+    """The reference 1F1B, as a learner would type it, on another ``exchange``."""
+    import inspect
+
+    namespace = {**vars(R), "_exchange": exchange}
+    exec(compile(inspect.getsource(R.one_f_one_b), "<learner>", "exec"), namespace)
+    return namespace["one_f_one_b"]
+
+
+def one_f_one_b_blocking_exchange():
+    """Blocking sends and receives, even ranks sending first and odd ranks receiving
+    first: no deadlock, and no extra wait (the deadlock hint offers it)."""
+
+    def exchange(send, send_to, recv_from, shape):
+        got = None if recv_from is None else torch.empty(shape)
+        first = dist.get_rank() % 2 == 0
+        if first and send is not None and send_to is not None:
+            dist.send(send, send_to)
+        if got is not None:
+            dist.recv(got, recv_from)
+        if not first and send is not None and send_to is not None:
+            dist.send(send, send_to)
+        return got
+
+    return one_f_one_b_on(exchange)
+
+
+def one_f_one_b_without_wait():
+    """The right 1F1B whose exchange posts its send and receive together but never waits
+    on them (the newcomer trial's missing .wait())."""
+
+    def exchange(send, send_to, recv_from, shape):
+        ops, got = [], None
+        if send is not None and send_to is not None:
+            ops.append(dist.P2POp(dist.isend, send, send_to))
+        if recv_from is not None:
+            got = torch.empty(shape)
+            ops.append(dist.P2POp(dist.irecv, got, recv_from))
+        if ops:
+            dist.batch_isend_irecv(ops)
+        return got
+
+    return one_f_one_b_on(exchange)
+
+
 @pytest.mark.parametrize("answer, message", [
     (one_f_one_b_with(), "p = 2, m = 4: deadlock (rank 0: send to rank 1; rank 1: send to "
      "rank 0) — Hint: blocking send() waits until the matching recv() is posted (as NCCL "
      "does for large messages). If every rank sends first, nobody receives: use isend/irecv "
      "or batch_isend_irecv, or let even ranks send first and odd ranks receive first."),
     (one_f_one_b_every_rank_takes_inputs, "p = 2, m = 1: rank 1 raised TypeError: linear(): "
-     "argument 'input' (position 1) must be Tensor, not NoneType — Hint: " + RAISED),
+     "argument 'input' (position 1) must be Tensor, not NoneType — Hint: "
+     + checks.NONE_INPUT_HINT),
+    (one_f_one_b_without_wait(), "p = 2, m = 1: rank 0 never waited for 1 of its receives "
+     "(their Work's wait() was not called) — Hint: " + checks.UNWAITED_HINT),
     (one_f_one_b_unscaled, "p = 1, m = 3: rank 0, 0.weight: 3× the reference (the sum over "
      "the micro-batches, not their mean): element 0 is -0.0008787, the single-process model "
      "has -0.0002929 — Hint: " + LOSS_SCALING),
     (MINE["gpipe"], "p = 2, m = 4, fake tensors: stage 0 held 4.0 micro-batches of "
-     "activations; 1F1B holds at most p - rank = 2 — Hint: start backward early: stage r "
-     "runs p - r - 1 warm-up forwards, then one forward and one backward in turn, and drops "
-     "each micro-batch's tensors once its backward is done."),
+     "activations; 1F1B holds at most p - rank = 2 — Hint: stage 0 ran 4 forward(s) before "
+     "its first backward, 1F1B runs 2: p - r - 1 warm-up forwards (here 1), then one more "
+     "before the first backward. With fewer, the stages wait for each other; with more, "
+     "they hold more activations."),
     (one_f_one_b_with(warmup=lambda p, rank: 0), "p = 2, m = 4, fake tensors: the stages "
      "idle 50.2% of the wall time; the formula (p - 1)/(m + p - 1) gives 20.0% — Hint: stage "
-     "r runs p - r - 1 warm-up forwards before its first backward (with fewer, the stages "
-     "wait for each other), and posts each send together with the receive that follows it "
-     "(dist.batch_isend_irecv)."),
+     "0 ran 1 forward(s) before its first backward, 1F1B runs 2: p - r - 1 warm-up forwards "
+     "(here 1), then one more before the first backward. With fewer, the stages wait for "
+     "each other; with more, they hold more activations."),
+    (one_f_one_b_keeping_everything, "p = 2, m = 4, fake tensors: stage 0 held 3.0 "
+     "micro-batches of activations; 1F1B holds at most p - rank = 2 — Hint: "
+     + checks.DROP_HINT),
 ])
 def test_1f1b_mistakes(capsys, answer, message):
     expect(capsys, checks.check_1f1b, answer, ONE_F_ONE_B + message)
+
+
+def test_1f1b_on_blocking_calls_in_even_odd_order_passes(capsys):
+    assert line(capsys, checks.check_1f1b, one_f_one_b_blocking_exchange())[0]
 
 
 def test_1f1b_warmup_longer_than_the_batch_is_caught(capsys):
@@ -367,6 +488,22 @@ CASE_1 = ("pick_m_v(p=4, batch=64, layers_per_stage=6, bubble_target=0.3, memory
 CASE_2 = CASE_1.replace("4 GB", "8.5 GB")
 MEMORY = ("the first stage holds p micro-batches (1F1B), p + (p - 1)/v with v ≥ 2 chunks, "
           "each of batch/m samples × sample_bytes.")
+ALLOWED = ("only some (m, v) are allowed at all: m a multiple of p (interleaving's rule, "
+           "kept for v = 1 too) that divides the batch, v a divisor of layers_per_stage. "
+           "Skip the others before judging the limits.")
+
+
+def any_m(p, batch, layers, target, cap, sample):
+    """Every m that divides the batch, multiple of p or not (the newcomer trial's
+    pick_m_v without m % p == 0)."""
+    for m in (m for m in range(1, batch + 1) if batch % m == 0):
+        for v in (v for v in range(1, layers + 1) if layers % v == 0):
+            if MINE["interleaved_bubble"](p, m, v) <= target and \
+                    R.micro_batches_held(p, v) * (batch // m) * sample <= cap:
+                return m, v
+    return None
+
+
 PREFERENCE = ("among the (m, v) that fit, take the smallest m, then the smallest v; 1F1B "
               "(v = 1) holds p micro-batches.")
 
@@ -392,15 +529,23 @@ PREFERENCE = ("among the (m, v) that fit, take the smallest m, then the smallest
     (lambda *case: None, CASE_1 + ": returned None, but (m, v) = (8, 1) fits — Hint: try "
      "every m that is a multiple of p and divides the batch, and every v that divides "
      "layers_per_stage."),
-    (lambda *case: (6, 1), CASE_1 + ": returned (m, v) = (6, 1): m must be a multiple of p "
-     "that divides the batch and v must divide layers_per_stage — Hint: loop over m in "
-     "range(p, batch + 1, p) and keep those with batch % m == 0; v over the divisors of "
-     "layers_per_stage."),
+    (lambda *case: (6, 1), CASE_1 + ": returned (m, v) = (6, 1), but m = 6 is not a multiple "
+     "of p = 4 — Hint: " + ALLOWED),
+    (lambda *case: (8, 4), CASE_1 + ": returned (m, v) = (8, 4), but v = 4 does not divide "
+     "layers_per_stage = 6 — Hint: " + ALLOWED),
+    (any_m, "pick_m_v(p=4, batch=48, layers_per_stage=1, bubble_target=0.35, memory_cap=3.5 "
+     "GB, sample_bytes=100 MB): returned (m, v) = (6, 1), but m = 6 is not a multiple of p = "
+     "4 — Hint: " + ALLOWED),
+    (lambda *case: (lambda got: None if got is None else list(got))(MINE["pick_m_v"](*case)),
+     "the list is accepted"),
     (lambda *case: "8, 1", CASE_1 + ": returned '8, 1', expected a pair (m, v) of "
      "positive integers, or None — "
      "Hint: return (m, v), or None when nothing fits."),
 ])
 def test_pick_m_v_mistakes(capsys, answer, message):
+    if message == "the list is accepted":   # the lab: a tuple, or a two-item list
+        assert line(capsys, checks.check_pick_m_v, answer)[0]
+        return
     expect(capsys, checks.check_pick_m_v, answer, PICK + message)
 
 
@@ -516,3 +661,17 @@ def test_seeing_the_schedules_before_writing_them_says_which_exercise_to_do_firs
         "⬜ Exercise 1 (GPipe) is not written yet: do it first, then run this cell again.\n")
     with pytest.raises(sc.RankError):     # a real error, or no exercise named: as before
         lesson05_lab.measure_schedule(lambda *args: 1 / 0, 2, 2, exercise="Exercise 1 (GPipe)")
+
+
+def test_watching_the_receives_leaves_the_backend_as_it_was(capsys):
+    """The check counts waits by wrapping the sim backend's Work while the learner's
+    schedule runs; afterwards, failed or not, the backend is untouched."""
+    from simcluster.backend import SimWork
+    before = (SimWork.__init__, SimWork.wait, SimWork.is_completed)
+    assert not line(capsys, checks.check_1f1b, one_f_one_b_without_wait())[0]
+    assert not line(capsys, checks.check_gpipe, gpipe_that_raises)[0]
+    assert (SimWork.__init__, SimWork.wait, SimWork.is_completed) == before
+
+
+def gpipe_that_raises(stage, inputs, targets, loss_fn, shape):
+    raise RuntimeError("stops the run inside the watched block")

@@ -186,3 +186,43 @@ def test_the_trace_puts_receives_on_their_own_thread_so_events_nest(node, tmp_pa
                 open_ends.pop()
             assert not open_ends or end <= open_ends[-1], (names[key], spans)
             open_ends.append(end)
+
+
+def _early_message_matched_late(nbytes, size):
+    """Rank 0 sends to rank 1 at once, computes, then sends to rank 2. Rank 2 matches its
+    message first (its receive is posted); rank 1 posts its receive early in simulated
+    time, but its thread gets there only after rank 2's message was matched."""
+    r = dist.get_rank()
+    if r == 0:
+        works = [dist.isend(_meta(nbytes), 1)]
+        _matmul(size)
+        works.append(dist.isend(_meta(nbytes), 2))
+        for work in works:
+            work.wait()
+    elif r == 1:
+        dist.recv(_meta(1), 2)        # blocks this thread until rank 2 has run
+        dist.recv(_meta(nbytes), 0)
+    else:
+        late = dist.irecv(_meta(nbytes), 0)   # matched now: after rank 0's matmul
+        dist.send(_meta(1), 1)
+        late.wait()
+
+
+def test_a_message_takes_the_lane_when_it_is_free_not_after_later_ones(node):
+    """When a message's transfer starts must not depend on the order in which the rank
+    threads happened to match messages: rank 0's egress is free when rank 1's message is
+    posted and received, so it goes at once, ahead of the later message that was matched
+    first. (Before, a lane was 'free after the last transfer matched on it', and rank 1's
+    message waited behind rank 0's matmul and its second send: the cause of DualPipeV's
+    extra idle time in lesson 05.)"""
+    n, size = 64 * MiB, 8192
+    run = node.run(_early_message_matched_late, world_size=3, args=(n, size))
+    one = _transfer(NVLINK, n)
+    compute = 2 * size**3 / preset("dgx-a100").nodes[0].device.flops_for(torch.bfloat16)
+    assert compute > 10 * one
+    recv = next(e for e in run.clock(1).events if e.label == "recv 0->1")
+    later = next(e for e in run.clock(2).events if e.label == "recv 0->2")
+    assert recv.end < later.start                     # in the order they were posted
+    assert recv.end == pytest.approx(recv.start + one, rel=REL)
+    assert recv.end < 2 * one                         # not behind rank 0's matmul
+    assert later.start >= compute

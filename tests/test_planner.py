@@ -170,7 +170,8 @@ def test_estimate_breakdown_adds_up_and_flops_are_consistent():
     assert est.mfu < est.hfu <= 1
     assert est.mfu == pytest.approx(est.model_tflops_per_gpu * 1e12 / 312e12)
     assert est.memory_per_gpu == sum(est.memory.values())
-    assert {"parameters", "gradients", "optimizer", "activations"} <= set(est.memory)
+    assert set(est.memory) == {"parameters", "gradients", "optimizer", "activations",
+                               "workspace", "other"}
     assert est.micro_batches == 64 // (4 * 2)
     assert "tp=2 pp=2 dp=4" in repr(est) and "TFLOP/s" in repr(est)
 
@@ -225,9 +226,12 @@ def test_recomputation_trades_time_for_memory():
 def test_zero_stages_shard_model_states():
     kw = dict(tp=1, pp=1, dp=8, global_batch=64, micro_batch=4)
     m = [planner.estimate(SMALL, _cluster(1), zero=z, **kw).memory for z in range(4)]
-    # the backward's gradient of the attention probabilities (fused softmax: one, 2 bytes)
+    # "gradients" are the parameter gradients only; the backward's gradient of the
+    # attention probabilities (fused softmax: one, 2 bytes) is "other", as the simulator
+    # books activation gradients
     scores = 2 * SMALL.heads * SMALL.seq_len ** 2 * 4
-    grads = [g["gradients"] - scores for g in m]
+    assert [g["other"] for g in m] == [scores] * 4
+    grads = [g["gradients"] for g in m]
     # Rajbhandari et al.: 2 + 2 + 12 bytes per parameter without ZeRO
     params = planner.parameter_count(SMALL)
     assert m[0]["parameters"] + grads[0] + m[0]["optimizer"] == pytest.approx(16 * params,
@@ -270,7 +274,39 @@ def test_roofline_efficiency_is_faster_than_megatron():
     assert ideal.memory == real.memory
     # ... and keeps two gradients of the attention scores where the fused softmax keeps one
     scores = 2 * SMALL.heads // 2 * SMALL.seq_len ** 2 * 2
-    assert eager.memory["gradients"] - ideal.memory["gradients"] == scores
+    assert eager.memory["other"] - ideal.memory["other"] == scores
+    assert eager.memory["gradients"] == ideal.memory["gradients"]
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_gradients_are_parameter_gradients_in_the_gradient_dtype(zero, dtype):
+    """The simulator's "gradients" are parameter gradients only (activation gradients are
+    "other"): the planner's are the stage's parameters times the gradient's bytes, sharded
+    over dp from ZeRO-2 on (ZeRO-3 adds FSDP2's one unsharded unit)."""
+    dp, kw = 8, dict(tp=2, pp=1, global_batch=64, micro_batch=4, recompute="none")
+    est = planner.estimate(SMALL, _cluster(2), dp=dp, zero=zero, dtype=dtype, **kw)
+    weight_bytes, grad_bytes, optimizer_bytes = planner.model_state_bytes(dtype)
+    # one GPU's parameters: the matrices over tp = 2, position embeddings and the final
+    # LayerNorm whole
+    h = SMALL.hidden
+    params = ((planner.parameter_count(SMALL) - SMALL.seq_len * h - 2 * h) / 2
+              + SMALL.seq_len * h + 2 * h)
+    unsharded = planner.estimate(SMALL, _cluster(2), dp=dp, zero=0, dtype=dtype, **kw)
+    assert unsharded.memory["parameters"] == pytest.approx(params * weight_bytes, abs=2)
+    assert weight_bytes + grad_bytes + optimizer_bytes == 16  # 2 + 2 + 12, or 4 + 4 + 8
+    assert grad_bytes == planner.DTYPES[dtype][1]
+    unit = params / (SMALL.layers + 1)
+    expected = params * grad_bytes / (dp if zero >= 2 else 1) + (
+        unit * grad_bytes if zero == 3 else 0)
+    assert est.memory["gradients"] == pytest.approx(expected, abs=2)
+    assert est.memory["optimizer"] == pytest.approx(
+        params * optimizer_bytes / (dp if zero else 1), abs=2)
+    # the attention backward's gradients of probabilities and scores (eager: both)
+    eager = planner.estimate(SMALL, _cluster(2), dp=dp, zero=zero, dtype=dtype,
+                             efficiency=planner.ROOFLINE, **kw)
+    scores = SMALL.heads // 2 * SMALL.seq_len ** 2 * 4 * planner.DTYPES[dtype][1]
+    assert eager.memory["other"] == 2 * est.memory["other"] == 2 * scores
 
 
 @pytest.mark.parametrize("kwargs, words", [

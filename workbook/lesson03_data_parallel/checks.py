@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import simcluster as sc
 from workbook.checking import (SCALE, Failure, WORLD_SIZES, answers, check, close_within,
                                compare_scaled, first_difference, listed, mse, num, on_a_rank,
-                               refuse_reference, seconds, simulate)
+                               refuse_reference, seconds, short, simulate)
 from workbook.hints import Hints
 from workbook.lesson03_data_parallel.lab import batch, make_mlp
 
@@ -245,7 +245,8 @@ def _check_buckets(where, run, p, cap, hint, next_step_hint=None):
     got = [c.nbytes for c in run.collectives if c.op == "all_reduce"][-len(expected):]
     if got != expected:
         raise Failure(f"{where}: your all-reduces carry {listed(got)} bytes; DDP's buckets "
-                      f"carry {listed(expected)} bytes", hint)
+                      f"carry {listed(expected)} bytes",
+                      _sizes_hint(cap, got) if hint is BUCKET_HINT else hint)
 
 
 COPY_BACK_HINT = _more("buckets", "the gradients were never overwritten: flattening makes "
@@ -277,28 +278,54 @@ def _expected_buckets(model, cap):
     return buckets
 
 
+FORWARD_ORDER_HINT = _more("buckets", "your buckets follow the forward order: backward "
+                           "produces the LAST layer's gradients first, and DDP fills its "
+                           "buckets in that order.")
+
+
+def _past_the_cap_hint(cap):
+    return _more("buckets", f"a bucket that holds exactly {cap} bytes has reached the cap: "
+                 "it is full (\"reaches the cap or more\").")
+
+
+def _nbytes(model):
+    """``{name: bytes of its gradient}`` of ``model``'s parameters."""
+    return {name: q.numel() * q.element_size() for name, q in model.named_parameters()}
+
+
+def _buckets_by(model, cap, forward=False, past=False):
+    """Buckets (by name) by DDP's rule, or filled in ``forward`` order, or closed only
+    once ``past`` the cap (``> cap``): the two slips the hints name."""
+    sizes = _nbytes(model)
+    order = list(sizes) if forward else list(sizes)[::-1]
+    buckets, current, total = [], [], 0
+    for name in order:
+        current.append(name)
+        total += sizes[name]
+        if total > cap if past else total >= cap:
+            buckets.append(current)
+            current, total = [], 0
+    return buckets + ([current] if current else [])
+
+
 def _rule_hint(model, cap, got_names):
     """What a wrong set of buckets did: closed at `> cap`, filled in forward order, or else."""
-    params = dict(model.named_parameters())
-    nbytes = lambda name: params[name].numel() * params[name].element_size()  # noqa: E731
-    order = [name for name, _ in model.named_parameters()]
     flat = [name for bucket in got_names for name in bucket]
-    if flat == order:
-        return _more("buckets", "your buckets follow the forward order: backward produces "
-                     "the LAST layer's gradients first, and DDP fills its buckets in that "
-                     "order.")
-    late, current, total = [], [], 0
-    for name in order[::-1]:
-        current.append(name)
-        total += nbytes(name)
-        if total > cap:
-            late.append(current)
-            current, total = [], 0
-    if current:
-        late.append(current)
-    if got_names == late:
-        return _more("buckets", f"a bucket that holds exactly {cap} bytes has reached the "
-                     "cap: it is full (\"reaches the cap or more\").")
+    if flat == list(_nbytes(model)):
+        return FORWARD_ORDER_HINT
+    if got_names == _buckets_by(model, cap, past=True):
+        return _past_the_cap_hint(cap)
+    return BUCKET_HINT
+
+
+def _sizes_hint(cap, got):
+    """The same for the bytes of a step's all-reduces (the checks' MLP)."""
+    model = make_mlp()
+    sizes = _nbytes(model)
+    for buckets, hint in ((_buckets_by(model, cap, forward=True), FORWARD_ORDER_HINT),
+                          (_buckets_by(model, cap, past=True), _past_the_cap_hint(cap))):
+        if got == [sum(sizes[n] for n in bucket) for bucket in buckets]:
+            return hint
     return BUCKET_HINT
 
 
@@ -408,28 +435,47 @@ OVERLAP_HINT = _more("overlap", "nothing ran while backward computed: each bucke
                      "last gradient, not in finish().")
 RESET_HINT = _more("overlap", "the next step's hooks found this step's counts: finish() "
                    "must leave the per-step state as __init__ made it.")
+STALE_HINT = _more("overlap", "finish() handled this step's all-reduces but left them in "
+                   "self.pending: every later finish() would wait on them again and copy "
+                   "their old values back before the new ones. Once a bucket is copied "
+                   "back, it is no longer pending.")
 GENERATOR_HINT = _more("buckets", "bucket_parameters must return a list of buckets (run the "
                        "bucket rule's check): __init__ takes len() of it.")
+
+
+def _still_pending(wrapper):
+    """How many launched all-reduces ``wrapper.pending`` (the lab's list of this step's
+    (bucket, flat, work)) still holds; 0 when it is gone or not a container."""
+    try:
+        return len(wrapper.pending)
+    except (AttributeError, TypeError):
+        return 0
 
 
 @check("overlapped DDP")
 def check_overlapped_ddp(cls):
     """``cls(model, bucket_cap_bytes)`` built before training; ``finish()`` after each
-    ``backward()``. Gradients and all-reduces compared with DDP, and communication must
-    overlap backward on the simulator's record (``run.summary()``'s ``overlap``)."""
+    ``backward()``. Gradients and all-reduces compared with DDP, ``self.pending`` empty
+    after each ``finish()`` (stale work would be waited on and copied back again), and
+    communication must overlap backward on the simulator's record
+    (``run.summary()``'s ``overlap``)."""
     refuse_reference(cls, _reference().OverlappedDDP, "class")
     hints = {**AVERAGE_HINTS, "own": COPY_BACK_HINT, "values": COPY_VALUES_HINT}
     for p in WORLD_SIZES:
         for cap in BUCKET_CAPS:
             where = _case_text(p, cap)
-            wrappers = {}
+            wrappers, left = {}, {}
 
             def prepare(model, cap=cap):
                 wrappers[dist.get_rank()] = cls(model, cap)
                 return model
 
-            body = _gradient_steps(p, prepare,
-                                   lambda m: wrappers[dist.get_rank()].finish())
+            def finish(model, wrappers=wrappers, left=left):
+                wrapper = wrappers[dist.get_rank()]
+                wrapper.finish()
+                left.setdefault(dist.get_rank(), []).append(_still_pending(wrapper))
+
+            body = _gradient_steps(p, prepare, finish)
             try:
                 run = _run_learner(where, p, body, accounting=True)
             except Failure as failure:
@@ -439,6 +485,13 @@ def check_overlapped_ddp(cls):
             _compare_gradients(where, run, ddp_run(p, cap), _names(make_mlp()), hints,
                                unfinished=WAIT_HINT)
             _check_buckets(where, run, p, cap, BUCKET_HINT, RESET_HINT)
+            for rank, counts in sorted(left.items()):
+                for step, count in enumerate(counts):
+                    if count:
+                        raise Failure(f"{where}, step {step + 1}: after finish(), rank "
+                                      f"{rank}'s self.pending still holds {count} "
+                                      "all-reduce(s) it has already copied back",
+                                      STALE_HINT)
     where = (f"world size {OVERLAP_WORLD}, four 256×256 layers, bucket cap {OVERLAP_CAP} "
              "bytes")
     mine = simulate(_cluster(),
@@ -478,9 +531,13 @@ def big_batch_reference(global_batch, steps, lr=LR):
 
 
 def _compare_parameters(where, rank, params, expected, names, hint):
+    """Fail at the first of ``params`` (a rank's, after training) not close to
+    ``expected``'s."""
     if not isinstance(params, (list, tuple)) or len(params) != len(expected):
         raise Failure(f"{where}: rank {rank} returned {type(params).__name__}, expected "
-                      f"the list of its {len(expected)} parameters", hint)
+                      f"the list of its {len(expected)} parameters",
+                      "train must return this rank's parameters after training, as the "
+                      "last line of the lab's train does.")
     close = lambda e, g: torch.isclose(e, g, rtol=1e-4, atol=1e-6)  # noqa: E731
     for name, got, exp in zip(names, params, expected):
         diff = first_difference(exp, got, close)
@@ -490,21 +547,85 @@ def _compare_parameters(where, rank, params, expected, names, hint):
                           f"big-batch run has {num(e)}", hint)
 
 
-ACCUMULATION_HINT = _more("accumulation", "the right number of all-reduces, but not the "
-                          "big batch's parameters: is the accumulated gradient the MEAN over "
-                          "the micro-batches, and is there one optimizer step per call?")
+ACCUMULATION_HINT = _more("accumulation", "one all-reduce and one optimizer step, but not "
+                          "the big batch's gradient: does every micro-batch run its forward "
+                          "and backward on its own rows, with its loss divided by k?")
 IN_NO_SYNC_HINT = _more("accumulation", "DDP decides in forward whether the coming backward "
                         "all-reduces: every micro-batch but the last needs its forward AND "
                         "its backward inside no_sync().")
 LAST_OUTSIDE_HINT = _more("accumulation", "the accumulated gradients must be all-reduced "
                           "once: by the last micro-batch's backward, outside no_sync().")
+STEPS_HINT = _more("accumulation", "one call is ONE optimizer step over all k micro-batches: "
+                   "step once, after the last backward.")
+SCALE_HINT = _more("accumulation", "the step saw k times the big batch's gradient: k "
+                   "micro-batch losses, each a mean, add up to k times the batch's mean "
+                   "loss. Divide each by k.")
+ZEROED_BETWEEN_HINT = _more("accumulation", "the step saw only the last micro-batch's "
+                            "gradient: something cleared .grad between the micro-batches. "
+                            "The k backward passes must add up in .grad before the step.")
+ZEROED_BEFORE_STEP_HINT = _more("accumulation", "the step found no gradient (None or zeros): "
+                                "the gradients were cleared before optimizer.step() read "
+                                "them. Clear them after the step, or before the first "
+                                "backward.")
+LEFTOVER_HINT = _more("accumulation", "the first step was right, but the next one also "
+                      "added the previous call's gradients, still in .grad: clear the "
+                      "gradients once per call (after the step, or before the first "
+                      "backward).")
+
+
+def _accumulation_reference(p, k):
+    """One process on the whole batch: the gradient each optimizer step must see, and
+    what the first step sees from each rank's LAST micro-batch alone (loss / k)."""
+    model = make_mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    grads, last_only = [], None
+    for step in range(OPT_STEPS):
+        x, y = batch(MICRO * k * p, step, seed=2)
+        if step == 0:
+            rows = torch.cat([torch.arange(MICRO * (k * r + k - 1), MICRO * k * (r + 1))
+                              for r in range(p)])
+            (mse(model(x[rows]), y[rows]) / k).backward()
+            last_only = [q.grad.clone() for q in model.parameters()]
+            model.zero_grad()
+        mse(model(x), y).backward()
+        grads.append([q.grad.clone() for q in model.parameters()])
+        optimizer.step()
+        optimizer.zero_grad()
+    return grads, last_only
+
+
+def _same(got, want):
+    """Every gradient of ``got`` (None allowed) close to ``want``'s."""
+    return got is not None and all(
+        g is not None and g.shape == w.shape and torch.allclose(g, w, rtol=1e-4, atol=1e-6)
+        for g, w in zip(got, want))
+
+
+def _accumulation_hint(seen, k, p):
+    """What the gradients each optimizer step saw (``seen``: per call) say is wrong."""
+    grads, last_only = _accumulation_reference(p, k)
+    first = seen[0]
+    if all(g is None or not g.any() for g in first):
+        return ZEROED_BEFORE_STEP_HINT
+    if k > 1 and _same(first, [k * g for g in grads[0]]):
+        return SCALE_HINT
+    if k > 1 and _same(first, last_only):
+        return ZEROED_BETWEEN_HINT
+    if _same(first, grads[0]):
+        for step in range(1, len(seen)):
+            now, before = seen[step], seen[step - 1]
+            if None not in now and None not in before and _same(
+                    [a - b for a, b in zip(now, before)], grads[step]):
+                return LEFTOVER_HINT
+    return ACCUMULATION_HINT
 
 
 @check("gradient accumulation")
 def check_accumulation(fn):
     """``fn(ddp_model, optimizer, micro_batches, loss_fn)``: one optimizer step over the
     micro-batches, all-reducing once (DDP's one bucket) per step; parameters after three
-    steps compared with one process on the whole batch."""
+    steps compared with one process on the whole batch, and a wrong result explained
+    from the gradients each optimizer step saw."""
     refuse_reference(fn, _reference().train_with_accumulation)
     names = _names(make_mlp())
     for p, k in ACCUMULATION_CASES:
@@ -514,28 +635,43 @@ def check_accumulation(fn):
             rank = dist.get_rank()
             model = DDP(make_mlp())
             optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-            counts = []
+            seen = []     # per optimizer step: the gradients it found
+
+            def record(*_):
+                seen.append([None if q.grad is None else q.grad.clone()
+                             for q in model.module.parameters()])
+
+            optimizer.register_step_pre_hook(record)
+            calls = []    # per call: (all-reduces, optimizer steps, what its first step saw)
             for step in range(OPT_STEPS):
                 x, y = batch(MICRO * k * p, step, seed=2)
                 start = rank * MICRO * k
                 micro = [(x[start + i * MICRO:start + (i + 1) * MICRO],
                           y[start + i * MICRO:start + (i + 1) * MICRO]) for i in range(k)]
-                before = len(sc.collectives_called())
+                before, steps = len(sc.collectives_called()), len(seen)
                 fn(model, optimizer, micro, mse)
-                counts.append(sc.collectives_called()[before:].count("all_reduce"))
-            return counts, [q.detach().clone() for q in model.module.parameters()]
+                calls.append((sc.collectives_called()[before:].count("all_reduce"),
+                              len(seen) - steps, seen[steps] if len(seen) > steps else None))
+            return calls, [q.detach().clone() for q in model.module.parameters()]
 
         run = _run_learner(where, p, body)
         expected = big_batch_reference(MICRO * k * p, OPT_STEPS)
-        for rank, (counts, params) in enumerate(run.results):
-            for step, count in enumerate(counts):
+        for rank, (calls, params) in enumerate(run.results):
+            for step, (count, steps, _) in enumerate(calls):
                 if count != 1:
                     hint = IN_NO_SYNC_HINT if count > 1 else LAST_OUTSIDE_HINT
                     raise Failure(f"{where}, optimizer step {step + 1}: rank {rank} "
                                   f"all-reduced {count} time(s); DDP needs 1 (one bucket)",
                                   hint)
-            _compare_parameters(f"{where}, after {OPT_STEPS} steps", rank, params,
-                                expected, names, ACCUMULATION_HINT)
+                if steps != 1:
+                    raise Failure(f"{where}, call {step + 1}: rank {rank} ran {steps} "
+                                  "optimizer step(s); one call is one step", STEPS_HINT)
+            try:
+                _compare_parameters(f"{where}, after {OPT_STEPS} steps", rank, params,
+                                    expected, names, ACCUMULATION_HINT)
+            except Failure as failure:
+                hint = _accumulation_hint([saw for _, _, saw in calls], k, p)
+                raise Failure(failure.what, hint) from None
     return (f"one all-reduce per optimizer step and the big-batch parameters on (world "
             f"size, micro-batches) {listed(ACCUMULATION_CASES)}")
 
@@ -582,12 +718,39 @@ def _check_placement(where, trainer, nodes, gpus, b, k):
                             "global batch counts every GPU and every micro-batch."))
 
 
+ROWS_HINT = _more("trainer", "within a step, rank r's share is ONE contiguous block of "
+                  "batch_size × gradient_accumulation rows, right after the blocks of ranks "
+                  "0 … r−1, cut into micro-batches in order. (Other shares would give the "
+                  "same gradient; the lab fixes this one, and the check reads it.)")
+STEP_HINT = _more("trainer", "every rank trained on the right rows, so the step itself is "
+                  "wrong: does your train_with_accumulation pass exercise 4's check?")
+
+
+def _span(start, n):
+    """``rows 4–5``, or ``row 4``."""
+    return f"row {start}" if n == 1 else f"rows {start}–{start + n - 1}"
+
+
+def _rows_of(target, y):
+    """Which rows of ``y`` a micro-batch's targets are: ``rows 4–5``, ``rows 1, 7``."""
+    rows = []
+    for row in target.reshape(len(target), -1):
+        found = (y.reshape(len(y), -1) == row).all(dim=1).nonzero().flatten().tolist()
+        if not found:
+            return "rows that are not in the step's targets"
+        rows.append(found[0])
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return _span(rows[0], len(rows))
+    return f"rows {short(listed(rows), 40)}"
+
+
 @check("DistributedTrainer")
 def check_distributed_trainer(cls):
     """``cls(nodes, gpus_per_node, batch_size, gradient_accumulation)`` with ``cluster``,
     ``world_size``, ``global_batch`` and ``train(make_model, inputs, targets, loss_fn, lr,
-    steps)`` run on every rank; placement, micro-batch sizes and the resulting parameters
-    checked against one process on the global batch."""
+    steps)`` run on every rank; placement, micro-batch sizes, the rows each rank's loss
+    saw (any split gives the same gradient, so the rows are read from the loss) and the
+    resulting parameters checked against one process on the global batch."""
     refuse_reference(cls, _reference().DistributedTrainer, "class")
     names = _names(make_mlp())
     for nodes, gpus, b, k in TRAINER_CASES:
@@ -605,7 +768,6 @@ def check_distributed_trainer(cls):
 
         run = simulate(trainer.cluster, trainer.train, nodes * gpus, lambda rank: where,
                        args=(make_mlp, x, y, loss_fn, LR, TRAINER_STEPS))
-        rows_right = True
         for rank in range(nodes * gpus):
             targets = seen.get(rank, [])
             sizes = [len(t) for t in targets]
@@ -620,15 +782,13 @@ def check_distributed_trainer(cls):
             for i, target in enumerate(targets):
                 step, micro = divmod(i, k)
                 start = step * global_batch + rank * b * k + micro * b
-                rows_right &= torch.equal(target, y[start:start + b])
+                if not torch.equal(target, y[start:start + b]):
+                    raise Failure(f"{where}: rank {rank}, step {step + 1}, micro-batch "
+                                  f"{micro + 1} trained on {_rows_of(target, y)}; the lab "
+                                  f"gives it {_span(start, b)}", ROWS_HINT)
         expected = big_batch_reference(global_batch, TRAINER_STEPS)
-        rows_hint = (_more("trainer", "every rank took the right rows, so the step itself "
-                           "is wrong: does your train_with_accumulation pass exercise 4's "
-                           "check?") if rows_right else
-                     _more("trainer", "the ranks' micro-batches are not the rows the lab "
-                           "gives them: within a step, rank r's rows start after those of "
-                           "ranks 0 … r−1."))
         for rank in range(nodes * gpus):
-            _compare_parameters(where, rank, run.results[rank], expected, names, rows_hint)
+            _compare_parameters(where, rank, run.results[rank], expected, names,
+                                STEP_HINT)
     return ("placement, micro-batches and parameters right for (nodes, gpus_per_node, "
             f"batch_size, gradient_accumulation) {listed(TRAINER_CASES)}")

@@ -9,7 +9,8 @@ The schedules run on every rank as ``schedule(stage, inputs, targets, loss_fn, s
 ``None`` elsewhere; ``loss_fn(output, target)`` is one micro-batch's mean loss; ``shape``
 is the shape of the activation (and of its gradient) that crosses every stage boundary.
 Afterwards every parameter's ``.grad`` holds the gradient of the mean loss over the whole
-batch.
+batch. GPipe (exercise 1) also returns, on the first stage, the gradients of that loss with
+respect to the ``m`` input micro-batches (what a layer before the pipeline would need).
 """
 
 from collections import deque
@@ -23,7 +24,7 @@ def _forward(stage, i, inputs, targets, loss_fn, shape):
     output is the micro-batch's loss, scaled by 1/m so the gradients add up to the mean."""
     rank, p, m = dist.get_rank(), dist.get_world_size(), len(inputs)
     if rank == 0:
-        x = inputs[i]
+        x = inputs[i].detach().requires_grad_()   # its gradient is returned too
     else:
         x = torch.empty(shape)
         dist.recv(x, rank - 1)
@@ -35,7 +36,8 @@ def _forward(stage, i, inputs, targets, loss_fn, shape):
 
 
 def gpipe(stage, inputs, targets, loss_fn, shape):
-    """GPipe: every micro-batch's forward, then every micro-batch's backward."""
+    """GPipe: every micro-batch's forward, then every micro-batch's backward; returns the
+    input micro-batches' gradients on the first stage, None elsewhere."""
     rank, p = dist.get_rank(), dist.get_world_size()
     held = []
     for i in range(len(inputs)):
@@ -52,6 +54,7 @@ def gpipe(stage, inputs, targets, loss_fn, shape):
             y.backward(grad)
         if rank > 0:
             dist.send(x.grad, rank - 1)
+    return [x.grad for x, _ in held] if rank == 0 else None
 
 
 def _exchange(send, send_to, recv_from, shape):

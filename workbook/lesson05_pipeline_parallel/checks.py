@@ -4,8 +4,9 @@ A schedule (GPipe, 1F1B) is run as ``schedule(stage, inputs, targets, loss_fn, s
 every rank (the lab documents it) and judged twice:
 
 * **values**, on a small real MLP (``workbook.models.mlp``, 8 wide, cut into ``p``
-  stages by ``workbook.pipeline.split``) for several ``(p, m)``: every stage's gradients
-  equal those of the whole model run in one process on the whole batch;
+  stages by ``workbook.pipeline.split``) for several ``(p, m)``: every receive is waited
+  for, and every stage's gradients (for GPipe also the input gradients the first stage
+  returns) equal those of the whole model run in one process on the whole batch;
 * **time and memory**, on a large model under ``sc.fake_tensors()`` (shapes without
   values: 8192 wide, micro-batches of 1,024 rows, two layers per stage, so each stage's
   compute takes milliseconds and a message between stages about 1 % of that): the bubble
@@ -13,12 +14,14 @@ every rank (the lab documents it) and judged twice:
   of ``workbook.pipeline.bubble_formula``, and the activations each stage holds at its
   peak, counted in micro-batches, must be GPipe's ``m`` or at most 1F1B's ``p - rank``.
   Memory is read from the simulator (``sc.memory_in_use()``) after each forward of a
-  stage.
+  stage. When 1F1B misses either, a values run counts each stage's forwards before its
+  first backward, so the hint names the warm-up only when the warm-up is what is wrong.
 
 The reference answers (:mod:`._reference`) are imported inside the checks only.
 """
 
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -26,9 +29,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import simcluster as sc
-from workbook.checking import (Failure, answers, check, close_within, collectives_so_far,
-                               compare_scaled, first_difference, listed, mse, num, number,
-                               on_a_rank, refuse_reference, short, simulate)
+from workbook.checking import (Failure, NotStarted, answers, check, close_within,
+                               collectives_so_far, compare_scaled, first_difference, listed,
+                               mse, num, number, on_a_rank, refuse_reference, short,
+                               simulate)
 from workbook.hints import Hints
 from workbook.models import mlp
 from workbook.pipeline import bubble, bubble_formula, split
@@ -49,15 +53,18 @@ hint = Hints({
         "GPipe runs every forward of the step, then every backward. Before a stage computes "
         "a micro-batch it needs that micro-batch's activation from the stage before it; "
         "before it backpropagates one it needs the gradient from the stage after it. What "
-        "must a stage keep between the two phases, and why must its input require grad?",
-        "Forward phase, micro-batch i: the first stage reads inputs[i], the others receive "
-        "an activation of the given shape from the previous rank; every stage computes its "
-        "output; the last one turns it into the loss (divided by m), the others send it on. "
-        "Keep (input, output) per micro-batch.",
+        "must a stage keep between the two phases, and why must its input require grad "
+        "(the first stage's too, now that its input gradients are returned)?",
+        "Forward phase, micro-batch i: the first stage reads inputs[i] (a copy of it that "
+        "wants its gradient), the others receive an activation of the given shape from the "
+        "previous rank and make it want its gradient; every stage computes its output; the "
+        "last one turns it into the loss (divided by m), the others send it on. Keep "
+        "(input, output) per micro-batch.",
         "Backward phase, the same order: the last stage backpropagates its loss, the others "
         "receive the gradient of their output and backpropagate it; every stage but the "
-        "first sends its input's gradient back. A send needs a matching receive on the other "
-        "rank, in the same order.",
+        "first sends its input's gradient back, and the first returns the list of its "
+        "inputs' gradients. A send needs a matching receive on the other rank, in the same "
+        "order.",
     ],
     "1f1b": [
         "1F1B starts a micro-batch's backward as soon as the last stage has its loss. How "
@@ -110,6 +117,15 @@ def _expected_gradients(p, m):
     return [list(stage.named_parameters()) for stage in split(model, p)]
 
 
+def _expected_input_gradients(p, m):
+    """The gradient of the whole batch's mean loss with respect to each input
+    micro-batch, one process."""
+    x, y = _data(p, m)
+    x.requires_grad_()
+    mse(mlp(WIDTH, DEPTH)(x), y).backward()
+    return list(x.grad.chunk(m))
+
+
 def _values_body(fn, p, m):
     """What every rank runs: its stage of the real MLP, its micro-batches, the schedule."""
 
@@ -119,22 +135,40 @@ def _values_body(fn, p, m):
         x, y = _data(p, m)
         inputs = list(x.chunk(m)) if rank == 0 else [None] * m
         targets = list(y.chunk(m)) if rank == p - 1 else [None] * m
-        fn(stage, inputs, targets, mse, (ROWS, WIDTH))
+        returned = fn(stage, inputs, targets, mse, (ROWS, WIDTH))
         _, names = collectives_so_far()
         return {"grads": [None if q.grad is None else q.grad.clone()
                           for q in stage.parameters()],
-                "collectives": names}
+                "collectives": names, "returned": returned}
 
     return body
 
 
 SCHEDULE_HINTS = {
-    "exception": "read the message above. Only the first rank's inputs and the last "
-                 "rank's targets hold tensors (the others hold None): the other stages "
-                 "receive their input with dist.recv, and make it want its gradient "
-                 "(x.requires_grad_()) so that backward fills x.grad to send back.",
-    "timeout": "look for a loop whose bounds never end (over range(m), m = len(inputs)).",
+    "exception": "read the message above: it names the line of your schedule that failed.",
+    "timeout": "look for a loop that never ends: each phase runs over the m "
+               "micro-batches, and m is the length of inputs on every rank.",
 }
+NONE_INPUT_HINT = ("only the first rank's inputs and the last rank's targets hold tensors "
+                   "(the others hold None): the other stages receive their input from the "
+                   "stage before.")
+NONE_SENT_HINT = ("a stage sent None: its input's gradient exists only if that input "
+                  "wanted its gradient before the stage used it (a received tensor has no "
+                  "history: make it require grad).")
+
+
+def _exception_hint(failure):
+    """A rank raised: name the cause the error's message points to (None where a tensor
+    was needed: the inputs or targets of a middle stage, or an input gradient that was
+    never computed), else the generic hint."""
+    what = failure.what
+    if isinstance(failure, NotStarted) or " raised " not in what:
+        return failure
+    if "Expected parameter `tensor`" in what:
+        return Failure(what, NONE_SENT_HINT)
+    if "NoneType" in what:
+        return Failure(what, NONE_INPUT_HINT)
+    return failure
 CLOSE = dict(rtol=1e-4, atol=1e-6)
 
 
@@ -146,6 +180,61 @@ GRADIENT_HINTS = {
               "stage must send and receive the micro-batches' gradients in the same order. "
               "Print what each rank sends and receives on p = 2, m = 2.",
 }
+
+
+UNWAITED_HINT = ("an asynchronous receive (irecv, or one posted by batch_isend_irecv) "
+                 "returns at once: its tensor holds the message only once the Work it "
+                 "returned has been waited for. Wait on every Work before reading what it "
+                 "received.")
+
+
+@contextmanager
+def _watching_receives():
+    """Every receive posted while the block runs, and which ones were waited for
+    (``wait()``, ``result()``, or an ``is_completed()`` that said yes). A receive never
+    waited for is a race on a real GPU: nothing guarantees its buffer is filled yet.
+    Yields the list of ``[receiving rank, waited]`` pairs."""
+    from simcluster.backend import SimWork
+    posted = []
+    init, wait, completed = SimWork.__init__, SimWork.wait, SimWork.is_completed
+
+    def watched_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        message = getattr(self, "_pending", None)     # the posted send or receive
+        if getattr(message, "kind", None) == "recv":
+            self._watched = [message.dst, False]
+            posted.append(self._watched)
+
+    def watched_wait(self, *args, **kwargs):
+        result = wait(self, *args, **kwargs)
+        if hasattr(self, "_watched"):
+            self._watched[1] = True
+        return result
+
+    def watched_completed(self):
+        done = completed(self)
+        if done and hasattr(self, "_watched"):
+            self._watched[1] = True
+        return done
+
+    SimWork.__init__, SimWork.wait, SimWork.is_completed = (watched_init, watched_wait,
+                                                            watched_completed)
+    try:
+        yield posted
+    finally:
+        SimWork.__init__, SimWork.wait, SimWork.is_completed = init, wait, completed
+
+
+def _check_waited(where, posted):
+    """Fail if a rank read a receive it never waited for."""
+    unwaited = {}
+    for rank, waited in posted:
+        if not waited:
+            unwaited[rank] = unwaited.get(rank, 0) + 1
+    if unwaited:
+        rank = min(unwaited)
+        raise Failure(f"{where}: rank {rank} never waited for {unwaited[rank]} of its "
+                      "receives (their Work's wait() was not called)", UNWAITED_HINT)
 
 
 def _compare_gradients(where, run, expected, m):
@@ -164,23 +253,66 @@ def _compare_gradients(where, run, expected, m):
                 raise Failure(f"{at}: the gradient is None",
                               "every stage must run backward on each of its micro-batches: "
                               "the last from its loss, the others from the gradient the next "
-                              "stage sends back (output.backward(grad)).")
+                              "stage sends back for its output.")
             compare_scaled(at, param.grad, got, m, GRADIENT_HINTS, close=close,
                            holder="the single-process model",
                            summed="the sum over the micro-batches, not their mean")
 
 
-def _check_values(fn):
-    """Run ``fn`` on every value case; fail at the first wrong gradient."""
+def _check_values(fn, input_gradients=False):
+    """Run ``fn`` on every value case; fail at the first receive never waited for, or
+    the first wrong gradient (``input_gradients``: and the ones rank 0 returns)."""
     for p, m in VALUE_CASES:
         where = _case(p, m)
-        run = simulate(_cluster(), _values_body(fn, p, m), p, lambda rank: where,
-                       SCHEDULE_HINTS)
+        with _watching_receives() as posted:
+            try:
+                run = simulate(_cluster(), _values_body(fn, p, m), p, lambda rank: where,
+                               SCHEDULE_HINTS)
+            except Failure as failure:
+                raise _exception_hint(failure) from None
         if p > 1 and sum(run.messages_sent) == 0:
             raise Failure(f"{where}: no rank sent a point-to-point message",
                           "ranks are threads here, but on a real cluster they share no "
                           "memory: send the activations and gradients with send/recv.")
+        _check_waited(where, posted)
         _compare_gradients(where, run, _expected_gradients(p, m), m)
+        if input_gradients:
+            _compare_input_gradients(where, run.results[0]["returned"],
+                                     _expected_input_gradients(p, m))
+
+
+INPUT_GRADIENTS_HINT = ("the layer before the pipeline needs d loss / d input of every "
+                        "micro-batch: on the first stage, return them as a list, in "
+                        "micro-batch order.")
+FIRST_INPUT_HINT = ("the first stage's input comes from the data, not from a recv, but its "
+                    "gradient is needed too: make it want its gradient before the stage "
+                    "uses it, as the other stages do with what they receive.")
+INPUT_VALUES_HINT = ("micro-batch i's input gradient is what backward leaves on micro-batch "
+                     "i's input, once the gradient from the stage after has been "
+                     "backpropagated through it (the loss divided by m, as always).")
+
+
+def _compare_input_gradients(where, got, expected):
+    """Rank 0's return value: the ``m`` gradients of the loss with respect to its input
+    micro-batches."""
+    m = len(expected)
+    if not isinstance(got, (list, tuple)) or len(got) != m:
+        said = (f"a {type(got).__name__} of {len(got)}" if isinstance(got, (list, tuple))
+                else short(repr(got), 40))
+        raise Failure(f"{where}: rank 0 returned {said}; expected the list of the {m} "
+                      "input gradients", INPUT_GRADIENTS_HINT)
+    close = close_within(**CLOSE)
+    for i, (g, e) in enumerate(zip(got, expected)):
+        at = f"{where}: rank 0, the gradient of input micro-batch {i}"
+        if g is None:
+            raise Failure(f"{at} is None", FIRST_INPUT_HINT)
+        if not isinstance(g, torch.Tensor) or g.shape != e.shape:
+            said = tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__
+            raise Failure(f"{at} is {said}, expected shape {tuple(e.shape)}",
+                          INPUT_GRADIENTS_HINT)
+        compare_scaled(at, e, g.detach(), m, {**GRADIENT_HINTS, "values": INPUT_VALUES_HINT},
+                       close=close, holder="the single-process model",
+                       summed="the sum over the micro-batches, not their mean")
 
 
 # ------------------------------------------------------------- time and memory
@@ -243,13 +375,14 @@ def _gpipe_references():
 
 @check("GPipe")
 def check_gpipe(fn):
-    """``fn(stage, inputs, targets, loss_fn, shape)`` on every rank: gradients equal the
-    single-process model's for several ``(p, m)``; on the fake-tensor timing model every
+    """``fn(stage, inputs, targets, loss_fn, shape)`` on every rank: gradients, and the
+    input gradients rank 0 returns, equal the single-process model's for several
+    ``(p, m)``; every receive is waited for; on the fake-tensor timing model every
     stage holds all ``m`` micro-batches' activations at its peak, and the bubble is within
     2 % of wall time of ``(p - 1)/(m + p - 1)``."""
     for reference in _gpipe_references():
         refuse_reference(fn, reference)
-    _check_values(fn)
+    _check_values(fn, input_gradients=True)
     measured = []
     for p, m, run in _timing_runs(fn):
         held = _held(p, m, run)
@@ -264,11 +397,62 @@ def check_gpipe(fn):
         measured.append((p, m, *_check_bubble(
             p, m, run, "every stage must start a micro-batch's forward as soon as its input "
                        "arrives, and send its output on at once; then all the backwards.")))
-    return (f"gradients equal the single-process model's on (p, m) {listed(VALUE_CASES)}; "
-            f"bubble {_bubbles_text(measured)}; {_held_text(p, m, held)}")
+    return (f"gradients (and the first stage's input gradients) equal the single-process "
+            f"model's on (p, m) {listed(VALUE_CASES)}; bubble {_bubbles_text(measured)}; "
+            f"{_held_text(p, m, held)}")
 
 
 # ------------------------------------------------------------- exercise 2: 1F1B
+
+
+DROP_HINT = ("the warm-up is right, so a micro-batch's tensors outlive its backward: once "
+             "a micro-batch is backpropagated, nothing may keep its input or output.")
+POSTING_HINT = ("the warm-up is right, so the stages wait on their messages: no stage may "
+                "block on a send while its neighbour is busy elsewhere. Post each send "
+                "together with the receive that follows it.")
+
+
+def _first_backward(fn, p, m):
+    """Per rank, how many forwards of its stage ran before its first backward reached
+    the stage (real values, the values model; None if the run fails)."""
+
+    def body():
+        rank = dist.get_rank()
+        stage = split(mlp(WIDTH, DEPTH), p)[rank]
+        events = []
+
+        def on_output(module, args, output):
+            events.append("F")
+            if output.requires_grad:
+                output.register_hook(lambda grad: events.append("B"))
+
+        stage.register_forward_hook(on_output)
+        x, y = _data(p, m)
+        inputs = list(x.chunk(m)) if rank == 0 else [None] * m
+        targets = list(y.chunk(m)) if rank == p - 1 else [None] * m
+        fn(stage, inputs, targets, mse, (ROWS, WIDTH))
+        return events.index("B") if "B" in events else len(events)
+
+    try:
+        return simulate(_cluster(), body, p, lambda rank: _case(p, m)).results
+    except Failure:
+        return None
+
+
+def _warmup_hint(fn, p, m):
+    """The warm-up hint, if some stage did not run 1F1B's p - r - 1 warm-up forwards
+    (then the forward of its first backward's micro-batch) before its first backward;
+    else None."""
+    counts = _first_backward(fn, p, m)
+    for rank, count in enumerate(counts or []):
+        want = min(p - rank - 1, m) + 1 if m > p - rank - 1 else m
+        if count != want:
+            return (f"stage {rank} ran {count} forward(s) before its first backward, "
+                    f"1F1B runs {want}: p - r - 1 warm-up forwards (here "
+                    f"{min(p - rank - 1, m)}), then one more before the first backward. "
+                    "With fewer, the stages wait for each other; with more, they hold more "
+                    "activations.")
+    return None
 
 
 @check("1F1B")
@@ -288,13 +472,11 @@ def check_1f1b(fn):
                 raise Failure(f"{_case(p, m)}, fake tensors: stage {rank} held "
                               f"{h:.1f} micro-batches of activations; 1F1B holds at most "
                               f"p - rank = {allowed}",
-                              "start backward early: stage r runs p - r - 1 warm-up "
-                              "forwards, then one forward and one backward in turn, and "
-                              "drops each micro-batch's tensors once its backward is done.")
-        measured.append((p, m, *_check_bubble(
-            p, m, run, "stage r runs p - r - 1 warm-up forwards before its first backward "
-                       "(with fewer, the stages wait for each other), and posts each send "
-                       "together with the receive that follows it (dist.batch_isend_irecv).")))
+                              _warmup_hint(fn, p, m) or DROP_HINT)
+        try:
+            measured.append((p, m, *_check_bubble(p, m, run, POSTING_HINT)))
+        except Failure as failure:
+            raise Failure(failure.what, _warmup_hint(fn, p, m) or failure.hint) from None
     return (f"gradients equal the single-process model's on (p, m) {listed(VALUE_CASES)}; "
             f"bubble {_bubbles_text(measured)}; {_held_text(p, m, held)}")
 
@@ -354,6 +536,8 @@ PICK_CASES = (
     # then its memory exactly the cap (4 x 8 x 100 MB); a strict < picks another pair
     (4, 48, 3, 0.20, 80 * GB, 10 * MB),     # (4, 3), not (8, 3)
     (4, 64, 6, 0.30, 3_200 * MB, 100 * MB), # (8, 1), not (16, 1)
+    # m a multiple of p: without that rule, m = 6 (3.2 GB, bubble 33 %) would fit first
+    (4, 48, 1, 0.35, 3_500 * MB, 100 * MB), # (8, 1), not (6, 1)
 )
 
 
@@ -400,11 +584,16 @@ def check_pick_m_v(fn):
         if got == want:
             continue
         m, v = got
-        if m % p or batch % m or layers % v:
-            raise Failure(f"{where}: returned (m, v) = {got}: m must be a multiple of p "
-                          "that divides the batch and v must divide layers_per_stage",
-                          "loop over m in range(p, batch + 1, p) and keep those with "
-                          "batch % m == 0; v over the divisors of layers_per_stage.")
+        broken = (f"m = {m} is not a multiple of p = {p}" if m % p else
+                  f"m = {m} does not divide the batch of {batch}" if batch % m else
+                  f"v = {v} does not divide layers_per_stage = {layers}" if layers % v
+                  else None)
+        if broken:
+            raise Failure(f"{where}: returned (m, v) = {got}, but {broken}",
+                          "only some (m, v) are allowed at all: m a multiple of p "
+                          "(interleaving's rule, kept for v = 1 too) that divides the batch, "
+                          "v a divisor of layers_per_stage. Skip the others before "
+                          "judging the limits.")
         b = ref.interleaved_bubble(p, m, v)
         if b > target:
             raise Failure(f"{where}: (m, v) = {got} idles {b:.1%} of the wall time, above "

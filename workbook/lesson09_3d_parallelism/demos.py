@@ -452,7 +452,7 @@ TERM_NAMES = {"tp_communication": "TP comm", "pp_communication": "PP comm",
 # The explorer's memory categories, in colours none of the step's terms uses.
 MEMORY_COLORS = {"parameters": "tab:purple", "gradients": "tab:brown",
                  "optimizer": "tab:olive", "activations": "goldenrod",
-                 "workspace": "khaki"}
+                 "workspace": "khaki", "other": "tab:gray"}
 MEMORY_NAMES = {"optimizer": "optimizer state"}
 
 
