@@ -261,7 +261,7 @@ class ClusterSpec:
                 f"{nics} NIC(s)")
         nic = self.network.nic
         lines.append(f"  network: {nic.name} {nic.bandwidth / GB:.0f} GB/s per NIC, "
-                     f"latency {nic.latency * 1e6:.1f} us, "
+                     f"latency {nic.latency * 1e6:.1f} µs, "
                      f"oversubscription {self.network.oversubscription:g}:1")
         return "\n".join(lines)
 

@@ -167,3 +167,20 @@ def test_sqrt_l_segments_are_best_for_a_chain_of_equal_layers(gpu):
              .category_peaks(0)["activations"] for k in (2, 4, 8, 16)}
     assert {k: p / one for k, p in peaks.items()} == {k: k - 1 + 16 // k + 1 for k in peaks}
     assert min(peaks, key=peaks.get) == 4
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"precision": "bf16", "selective": True, "micro_batches": 2},
+                                    {"checkpoint": "all"}, {"segments": 2, "precision": "tf32"}])
+def test_cheap_warmup_leaves_the_measured_step_as_a_full_one(gpu, kwargs):
+    """The warm-up without a forward (first_optimizer_step) leaves the measured step as a
+    real warm-up step does: its peak and each category's peak, what the forward keeps,
+    the state after the step, and its time (equal up to the rounding of times measured
+    from a different start)."""
+    cheap = P.measure(gpu, **SMALL, **kwargs)
+    full = P.measure(gpu, full_warmup=True, **SMALL, **kwargs)
+    assert cheap.seconds == pytest.approx(full.seconds, rel=1e-12)
+    assert (cheap.peak, cheap.held, cheap.state) == (full.peak, full.held, full.state)
+    assert cheap.run.category_peaks(0) == full.run.category_peaks(0)
+    assert cheap.held["activations"] > 0 and cheap.state["optimizer state"] > 0
+    # and the warm-up itself was cheaper: no forward of the model before the barrier
+    assert cheap.run.elapsed < full.run.elapsed

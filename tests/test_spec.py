@@ -150,7 +150,7 @@ def test_describe_dgx_a100():
     assert lines[0] == "dgx-a100: 2 node(s), 16 devices"
     assert lines[1] == ("  nodes 0-1: 8 x A100-80GB (80 GiB, 312 TFLOP/s bf16, 2,039 GB/s HBM), "
                         "NVLink3/NVSwitch 300 GB/s per direction, 8 NIC(s)")
-    assert lines[2] == ("  network: HDR InfiniBand 200 Gb/s 25 GB/s per NIC, latency 14.0 us, "
+    assert lines[2] == ("  network: HDR InfiniBand 200 Gb/s 25 GB/s per NIC, latency 14.0 µs, "
                         "oversubscription 1:1")
     assert len(lines) == 3
 

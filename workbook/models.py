@@ -9,7 +9,9 @@ package imports another:
 * :class:`Block` (:class:`Attention` + :class:`MLP`), its tensor-parallel plan
   :func:`tp_plan` and Korthikanti et al.'s :func:`activation_bytes`: lesson 06's GPT
   layer, which lessons 08 and 09 build their models from;
-* :class:`MixedPrecisionAdam`: Adam with fp32 master weights (lessons 07 and 09).
+* :class:`MixedPrecisionAdam`: Adam with fp32 master weights (lessons 07 and 09);
+* :func:`first_optimizer_step`: the warm-up step that creates an optimizer's state
+  without a forward (lessons 03 and 08 measure the step after it).
 """
 
 import math
@@ -244,3 +246,18 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
                 state["master"].addcdiv_(state["exp_avg"], denom,
                                          value=-group["lr"] / (1 - beta1 ** t))
                 p.copy_(state["master"])
+
+
+def first_optimizer_step(model, optimizer):
+    """Create ``optimizer``'s state (and every parameter's ``.grad``) as a first training
+    step would, without running the model: the backward of the parameters' sum gives each
+    parameter a gradient of its own shape and dtype, accumulated into ``.grad`` by
+    autograd as a real backward does, then ``optimizer.step()`` allocates the state.
+
+    What a measured step that follows sees is the same as after a real first step
+    (parameters, ``.grad`` tensors, optimizer state: same tensors, same bytes, same
+    categories), at a fraction of the simulation's cost; only the values differ, so use
+    it on fake tensors, or where the values don't matter.
+    """
+    sum(p.sum() for p in model.parameters() if p.requires_grad).backward()
+    optimizer.step()

@@ -174,7 +174,14 @@ class StepReport:
 
 def measure(cluster, world_size, **kwargs):
     """Run :func:`ddp_steps` (``kwargs``) on ``world_size`` ranks; return the
-    :class:`StepReport` of its timed step, and the :class:`~simcluster.Run`."""
+    :class:`StepReport` of its timed step, and the :class:`~simcluster.Run`.
+
+    DDP is built with ``init_sync=False`` unless ``ddp_kwargs`` says otherwise: every rank
+    builds the same model (a fixed seed, or fake tensors), so the broadcast of rank 0's
+    parameters at construction changes nothing in the timed step, and it costs the
+    simulation a copy of the model per rank (a quarter of a 64-rank run on fake tensors).
+    """
+    kwargs = {**kwargs, "ddp_kwargs": {"init_sync": False, **(kwargs.get("ddp_kwargs") or {})}}
     run = cluster.run(ddp_steps, world_size=world_size, kwargs=kwargs)
     barriers = [c for c in run.collectives if c.op == "barrier"]
     # the timed step starts after the barrier before it; with a barrier in every step,

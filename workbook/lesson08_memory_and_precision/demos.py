@@ -128,15 +128,19 @@ def parameter_count(layers, hidden):
 
 
 def train_steps(layers=12, hidden=1024, heads=16, seq=1024, batch=8, precision="fp32",
-                micro_batches=1, steps=2, fake=True, dropout=0.1, seed=0, **checkpointing):
+                micro_batches=1, steps=2, fake=True, dropout=0.1, seed=0, full_warmup=False,
+                **checkpointing):
     """What the rank runs: ``steps`` Adam steps of :class:`GPT` (``checkpointing``: its
     ``checkpoint``, ``selective`` or ``segments``) in ``precision`` (a key of
     :data:`PRECISIONS`), each step on ``batch`` sequences split into ``micro_batches``
     (gradient accumulation: each micro-batch's loss is divided by their number).
 
     The loss is the mean square of the output (a stand-in for the LM head's
-    cross-entropy). Warm-up steps (all but the last) run one micro-batch: they only create
-    Adam's state. A barrier marks the start of the last step, where the peak is reset.
+    cross-entropy). Warm-up steps (all but the last) only create Adam's state: with
+    :func:`first_optimizer_step` (no forward: the last step sees the
+    same parameters, Adam state and memory, and the simulation is quicker),
+    or with ``full_warmup`` as a real step of one micro-batch (to see it in the memory
+    plot). A barrier marks the start of the last step, where the peak is reset.
     Returns ``{"held": bytes by category the last micro-batch's forward added (what it
     keeps for the backward), "state": bytes by category after the last optimizer step,
     "loss": the last loss (None on fake tensors)}``.
@@ -158,10 +162,15 @@ def train_steps(layers=12, hidden=1024, heads=16, seq=1024, batch=8, precision="
             if last:
                 dist.barrier()                     # the measured step starts here
                 sc.reset_peak_memory()
-            # the warm-up steps only have to create Adam's state: one micro-batch each
+            elif not full_warmup:
+                # the warm-up steps only have to create Adam's state: no forward needed
+                first_optimizer_step(model, optimizer)
+                continue
+            # a full warm-up step runs one micro-batch: it too only creates Adam's state
             for _ in range(micro_batches if last else 1):
                 x = torch.randn(batch // micro_batches, seq, hidden,
                                 generator=None if fake else generator)
+                loss = None              # a previous loss is not what this forward keeps
                 before = sc.memory_in_use()
                 with autocast:
                     loss = model(x).float().square().mean() / micro_batches
@@ -172,6 +181,24 @@ def train_steps(layers=12, hidden=1024, heads=16, seq=1024, batch=8, precision="
             optimizer.zero_grad()
     held = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     return {"held": held, "state": state, "loss": None if fake else loss.item()}
+
+
+def first_optimizer_step(model, optimizer):
+    """Create ``optimizer``'s state as a first training step would, without running the
+    model: the backward of the parameters' sum gives each parameter a gradient of its own
+    shape and dtype, ``optimizer.step()`` allocates the state from them, and
+    ``optimizer.zero_grad()`` frees the gradients again.
+
+    A measured step that follows finds the same parameters and optimizer state (same
+    tensors, bytes and categories) as after a real first step that ends with
+    ``zero_grad()``, at a fraction of the simulation's cost; only the values differ, so
+    use it on fake tensors or where the values don't matter. (Gradients it kept would not
+    be: the simulator files a gradient under "gradients" through a hook that a module's
+    first forward installs, so here they would count as "other".)
+    """
+    sum(p.sum() for p in model.parameters() if p.requires_grad).backward()
+    optimizer.step()
+    optimizer.zero_grad()
 
 
 @dataclass
