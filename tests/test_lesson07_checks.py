@@ -128,7 +128,37 @@ class NoCorrection(ZeRO1Adam):
 ''')
     fails(capsys, checks.check_zero1, mine["NoCorrection"],
           "❌ ZeRO-1: world size 1, 197 parameters: rank 0, 0.weight after 3 steps, element 0: "
-          "torch.optim.Adam gives", "Hint: compare with torch.optim.Adam on world size 1")
+          "torch.optim.Adam gives", "Hint: these are the values of Adam without its bias "
+          "correction")
+
+
+def test_zero1_without_the_second_bias_correction_names_it(capsys):
+    """A newcomer (trial nc2) divided m by 1 − β1^t but not v by 1 − β2^t: told to compare
+    with Adam on world size 1, they could not see why; the hint now names the correction."""
+    mine = learner('''
+class HalfCorrected(ZeRO1Adam):
+    def update_chunk(self, i, q, grad):
+        b1, b2 = self.betas
+        m, v = self.exp_avg[i], self.exp_avg_sq[i]
+        m.mul_(b1).add_(grad, alpha=1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        chunk = my_shard(q.data)
+        chunk.addcdiv_(m, v.sqrt().add_(self.eps), value=-self.lr / (1 - b1 ** self.t))
+        q.data.copy_(R_gather(chunk, q.numel()).view_as(q))
+''', R_gather=R._gather)
+    fails(capsys, checks.check_zero1, mine["HalfCorrected"], "torch.optim.Adam gives",
+          "without its bias correction", "1 − β2^t")
+
+
+def test_zero1_with_a_wrong_learning_rate_is_not_told_bias_correction(capsys):
+    mine = learner('''
+class Faster(ZeRO1Adam):
+    def update_chunk(self, i, q, grad):
+        self.lr = 0.02
+        super().update_chunk(i, q, grad)
+''')
+    fails(capsys, checks.check_zero1, mine["Faster"], "torch.optim.Adam gives",
+          "Hint: compare with torch.optim.Adam on world size 1")
 
 
 def test_zero1_gathering_on_rank_0_only_is_a_mismatch(capsys):
@@ -186,6 +216,40 @@ class KeepsGrad(ZeRO2Adam):
 ''', R_reduce=R._reduce_scatter_mean)
     fails(capsys, checks.check_zero2, mine["KeepsGrad"], "after backward",
           "Hint: whole gradients (4Ψ) are still alive after backward")
+
+
+def test_zero2_reduce_scatter_in_step_names_the_hook(capsys):
+    """A newcomer (trial nc2) reduce-scattered in step() and dropped q.grad there: told
+    'the whole one (q.grad) must go' though they dropped it; the hint now names the hook."""
+    mine = learner('''
+class InStep(ZeRO2Adam):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+        ZeRO1Adam.__init__(self, params, lr, betas, eps)
+        self.grads = [None] * len(self.params)
+
+    @torch.no_grad()
+    def step(self):
+        for i, q in enumerate(self.params):
+            self._reduce(i, q)
+        super().step()
+''')
+    fails(capsys, checks.check_zero2, mine["InStep"], "after backward", "2.00× that",
+          "wait for step()", "register_post_accumulate_grad_hook", "overlaps backward")
+
+
+def test_zero2_tensor_hook_reading_q_grad_names_the_post_accumulate_hook(capsys):
+    """q.register_hook(...) runs before q.grad is set: the newcomer saw 'NoneType has no
+    attribute detach' and 'read the message above'."""
+    mine = learner('''
+class TensorHook(ZeRO2Adam):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+        ZeRO1Adam.__init__(self, params, lr, betas, eps)
+        self.grads = [None] * len(self.params)
+        for i, q in enumerate(self.params):
+            q.register_hook(lambda g, i=i, q=q: self._reduce(i, q))
+''')
+    fails(capsys, checks.check_zero2, mine["TensorHook"], "during backward, AttributeError",
+          "before backward accumulates the gradient", "register_post_accumulate_grad_hook")
 
 
 def test_zero2_never_dropping_the_chunks_accumulates_old_gradients(capsys):
@@ -410,6 +474,24 @@ def test_zero_memory_ignoring_k_is_caught_on_other_cells(capsys):
 
     fails(capsys, checks.check_zero_memory, zero_memory_gb, "K = 16, stage 0",
           "use k (not 12)")
+
+
+def test_zero_memory_written_out_from_the_paper_says_the_formula(capsys):
+    """A table scaled from the paper's cell (newcomer trial nc2) passed the paper's row and
+    was told 'use k (not 12)' at K = 12: the hint now says the values miss the formula."""
+    def zero_memory_gb(psi, n_d, stage, k=12):
+        return ({0: 120, 1: 31.4, 2: 16.6, 3: 1.9}[stage] * psi / 7.5e9
+                * (1 if n_d == 64 else 64 / n_d))
+
+    fails(capsys, checks.check_zero_memory, zero_memory_gb, "K = 12, stage 0",
+          "do not follow the formula for this model and GPU count")
+
+
+def test_zero_memory_rounded_is_told_not_to_round(capsys):
+    def zero_memory_gb(psi, n_d, stage, k=12):
+        return round(MINE["zero_memory_gb"](psi, n_d, stage, k), 1)
+
+    fails(capsys, checks.check_zero_memory, zero_memory_gb, "don't round")
 
 
 def test_zero_memory_in_bytes_is_caught(capsys):
