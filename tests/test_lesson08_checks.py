@@ -782,6 +782,18 @@ class TensorScale(LossScaler):
           "Hint: the lab asks for the scale as a Python float")
 
 
+def test_scaler_get_scale_returning_an_int_is_told_to_return_a_float(capsys):
+    """A newcomer (trial nc2) kept int(init_scale): the hint spoke of a tensor."""
+    mine = learner('''
+class IntScale(LossScaler):
+    def get_scale(self):
+        return int(self._scale)
+''')
+    fails(capsys, checks.check_loss_scaler, mine["IntScale"],
+          "before step 0, get_scale() returned an int, not a float",
+          "an int is not a float", "return float(...) of the scale")
+
+
 def test_scaler_get_scale_returning_a_float_passes_whatever_it_stores(capsys):
     """A scale kept as a tensor inside is fine: only what get_scale() returns is judged."""
     mine = learner('''

@@ -233,10 +233,19 @@ def _compare_scaler(mine, torch_log, where):
     for step, m in enumerate(mine):
         if m.get("type", "float") != "float":
             at = f"before step {step}" if step < SCALER_STEPS else "at the end"
-            raise Failure(f"{where}: {at}, get_scale() returned a {m['type']}, not a float",
-                          "the lab asks for the scale as a Python float, which is what "
-                          "GradScaler's get_scale() returns: its callers print, compare and "
-                          "log it. A tensor holding the number is not that.")
+            kind = m["type"]
+            if kind == "int":
+                why = ("an int is not a float (int(init_scale) stays an int when multiplied "
+                       "by 2): return float(...) of the scale.")
+            elif kind.endswith("tensor"):
+                why = "a tensor holding the number is not that: return its .item()."
+            else:
+                why = f"a {kind} is not that: return float(...) of the scale."
+            article = "an" if kind[0] in "aeiou8" else "a"
+            raise Failure(f"{where}: {at}, get_scale() returned {article} {kind}, not a "
+                          "float", "the lab asks for the scale as a Python float, which is "
+                          "what GradScaler's get_scale() returns: its callers print, compare "
+                          "and log it; " + why)
     for step, (m, t) in enumerate(zip(mine, torch_log)):
         at = f"{where}: before step {step}" if step < SCALER_STEPS else f"{where}: at the end"
         if m["scale"] != t["scale"]:
