@@ -561,7 +561,10 @@ def check_fit(fn):
             raise Failure(f"{where}: after training, the model's loss is "
                           f"{_apart(trained, final)}", "train on the whole batch "
                           "each step (every micro-batch), with the given lr, Adam, and "
-                          "one optimizer.step() and one optimizer.zero_grad() per step.")
+                          "one optimizer.step() and one optimizer.zero_grad() per step. "
+                          f"If your micro-batches differ in size (x.chunk(k) when k does "
+                          f"not divide the batch of {len(x)}), weight each one's mean loss "
+                          f"by its size / {len(x)}, not by 1/k.")
         peak = run.peak_memory(0)["total"]
     return (f"trains on GPUs of {' and '.join(num(m / MiB) for m in FIT_MEMORY)} MiB (peak "
             f"{peak / MiB:.1f} MiB on the last), the same losses as plain training")

@@ -310,6 +310,25 @@ def run_fit(fn, memory):
     return fit_cluster(memory).run(_fit_body, world_size=1, args=(fn, memory), timeout=120)
 
 
+def show_fit(fn):
+    """Print, for each of :data:`FIT_MEMORY`, the peak of ``fn`` under :func:`run_fit` and
+    its losses (4 decimals); what is not a list of numbers, or does not fit, is said in a
+    line, so the check cell after it still gets to say what is wrong."""
+    for memory in FIT_MEMORY:
+        try:
+            run = run_fit(fn, memory)
+        except sc.OutOfMemoryError as error:
+            print(f"{memory / MiB:.0f}-MiB GPU: {oom_text(error)}")
+            continue
+        losses, _ = run.results[0]
+        try:
+            shown = [round(float(v), 4) for v in losses]
+        except (TypeError, ValueError, RuntimeError):
+            shown = f"{type(losses).__name__} that is not a list of numbers (see the check)"
+        print(f"{memory / MiB:.0f}-MiB GPU: peak {run.peak_memory(0)['total'] / MiB:.1f} MiB, "
+              f"losses {shown}")
+
+
 def oom_text(error):
     """An ``sc.OutOfMemoryError`` in MiB, which a device of a few MiB needs."""
     used = ", ".join(f"{k} {v / MiB:.1f}" for k, v in error.in_use.items() if v)
