@@ -21,7 +21,8 @@ def train(ckpt_dir, steps, every, leave_out=None, step_shift=0):
     """Train :mod:`job` for ``steps`` steps on every rank, checkpoint every ``every``
     steps into ``ckpt_dir``, and resume from the latest checkpoint if there is one.
     Returns the final parameters (flat). ``leave_out`` (a piece of :data:`PIECES`, or
-    "own RNG": rank 0's RNG state restored on every rank) and
+    "own RNG": rank 0's RNG state restored on every rank; "saved RNG": rank 0's state
+    saved for every rank, with no gather) and
     ``step_shift`` (resume that many steps after the saved one) are the slips a check
     replays to name the one a learner made."""
     rank = dist.get_rank()
@@ -45,7 +46,10 @@ def train(ckpt_dir, steps, every, leave_out=None, step_shift=0):
         step += 1
         if step % every == 0:
             rngs = [None] * dist.get_world_size()    # every rank's dropout RNG
-            dist.all_gather_object(rngs, torch.get_rng_state())
+            if leave_out == "saved RNG":             # a slip: rank 0's own state for all
+                rngs = [torch.get_rng_state()] * len(rngs)
+            else:
+                dist.all_gather_object(rngs, torch.get_rng_state())
             if rank == 0:
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                             "scheduler": scheduler.state_dict(), "step": step, "rng": rngs},

@@ -103,9 +103,13 @@ RESUME_HINTS = {
            "not bring back.",
     "own RNG": "the RNG states are per rank: each rank must get back its own, not rank "
                "0's.",
+    "saved RNG": "the RNG states are per rank: [torch.get_rng_state()] * world_size on rank "
+                 "0 saves rank 0's state for everyone. Gather every rank's own "
+                 "(dist.all_gather_object) before rank 0 saves.",
 }
 # How the slip a replay matched reads in the ❌ line ("the same parameters as ...").
-RESUME_SLIPS = {"own RNG": "a restart that gives every rank rank 0's RNG state"}
+RESUME_SLIPS = {"own RNG": "a restart that gives every rank rank 0's RNG state",
+                "saved RNG": "a checkpoint that saves rank 0's RNG state for every rank"}
 
 
 def _train_run(cluster, fn, where, crashes=(), max_restarts=0, **kwargs):
@@ -147,7 +151,7 @@ def _forgotten_piece(cluster, ref, crashes, got):
     """The slip whose replay with the reference gives ``got``: a piece of state the
     restart does not restore (a name of ``ref.PIECES``), a step off by one (1 or -1 of
     :data:`STEP_SLIPS`), or None."""
-    slips = [dict(leave_out=piece) for piece in (*ref.PIECES, "own RNG")]
+    slips = [dict(leave_out=piece) for piece in (*ref.PIECES, "own RNG", "saved RNG")]
     slips += [dict(step_shift=shift) for shift in STEP_SLIPS]
     for slip in slips:
         run = _train_run(cluster, ref.train, lambda rank: "", crashes, len(crashes), **slip)
