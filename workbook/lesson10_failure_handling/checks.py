@@ -575,6 +575,14 @@ def _check_plan(before, failure, new, where):
         raise Failure(f"{where}: the job is at round {before['round']} and the plan goes on "
                       f"at round {new['round']!r}", "resume at the current round, or go "
                       "back to the checkpoint's round (plan['checkpoint']).")
+    if kind == "worker" and new["round"] < before["round"]:
+        raise Failure(f"{where}: the plan goes back to round {new['round']}, so round(s) "
+                      f"{_ranges(list(range(new['round'], before['round'])))} are computed "
+                      "again, though no update was lost", "a worker holds no state: the "
+                      "servers already applied every round it took part in. Recovering a "
+                      "worker is rescheduling its tasks and going on from plan['round'] "
+                      "(reload nothing); rolling back is for a lost server. "
+                      + hint.pointer("recovery"))
 
 
 def _plans(fn, servers, workers, failures, events=None):
