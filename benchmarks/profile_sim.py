@@ -80,14 +80,14 @@ def counting():
         stack.enter_context(patched(scheduler.RankScheduler, "wait_until", counted_wait_until))
         from simcluster import accounting
 
-        dispatch = accounting.RankAccounting.__torch_dispatch__
+        # both paths' classes: FastRankAccounting (the default) has its own dispatch
+        for cls in (accounting.RankAccounting, accounting.FastRankAccounting):
+            def counted_dispatch(self, func, types, args=(), kwargs=None,
+                                 dispatch=cls.__torch_dispatch__):
+                counts["dispatched_ops"] += 1
+                return dispatch(self, func, types, args, kwargs)
 
-        def counted_dispatch(self, func, types, args=(), kwargs=None):
-            counts["dispatched_ops"] += 1
-            return dispatch(self, func, types, args, kwargs)
-
-        stack.enter_context(patched(accounting.RankAccounting, "__torch_dispatch__",
-                                    counted_dispatch))
+            stack.enter_context(patched(cls, "__torch_dispatch__", counted_dispatch))
         yield counts
 
 
@@ -100,7 +100,9 @@ def bare_dispatch_mode():
     def bare(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
 
-    with patched(accounting.RankAccounting, "__torch_dispatch__", bare):
+    # both paths' classes: FastRankAccounting (the default) has its own dispatch
+    with patched(accounting.RankAccounting, "__torch_dispatch__", bare), \
+            patched(accounting.FastRankAccounting, "__torch_dispatch__", bare):
         yield
 
 

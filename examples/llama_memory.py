@@ -5,7 +5,7 @@ The model is built on the meta device, sharded (FSDP2) or not (DDP), and then gi
 DistributedDataParallel, fully_shard and Adam then run one training step, and the
 simulator counts every byte each rank would hold, by category.
 
-    python examples/llama_memory.py            # the full 7B model: ~15 s on 2 cores
+    python examples/llama_memory.py            # the full 7B model: under a minute on 2 cores
 """
 
 import torch

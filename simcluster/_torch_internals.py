@@ -226,6 +226,10 @@ class RunHooks(NamedTuple):
             or a ``dcp.save`` whose metadata the coordinator has committed).
         not_charged: a reusable ``with`` block in which the rank is charged nothing
             (DTensor's replay of each op at the global shape).
+        bulk: ``()`` -> the calling rank's accounting mode if the simulator may run ops
+            with it set aside and charge them in bulk (``paused(bypass=True)``,
+            ``charge_timeless(inputs, outputs)``), else None (see
+            :func:`_verify_params_in_bulk`).
         on_forward_pre, on_forward_post, on_optimizer_pre, on_optimizer_post: torch's
             global module and optimizer hooks (see :data:`HOOKS`); ``on_parameter`` is
             also the global parameter-registration hook.
@@ -240,6 +244,7 @@ class RunHooks(NamedTuple):
     on_io: object
     on_checkpoint: object
     not_charged: object
+    bulk: object
     on_forward_pre: object
     on_forward_post: object
     on_optimizer_pre: object
@@ -387,8 +392,7 @@ def patches():
               functools.partial(_allocating_as, "optimizer state")),
         # DDP's reducer, pipelining's warm-up and the object collectives inside
         # sc.fake_tensors(): their integer bookkeeping stays real
-        Patch("torch.distributed", "_verify_params_across_processes",
-              lambda original, hooks: _with_real_bookkeeping(original)),
+        Patch("torch.distributed", "_verify_params_across_processes", _verify_params),
         Patch("torch.distributed", "Reducer", _reducer),
         Patch("torch._C._distributed_c10d:Reducer", "_rebuild_buckets", _rebuild_buckets),
         Patch(_SCHEDULES + ":_PipelineSchedule", "_warmup_p2p",
@@ -715,6 +719,90 @@ def _without_fake_mode(function):
             return function(*args, **kwargs)
 
     return functools.update_wrapper(call, function)
+
+
+def _verify_params(original, hooks):
+    """``dist._verify_params_across_processes``, DDP's check at construction that every rank
+    has as many parameters, of the same shapes and strides: with real bookkeeping inside
+    ``sc.fake_tensors()`` (:func:`_with_real_bookkeeping`), and as
+    :func:`_verify_params_in_bulk` where the accounting can charge its per-rank ops in
+    bulk (``hooks.bulk()``; elsewhere torch's own C++ runs)."""
+    checked = _with_real_bookkeeping(original)
+
+    def verify(process_group, params, logger=None):
+        acc = hooks.bulk()
+        # (a function mode, such as torch.device("meta"), would see this Python's calls,
+        # where it sees nothing of the C++)
+        if (acc is None or not params or torch._C._len_torch_function_stack()
+                or not acc.fits(8 * (process_group.size() + 1))):
+            return checked(process_group, params, logger)
+        return _verify_params_in_bulk(acc, process_group, params, logger)
+
+    return functools.update_wrapper(verify, original)
+
+
+def _verify_params_in_bulk(acc, group, params, logger):
+    """torch's C++ ``verify_params_across_processes`` (``reducer.cpp``), step for step, with
+    the ops the accounting mode ``acc`` sees in the same order and charged the same, but
+    the ones it makes per rank of the group run with the mode set aside.
+
+    On n ranks the C++ makes, on every rank, an ``empty_like`` output per rank for an
+    all-gather of the parameter counts and reads each back (``select``, ``item``): 3 n ops
+    per rank, 3 M through Python on 1,024 ranks (and n storages per rank to count and
+    free). Here the n outputs are rows of one buffer. Why the charges are the same: those
+    ops take no time (the accounting charges ``empty_like`` and ``item`` none, a view
+    nothing), so all they are charged is a wait for communication still writing what
+    they read, and memory: n storages of one element, counted, retagged as
+    communication buffers by the all-gather and freed on return, each group at one
+    simulated instant. A memory account keeps one history entry per instant and peaks
+    of its totals, which rise the same by n allocations of b bytes as by one of n b (a
+    device that could not hold them all runs torch's C++, so that out-of-memory comes
+    at the same allocation). The ops that take time, and the collectives, run as in
+    C++, through the mode and the process group."""
+    # at::tensor({count}): an empty (seen by the mode), then a memcpy (not seen)
+    size = torch.empty((1,), dtype=torch.long, device=params[0].device)
+    n = group.size()
+    with acc.paused(bypass=True):
+        size.fill_(len(params))
+        gathered = torch.empty((n,), dtype=torch.long, device=params[0].device)
+        with torch.no_grad():   # (views without autograd's bookkeeping: faster)
+            rows = gathered.split(1)
+    acc.charge_timeless([size], [gathered])
+    group.allgather([rows], [size]).wait()
+    acc.charge_timeless([gathered], ())   # the items read it (one storage: one wait)
+    with acc.paused(bypass=True):
+        counts = gathered.tolist()
+    for i, count in enumerate(counts):
+        if count != len(params):
+            raise RuntimeError(
+                f"DDP expects same model across all ranks, but Rank {group.rank()} has "
+                f"{len(params)} params, while rank {i} has inconsistent {count} params.")
+    # every parameter's sizes then strides, broadcast from rank 0 and compared
+    mine = [value for p in params for value in (*p.shape, *p.stride())]
+    cpu = torch.device("cpu")   # at::empty without a device
+    metadata = torch.empty((len(mine),), dtype=torch.long, device=cpu)
+    with acc.paused(bypass=True):   # written through an accessor, cloned: not seen
+        metadata.copy_(torch.tensor(mine, dtype=torch.long, device=cpu))
+        metadata_dev = metadata.clone()
+    group.broadcast([metadata_dev]).wait()
+    control = torch.empty((len(mine),), dtype=torch.long, device=cpu)
+    control.copy_(metadata_dev)
+    with acc.paused(bypass=True):
+        theirs = control.tolist()
+    i = 0
+    for p, param in enumerate(params):
+        sizes = list(param.shape)
+        for what, values in (("sizes", param.shape), ("strides", param.stride())):
+            for value in values:
+                if value != theirs[i]:
+                    where = f"[{group.rank()}]: " if what == "sizes" else ""
+                    message = (f"{where}params[{p}] in this process with sizes {sizes} "
+                               f"appears not to match {what} of the same param in "
+                               "process 0.")
+                    if logger is not None:   # REDUCER_CHECK: log, then throw
+                        logger.set_error_and_log(message)
+                    raise RuntimeError(message)
+                i += 1
 
 
 def _reducer(original, hooks):
@@ -1084,14 +1172,27 @@ def op_kernel(func):
     return func if kernel is None else kernel
 
 
+def no_dispatch_mode():
+    """True if no dispatch mode (the accounting's, a fake mode, a learner's) sees the ops
+    the calling thread runs now."""
+    return torch._C._len_torch_dispatch_stack() == 0
+
+
+def can_set_aside(mode):
+    """True if :func:`set_aside` would set ``mode`` aside now: it is the calling thread's
+    innermost dispatch mode and no fake mode is active."""
+    n = torch._C._len_torch_dispatch_stack()
+    return (n > 0 and torch._C._get_dispatch_stack_at(n - 1) is mode
+            and not fake_mode_active())
+
+
 @contextlib.contextmanager
 def set_aside(mode):
     """A ``with`` block in which the dispatch mode ``mode`` sees no op, if it is the
     innermost mode of the calling thread and no fake mode is active (it yields True);
     otherwise nothing changes (it yields False). The simulator's own work (a collective's
     result) then runs straight into torch's kernels instead of through Python per op."""
-    n = torch._C._len_torch_dispatch_stack()
-    if n == 0 or torch._C._get_dispatch_stack_at(n - 1) is not mode or fake_mode_active():
+    if not can_set_aside(mode):
         yield False
         return
     torch._C._pop_torch_dispatch_stack(None)

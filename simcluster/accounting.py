@@ -48,10 +48,10 @@ import torch
 
 from . import context
 from ._torch_internals import (FAKE, FAKE_MODE_KEY, SUBCLASS, DispatchMode, ModuleStack,
-                               _get_dispatch_mode, dispatch_kind, fake_dispatch,
-                               fake_mode_active, flop_formula, in_backward, key_of_storage,
-                               on_side_stream, op_kernel, own_parameters, set_aside,
-                               storage_key)
+                               _get_dispatch_mode, can_set_aside, dispatch_kind,
+                               fake_dispatch, fake_mode_active, flop_formula, in_backward,
+                               key_of_storage, on_side_stream, op_kernel, own_parameters,
+                               set_aside, storage_key)
 from .clock import CollectiveRecord, RankClock
 from .memory import MemoryAccount
 from .storage import NodeStorage
@@ -367,6 +367,27 @@ class FastRankAccounting(RankAccounting):
         finally:
             self._paused = was
 
+    def charge_timeless(self, inputs, outputs):
+        """Charge what one timeless op (``empty_like``, ``item``: no time) that read
+        ``inputs`` and created ``outputs`` is charged in :meth:`__torch_dispatch__`, for an
+        op that ran with this mode set aside: it waits for communication still writing
+        its inputs and counts its new storages. Ops that run in bulk (DDP's shape check
+        on n ranks makes n tensors per rank) are charged without a Python call per op."""
+        clock = self.clock
+        if clock.pending_reads:
+            for t in inputs:
+                clock.wait_for_read(storage_key(t))
+        host = self.host
+        on_host = (self.host_step or any(host.holds(storage_key(t)) for t in outputs)
+                   if host.total or self.host_step else False)
+        self._count_memory(outputs, host if on_host else self.memory)
+
+    def fits(self, nbytes):
+        """True if ``nbytes`` more of new storage would fit where :meth:`charge_timeless`
+        counts it."""
+        account = self.host if self.host_step else self.memory
+        return account.total + nbytes <= account.capacity
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # RankAccounting.__torch_dispatch__, step for step, with fewer calls: keep the
         # two in step (tests/test_fast_path.py runs the lessons' workloads on both).
@@ -528,6 +549,18 @@ def current():
     """The calling rank thread's :class:`RankAccounting`, or None."""
     me = context.current()
     return None if me is None else me.accounting
+
+
+def bulk():
+    """The calling rank's :class:`FastRankAccounting` if the simulator may run ops with it
+    set aside (``paused(bypass=True)``) and charge them itself in bulk
+    (:meth:`~FastRankAccounting.charge_timeless`), else None: outside a rank, without
+    accounting, on the reference path, while paused, or when the mode cannot be set
+    aside (a learner's mode above it would see fewer ops; fake tensors)."""
+    acc = current()
+    if type(acc) is FastRankAccounting and not acc._paused and can_set_aside(acc):
+        return acc
+    return None
 
 
 @contextlib.contextmanager

@@ -453,8 +453,9 @@ class SimProcessGroup(dist.ProcessGroup):
         call_index = len(calls)
         calls.append((name, seq, group.label))
         if coll.failed is None:
-            reason = world.faults.dead_reason([group.ranks[r] for r in range(len(group.ranks))
-                                        if r not in coll.args])
+            reason = world.faults.dead_reason(
+                [group.ranks[r] for r in range(len(group.ranks)) if r not in coll.args]
+            ) if world.faults.deaths else None   # (no list of n ranks per call to look at)
             if reason is not None:   # a member died before joining: it never will
                 world.faults.fail_collective(coll, reason)
         else:

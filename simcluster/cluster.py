@@ -332,6 +332,7 @@ _RUN_HOOKS = _torch_internals.RunHooks(
     on_io=_accounting.on_storage_io,
     on_checkpoint=_accounting.on_checkpoint_saved,
     not_charged=_accounting.NotCharged(),
+    bulk=_accounting.bulk,
     on_forward_pre=_accounting.on_forward_pre,
     on_forward_post=_accounting.on_forward_post,
     on_optimizer_pre=_accounting.on_optimizer_pre,

@@ -45,6 +45,8 @@ def test_profile_sim_quick():
     r = profile_sim.main(quick=True, verbose=False)
     assert "serial floor" in r["ablation"]
     assert r["unit_costs"]["per_step"]["hand_over"] > 0
+    # counted on the mode the run really uses (FastRankAccounting has its own dispatch)
+    assert r["unit_costs"]["per_step"]["dispatched_ops"] > 0
     assert r["profile"]["total_s"] > 0
 
 

@@ -137,3 +137,152 @@ def test_the_fast_path_sets_the_mode_aside_for_the_simulators_own_work(monkeypat
         assert run.results == [64.0] * 4
     assert seen.get(accounting.RankAccounting, 0) > 0
     assert seen.get(accounting.FastRankAccounting, 0) == 0
+
+
+# ------------------------------------------- DDP's shape check and all_gather in bulk
+def _ddp_rank(mismatch=None):
+    """A DDP construction and one step; ``mismatch`` gives one rank a different model
+    (more parameters, another shape, or other strides) for DDP's check to catch."""
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    rank = dist.get_rank()
+    model = nn.Linear(16, 4)
+    if rank == 3 and mismatch == "count":
+        model = nn.Sequential(nn.Linear(16, 4), nn.Linear(4, 4))
+    elif rank == 2 and mismatch == "shape":
+        model = nn.Linear(16, 5)
+    elif rank == 1 and mismatch == "strides":
+        model.weight = nn.Parameter(torch.randn(16, 4).t())
+    ddp = DDP(model)
+    ddp(torch.ones(5, 16)).sum().backward()
+    return float(model.weight.grad.sum())
+
+
+def _all_gather_rank():
+    """all_gather into a list (the outputs rows of one buffer), into separate tensors and
+    into tensors autograd tracks."""
+    import torch.distributed as dist
+    n, rank = dist.get_world_size(), dist.get_rank()
+    rows = torch.zeros(n, 3)
+    dist.all_gather(list(rows), torch.full((3,), float(rank)))
+    separate = [torch.zeros(2, dtype=torch.int64) for _ in range(n)]
+    dist.all_gather(separate, torch.arange(2) + 10 * rank)
+    tracked = [torch.zeros(2, requires_grad=True) for _ in range(n)]   # autograd's leaves
+    dist.all_gather(tracked, torch.full((2,), float(rank)))
+    assert all(t.grad_fn is None and t.requires_grad for t in tracked)
+    return rows.tolist(), [t.tolist() for t in separate], [t.tolist() for t in tracked]
+
+
+TWO_NODES = sc.Cluster.preset("dgx-a100", nodes=2)
+BULK_WORKLOADS = {
+    "DDP on 8 ranks": lambda: TWO_NODES.run(_ddp_rank, world_size=8),
+    "all_gather on 8 ranks": lambda: TWO_NODES.run(_all_gather_rank, world_size=8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BULK_WORKLOADS))
+def test_bulk_work_charges_exactly_what_the_reference_charges(name, monkeypatch,
+                                                              tmp_path):
+    """DDP's shape check (its per-rank ops charged in bulk) and all_gather (its copies in
+    one call per rank) record the same as on the reference path, op by op."""
+    from simcluster import _torch_internals
+    bulk = []
+    original = _torch_internals._verify_params_in_bulk
+    monkeypatch.setattr(_torch_internals, "_verify_params_in_bulk",
+                        lambda *a: bulk.append(1) or original(*a))
+    workload = BULK_WORKLOADS[name]
+    reference = _runs(workload, monkeypatch, tmp_path, fast=False)
+    assert not bulk   # the reference runs torch's C++ check
+    fast = _runs(workload, monkeypatch, tmp_path, fast=True)
+    assert len(bulk) == (8 if name.startswith("DDP") else 0)
+    for key in reference[0]:
+        assert fast[0][key] == reference[0][key], f"{name}: {key} differs"
+
+
+def test_bulk_all_gather_gives_every_rank_every_input():
+    run = TWO_NODES.run(_all_gather_rank, world_size=8)
+    rows = [[float(r)] * 3 for r in range(8)]
+    assert run.results == [(rows, [[10 * r, 10 * r + 1] for r in range(8)],
+                            [[float(r)] * 2 for r in range(8)])] * 8
+
+
+@pytest.mark.parametrize("mismatch", ["count", "shape", "strides"])
+def test_ddp_shape_check_in_bulk_fails_as_torchs_does(mismatch, monkeypatch):
+    """A model that differs on one rank stops the run with torch's own message, on the
+    fast path (in bulk) as on the reference path (torch's C++)."""
+    messages = []
+    for fast in ("0", "1"):
+        monkeypatch.setenv(accounting.FAST_PATH_ENV, fast)
+        with pytest.raises(sc.RankError) as failure:
+            TWO_NODES.run(_ddp_rank, world_size=8, args=(mismatch,))
+        messages.append(str(failure.value).split("\n")[0])
+    assert messages[0] == messages[1]
+    expected = {"count": "inconsistent", "shape": "match sizes", "strides": "match strides"}
+    assert expected[mismatch] in messages[0]
+
+
+def test_all_gather_under_a_learners_mode_shows_it_every_copy():
+    """A learner's dispatch mode inside a rank sees each of all_gather's n copies (the
+    bulk copy is taken only where no mode would see the difference)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.copies = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.copies += func is torch.ops.aten.copy_.default
+            return func(*args, **(kwargs or {}))
+
+    def rank():
+        import torch.distributed as dist
+        outputs = [torch.zeros(2) for _ in range(4)]
+        with Copies() as mode:
+            dist.all_gather(outputs, torch.ones(2))
+        return mode.copies
+
+    copies = A100.run(rank, world_size=4).results
+    assert sum(copies) == 16   # 4 outputs on each of 4 ranks
+
+
+def test_ddp_shape_check_falls_back_to_torchs_cpp(monkeypatch):
+    """Where the bulk check could differ, torch's C++ runs: when its n outputs would not
+    all fit in the device (out of memory must come at the same allocation), under a
+    learner's dispatch mode (which sees the C++'s ops one by one) and under a function
+    mode (``torch.device``: it would see the Python's calls)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from simcluster import _torch_internals
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def under_a_mode():
+        with Seen():
+            return _ddp_rank()
+
+    bulk = []
+    original = _torch_internals._verify_params_in_bulk
+    monkeypatch.setattr(_torch_internals, "_verify_params_in_bulk",
+                        lambda *a: bulk.append(1) or original(*a))
+    A100.run(under_a_mode, world_size=4)
+    assert not bulk
+
+    def under_a_device_context():   # a function mode: it would see the Python's calls
+        with torch.device("cpu"):
+            return _ddp_rank()
+
+    A100.run(under_a_device_context, world_size=4)
+    assert not bulk
+    monkeypatch.setattr(accounting.FastRankAccounting, "fits", lambda self, nbytes: False)
+    A100.run(_ddp_rank, world_size=4)
+    assert not bulk
+    monkeypatch.undo()
+    monkeypatch.setattr(_torch_internals, "_verify_params_in_bulk",
+                        lambda *a: bulk.append(1) or original(*a))
+    A100.run(_ddp_rank, world_size=4)
+    assert len(bulk) == 4   # (and taken otherwise: the spy works)
