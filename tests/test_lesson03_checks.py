@@ -307,6 +307,19 @@ class NeverClearsPending(OverlappedDDP):
         self.ready = [0] * len(self.buckets)
 
 
+class LaunchesOnTheFirstGradient(OverlappedDDP):
+    """The newcomer trial's: a bucket's all-reduce starts when its FIRST gradient is
+    ready, flattening the others as zeros."""
+
+    def _grad_ready(self, param):
+        i = self.bucket_of[param]
+        self.ready[i] += 1
+        if self.ready[i] == 1:
+            flat = torch.cat([q.grad.reshape(-1) if q.grad is not None
+                              else torch.zeros(q.numel()) for q in self.buckets[i]])
+            self.pending.append((i, flat, dist.all_reduce(flat, async_op=True)))
+
+
 class HookRaises(OverlappedDDP):
     def _grad_ready(self, param):
         raise KeyError("bucket of this parameter")
@@ -327,6 +340,9 @@ class HookRaises(OverlappedDDP):
     (NeverClearsPending, "world size 1, bucket cap 4000 bytes, step 1: after finish(), rank "
      "0's self.pending still holds 1 all-reduce(s) it has already copied back — Hint: "
      + checks.STALE_HINT),
+    (LaunchesOnTheFirstGradient, "world size 1, bucket cap 4000 bytes, step 1: rank 0, "
+     "0.weight: all zeros after finish(), though backward made it nonzero: its bucket was "
+     "flattened and all-reduced before this gradient was ready — Hint: " + checks.EARLY_HINT),
     (HookRaises, "world size 1, bucket cap 4000 bytes: rank 0 raised KeyError: 'bucket of "
      "this parameter' — Hint: " + checking.HINTS["exception"]),
 ])
@@ -378,6 +394,20 @@ def everything_in_no_sync(ddp_model, optimizer, micro_batches, loss_fn):
     optimizer.zero_grad()
 
 
+def syncs_the_first_micro_batch(ddp_model, optimizer, micro_batches, loss_fn):
+    """The newcomer trial's: the one all-reduce after the FIRST backward, no_sync() on
+    the later ones."""
+    k = len(micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        if i == 0:
+            (loss_fn(ddp_model(x), y) / k).backward()
+        else:
+            with ddp_model.no_sync():
+                (loss_fn(ddp_model(x), y) / k).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
 def rank_1_never_syncs(ddp_model, optimizer, micro_batches, loss_fn):
     """Deadlocks: rank 1 never joins the other ranks' all-reduce."""
     if dist.get_rank() == 1:
@@ -398,6 +428,9 @@ ACCUMULATION_HINT, IN_NO_SYNC = checks.ACCUMULATION_HINT, checks.IN_NO_SYNC_HINT
      + checks.SCALE_HINT),
     (everything_in_no_sync, "world size 1, 1 micro-batch of 2, optimizer step 1: rank 0 "
      "all-reduced 0 time(s); DDP needs 1 (one bucket) — Hint: " + checks.LAST_OUTSIDE_HINT),
+    (syncs_the_first_micro_batch, "world size 2, 4 micro-batches of 2, after 3 steps: rank "
+     "0, 0.weight, element 0: -0.006341, the big-batch run has -0.006516 — Hint: "
+     + checks.SYNC_FIRST_HINT),
     (rank_1_never_syncs, "world size 2, 4 micro-batches of 2: deadlock (rank 0: all_reduce "
      "#3 on group WORLD; rank 1: returned) — Hint: rank 1 returned while others wait in a "
      "collective: every rank of a group must call each of its collectives."),
@@ -732,6 +765,13 @@ def rule_in_forward_order(params, cap):
     return buckets + ([current] if current else [])
 
 
+def rule_reads_the_generator_twice(params, cap):
+    """The newcomer trial's: a sum over ``params`` first, then the loop finds it empty."""
+    total = sum(q.numel() for q in params)
+    assert total > 0
+    return MINE["bucket_parameters"](params, cap)
+
+
 def rule_that_loops(params, cap):
     while True:
         pass
@@ -763,6 +803,9 @@ def test_the_bucket_rule_passes_the_reference_and_refuses_it(capsys):
      "buckets in that order. (more help: checks.hint('buckets'))"),
     (lambda params, cap: [], "bucket cap 4000 bytes: your buckets are none; DDP's are 4.bias, "
      "4.weight, 2.bias, 2.weight, 0.bias, 0.weight (1936 B) — Hint: " + BUCKET_HINT),
+    (rule_reads_the_generator_twice, "bucket cap 4000 bytes: your buckets are none; DDP's are "
+     "4.bias, 4.weight, 2.bias, 2.weight, 0.bias, 0.weight (1936 B) — Hint: "
+     + checks.USED_UP_HINT),
 ])
 def test_bucket_rule_mistakes(capsys, answer, message):
     expect(capsys, checks.check_bucket_parameters, answer, RULE + message)

@@ -57,7 +57,7 @@ GPIPE_VALUES = VALUES.replace("gradients equal", "gradients (and the first stage
      "micro-batches of activations (p = 4, m = 8)"),
     (checks.check_interleaved_bubble, MINE["interleaved_bubble"],
      "right on 60 cases of p ∈ {1, 2, 4, 8}, m up to 32, v ∈ {1, 2, 4}"),
-    (checks.check_pick_m_v, MINE["pick_m_v"], "right on 10 cases (7 feasible, 3 infeasible)"),
+    (checks.check_pick_m_v, MINE["pick_m_v"], "right on 11 cases (8 feasible, 3 infeasible)"),
 ])
 def test_reference_passes(capsys, check, answer, text):
     expect(capsys, check, answer, f"✅ {NAMES[check]}: {text}")
@@ -158,7 +158,8 @@ def gpipe_with(order=lambda held: held, scale=True, wants_grad=True, send_back=T
     """GPipe with one thing changed: the order of the backwards, the loss scaling, the
     received input's ``requires_grad``, the first stage's, sending its gradient back,
     sending the activations only after every forward, or returning the first stage's
-    input gradients."""
+    input gradients (``returns="every rank"``: on every rank; ``"early"``: read before the
+    backward loop, so all None)."""
 
     def gpipe(stage, inputs, targets, loss_fn, shape):
         held = []
@@ -171,10 +172,11 @@ def gpipe_with(order=lambda held: held, scale=True, wants_grad=True, send_back=T
         if send_later:
             for _, y in held:
                 send_on(y)
+        early = [x.grad for x, _ in held]
         for x, y in order(held):
             backward(x, y, shape, send_back)
-        if returns and dist.get_rank() == 0:
-            return [x.grad for x, _ in held]
+        if returns == "every rank" or (returns and dist.get_rank() == 0):
+            return early if returns == "early" else [x.grad for x, _ in held]
 
     return gpipe
 
@@ -251,6 +253,12 @@ HOLDS_M = ("GPipe runs the forward of every micro-batch, then the backward of ev
      + checks.NONE_SENT_HINT),
     (gpipe_with(first_wants_grad=False), "p = 1, m = 3: rank 0, the gradient of input "
      "micro-batch 0 is None — Hint: " + checks.FIRST_INPUT_HINT),
+    (gpipe_with(returns="early"), "p = 1, m = 3: rank 0, the gradient of input "
+     "micro-batch 0 is None — Hint: " + checks.FIRST_INPUT_HINT),
+    (gpipe_with(returns="every rank"), "p = 2, m = 1: rank 1 returned a list of 1; only the "
+     "first stage (rank 0) returns its input gradients, the other stages return None — Hint: "
+     "the other stages already sent their input's gradient back to the stage before them: "
+     "return the list only when rank == 0."),
     (gpipe_with(returns=False), "p = 1, m = 3: rank 0 returned None; expected the list of "
      "the 3 input gradients — Hint: " + checks.INPUT_GRADIENTS_HINT),
     (gpipe_receiving_without_wait, "p = 2, m = 1: rank 1 never waited for 1 of its receives "
@@ -280,6 +288,12 @@ HOLDS_M = ("GPipe runs the forward of every micro-batch, then the backward of ev
 ])
 def test_gpipe_mistakes(capsys, answer, message):
     expect(capsys, checks.check_gpipe, answer, GPIPE + message)
+
+
+def test_gpipe_backwards_in_reverse_on_every_stage_passes(capsys):
+    """The lab asks for the same order on every stage, not for forward order: reversed
+    on every stage gives the same gradients (torch's ScheduleGPipe uses forward order)."""
+    assert line(capsys, checks.check_gpipe, gpipe_with(order=lambda held: held[::-1]))[0]
 
 
 def test_an_endless_schedule_is_stopped(capsys, short_timeout):
@@ -470,10 +484,11 @@ def test_interleaved_bubble_mistakes(capsys, answer, message):
 
 
 def search(p, batch, layers, target, cap, sample, held=R.micro_batches_held, m_first=True,
-           first_m=None):
+           first_m=None, m_end=1):
     """The search of pick_m_v with one thing changed: what the first stage holds, the order
-    of the loops, or where m starts."""
-    ms = [m for m in range(p if first_m is None else first_m, batch + 1, p) if batch % m == 0]
+    of the loops, where m starts, or where it stops (``m_end=0``: before m = batch)."""
+    ms = [m for m in range(p if first_m is None else first_m, batch + m_end, p)
+          if batch % m == 0]
     vs = [v for v in range(1, layers + 1) if layers % v == 0]
     pairs = [(m, v) for m in ms for v in vs] if m_first else [(m, v) for v in vs for m in ms]
     for m, v in pairs:
@@ -486,8 +501,8 @@ def search(p, batch, layers, target, cap, sample, held=R.micro_batches_held, m_f
 CASE_1 = ("pick_m_v(p=4, batch=64, layers_per_stage=6, bubble_target=0.3, memory_cap=4 GB, "
           "sample_bytes=100 MB)")
 CASE_2 = CASE_1.replace("4 GB", "8.5 GB")
-MEMORY = ("the first stage holds p micro-batches (1F1B), p + (p - 1)/v with v ≥ 2 chunks, "
-          "each of batch/m samples × sample_bytes.")
+MEMORY = ("the first stage holds p micro-batches when v = 1 (plain 1F1B), p + (p - 1)/v only "
+          "for v ≥ 2 chunks, each of batch/m samples × sample_bytes.")
 ALLOWED = ("only some (m, v) are allowed at all: m a multiple of p (interleaving's rule, "
            "kept for v = 1 too) that divides the batch, v a divisor of layers_per_stage. "
            "Skip the others before judging the limits.")
@@ -504,6 +519,8 @@ def any_m(p, batch, layers, target, cap, sample):
     return None
 
 
+NONE = ("try every m that is a multiple of p and divides the batch (m = batch included), and "
+        "every v that divides layers_per_stage.")
 PREFERENCE = ("among the (m, v) that fit, take the smallest m, then the smallest v; 1F1B "
               "(v = 1) holds p micro-batches.")
 
@@ -526,9 +543,13 @@ PREFERENCE = ("among the (m, v) that fit, take the smallest m, then the smallest
      "modulo by zero — Hint: " + checking.HINTS["called"]),
     (lambda *case: [4, 3], CASE_1 + ": (m, v) = (4, 3) holds 8 GB of activations on the "
      "first stage, above the cap — Hint: " + MEMORY),
-    (lambda *case: None, CASE_1 + ": returned None, but (m, v) = (8, 1) fits — Hint: try "
-     "every m that is a multiple of p and divides the batch, and every v that divides "
-     "layers_per_stage."),
+    (lambda *case: None, CASE_1 + ": returned None, but (m, v) = (8, 1) fits — Hint: " + NONE),
+    (lambda *case: search(*case, m_end=0), "pick_m_v(p=4, batch=16, "
+     "layers_per_stage=1, bubble_target=0.2, memory_cap=80 GB, sample_bytes=10 MB): returned "
+     "None, but (m, v) = (16, 1) fits — Hint: " + NONE),
+    (lambda *case: (lambda got: got and got[::-1])(MINE["pick_m_v"](*case)), CASE_1 + ": "
+     "returned (1, 8), which looks swapped: the answer is (m, v) = (8, 1) — Hint: return the "
+     "micro-batches first, then the chunks: (m, v)."),
     (lambda *case: (6, 1), CASE_1 + ": returned (m, v) = (6, 1), but m = 6 is not a multiple "
      "of p = 4 — Hint: " + ALLOWED),
     (lambda *case: (8, 4), CASE_1 + ": returned (m, v) = (8, 4), but v = 4 does not divide "
@@ -573,9 +594,10 @@ def _strict(bubble=True, memory=True):
 ])
 def test_pick_m_v_below_instead_of_at_most_fails(capsys, answer, message):
     """The lab says "at most": a strict < on the bubble or on the memory is caught by a
-    case whose answer sits exactly on that limit."""
+    case whose answer sits exactly on that limit, and the hint says so."""
     ok, text = line(capsys, checks.check_pick_m_v, answer)
     assert not ok and message in text, text
+    assert "landing exactly on the limit counts (<=, not <)" in text, text
 
 
 def test_every_infeasible_case_has_one_reason():

@@ -254,6 +254,9 @@ COPY_BACK_HINT = _more("buckets", "the gradients were never overwritten: flatten
                        "each gradient, divided by the world size.")
 BUCKET_HINT = _more("buckets", "one all-reduce per bucket, and DDP's buckets: filled in the "
                     "order backward produces gradients, closed when they reach the cap.")
+EARLY_HINT = _more("buckets", "launch a bucket's all-reduce when its LAST gradient is "
+                   "ready (the count equals the bucket's size), not on its first: the flat "
+                   "tensor holds the gradients as they are when it is built.")
 COPY_VALUES_HINT = _more("buckets", "each gradient gets the slice of the all-reduced flat "
                          "tensor at its own offset, in the order the bucket was "
                          "flattened, divided by the world size.")
@@ -281,6 +284,12 @@ def _expected_buckets(model, cap):
 FORWARD_ORDER_HINT = _more("buckets", "your buckets follow the forward order: backward "
                            "produces the LAST layer's gradients first, and DDP fills its "
                            "buckets in that order.")
+
+
+USED_UP_HINT = _more("buckets", "no parameter reached a bucket: params is a generator "
+                     "(model.parameters()), which can be read only once; a first pass over "
+                     "it (a sum(), a len(list(...))) leaves nothing for the loop. Start with "
+                     "params = list(params).")
 
 
 def _past_the_cap_hint(cap):
@@ -347,7 +356,9 @@ def check_bucket_parameters(fn):
     model = make_mlp()
     for cap in RULE_CAPS:
         where = f"bucket cap {cap} bytes"
-        got = on_a_rank(fn, (model.parameters(), cap), f"{where}: bucket_parameters")
+        params = model.parameters()
+        got = on_a_rank(fn, (params, cap), f"{where}: bucket_parameters")
+        used_up = next(params, None) is None   # read to its end by the learner's code
         if not isinstance(got, list) or not all(isinstance(b, list) for b in got):
             raise Failure(f"{where}: returned a {type(got).__name__}, not a list of buckets",
                           _more("buckets", "return a list whose items are lists of "
@@ -360,8 +371,10 @@ def check_bucket_parameters(fn):
                                                 "sizes)."))
         got_names, expected = _bucket_names(model, got), _expected_buckets(model, cap)
         if got_names != expected:
+            empty = used_up and not any(got_names)
             raise Failure(f"{where}: your buckets are {_show(model, got_names)}; DDP's are "
-                          f"{_show(model, expected)}", _rule_hint(model, cap, got_names))
+                          f"{_show(model, expected)}",
+                          USED_UP_HINT if empty else _rule_hint(model, cap, got_names))
     return (f"DDP's buckets for caps of {listed(RULE_CAPS)} bytes (1,360 and 336 land on a "
             "bucket's exact size)")
 
@@ -452,6 +465,23 @@ def _still_pending(wrapper):
         return 0
 
 
+def _check_launched_early(where, run):
+    """A gradient that backward made nonzero but that comes back all zeros was flattened
+    (as zeros, or not at all) before it was ready: its bucket's all-reduce started too
+    early, not at the bucket's last gradient."""
+    names = _names(make_mlp())
+    for step in range(STEPS):
+        for rank in range(run.world_size):
+            got_step = run.results[rank][step]
+            for name, local, got in zip(names, got_step["local"], got_step["grads"]):
+                if (isinstance(got, torch.Tensor) and isinstance(local, torch.Tensor)
+                        and local.count_nonzero() and not got.count_nonzero()):
+                    raise Failure(f"{where}, step {step + 1}: rank {rank}, {name}: all zeros "
+                                  "after finish(), though backward made it nonzero: its "
+                                  "bucket was flattened and all-reduced before this "
+                                  "gradient was ready", EARLY_HINT)
+
+
 @check("overlapped DDP")
 def check_overlapped_ddp(cls):
     """``cls(model, bucket_cap_bytes)`` built before training; ``finish()`` after each
@@ -482,8 +512,12 @@ def check_overlapped_ddp(cls):
                 if "'generator'" in failure.what:
                     raise Failure(failure.what, GENERATOR_HINT) from None
                 raise
-            _compare_gradients(where, run, ddp_run(p, cap), _names(make_mlp()), hints,
-                               unfinished=WAIT_HINT)
+            try:
+                _compare_gradients(where, run, ddp_run(p, cap), _names(make_mlp()), hints,
+                                   unfinished=WAIT_HINT)
+            except Failure:
+                _check_launched_early(where, run)   # the likelier cause, if it shows
+                raise
             _check_buckets(where, run, p, cap, BUCKET_HINT, RESET_HINT)
             for rank, counts in sorted(left.items()):
                 for step, count in enumerate(counts):
@@ -555,6 +589,11 @@ IN_NO_SYNC_HINT = _more("accumulation", "DDP decides in forward whether the comi
                         "its backward inside no_sync().")
 LAST_OUTSIDE_HINT = _more("accumulation", "the accumulated gradients must be all-reduced "
                           "once: by the last micro-batch's backward, outside no_sync().")
+SYNC_FIRST_HINT = _more("accumulation", "the step saw the FIRST micro-batch's gradient "
+                        "averaged over the ranks and the later ones only local: the one "
+                        "all-reduce ran after the first backward. The first k - 1 micro-batches "
+                        "go inside no_sync(), the last one outside it, so the all-reduce "
+                        "carries the whole sum.")
 STEPS_HINT = _more("accumulation", "one call is ONE optimizer step over all k micro-batches: "
                    "step once, after the last backward.")
 SCALE_HINT = _more("accumulation", "the step saw k times the big batch's gradient: k "
@@ -594,6 +633,23 @@ def _accumulation_reference(p, k):
     return grads, last_only
 
 
+def _synced_first_only(p, k, rank):
+    """The gradient rank ``rank``'s first step sees when the all-reduce runs after its
+    first micro-batch: micro-batch 0 averaged over the ranks, the later ones its own."""
+    model = make_mlp()
+    x, y = batch(MICRO * k * p, 0, seed=2)
+
+    def loss(r, i, scale):
+        rows = slice(MICRO * (k * r + i), MICRO * (k * r + i + 1))
+        (mse(model(x[rows]), y[rows]) * scale).backward()
+
+    for r in range(p):
+        loss(r, 0, 1 / (k * p))
+    for i in range(1, k):
+        loss(rank, i, 1 / k)
+    return [q.grad.clone() for q in model.parameters()]
+
+
 def _same(got, want):
     """Every gradient of ``got`` (None allowed) close to ``want``'s."""
     return got is not None and all(
@@ -601,8 +657,9 @@ def _same(got, want):
         for g, w in zip(got, want))
 
 
-def _accumulation_hint(seen, k, p):
-    """What the gradients each optimizer step saw (``seen``: per call) say is wrong."""
+def _accumulation_hint(seen, k, p, rank):
+    """What the gradients each optimizer step saw (``seen``: rank ``rank``'s, per call)
+    say is wrong."""
     grads, last_only = _accumulation_reference(p, k)
     first = seen[0]
     if all(g is None or not g.any() for g in first):
@@ -611,6 +668,8 @@ def _accumulation_hint(seen, k, p):
         return SCALE_HINT
     if k > 1 and _same(first, last_only):
         return ZEROED_BETWEEN_HINT
+    if k > 1 and p > 1 and _same(first, _synced_first_only(p, k, rank)):
+        return SYNC_FIRST_HINT
     if _same(first, grads[0]):
         for step in range(1, len(seen)):
             now, before = seen[step], seen[step - 1]
@@ -670,7 +729,7 @@ def check_accumulation(fn):
                 _compare_parameters(f"{where}, after {OPT_STEPS} steps", rank, params,
                                     expected, names, ACCUMULATION_HINT)
             except Failure as failure:
-                hint = _accumulation_hint([saw for _, _, saw in calls], k, p)
+                hint = _accumulation_hint([saw for _, _, saw in calls], k, p, rank)
                 raise Failure(failure.what, hint) from None
     return (f"one all-reduce per optimizer step and the big-batch parameters on (world "
             f"size, micro-batches) {listed(ACCUMULATION_CASES)}")

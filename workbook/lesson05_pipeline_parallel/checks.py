@@ -60,7 +60,9 @@ hint = Hints({
         "previous rank and make it want its gradient; every stage computes its output; the "
         "last one turns it into the loss (divided by m), the others send it on. Keep "
         "(input, output) per micro-batch.",
-        "Backward phase, the same order: the last stage backpropagates its loss, the others "
+        "Backward phase, every stage in the same order (forward order, as torch's "
+        "ScheduleGPipe does; reversed works too if every stage reverses): the last stage "
+        "backpropagates its loss, the others "
         "receive the gradient of their output and backpropagate it; every stage but the "
         "first sends its input's gradient back, and the first returns the list of its "
         "inputs' gradients. A send needs a matching receive on the other rank, in the same "
@@ -89,8 +91,11 @@ hint = Hints({
         "fewest micro-batches first, fewest chunks second. Both limits say \"at most\".",
         "For each allowed m in increasing order, and for each allowed v in increasing order: "
         "the bubble from your interleaved_bubble, the memory of the first stage from how "
-        "many micro-batches it holds (lesson 05) times the samples of one micro-batch times "
+        "many micro-batches it holds times the samples of one micro-batch times "
         "sample_bytes. The first pair within both limits wins; None if no pair is.",
+        "Micro-batches the first stage holds: p when v = 1 (plain 1F1B); p + (p - 1)/v only "
+        "for the interleaved schedule, v ≥ 2 (at v = 1 that formula would give 2p - 1, "
+        "which is not 1F1B).",
     ],
 })
 
@@ -279,14 +284,31 @@ def _check_values(fn, input_gradients=False):
         if input_gradients:
             _compare_input_gradients(where, run.results[0]["returned"],
                                      _expected_input_gradients(p, m))
+            _check_others_return_none(where, run)
+
+
+def _check_others_return_none(where, run):
+    """Only the first stage has a layer before it to hand input gradients to: every other
+    rank returns None, as the lab says."""
+    for rank, result in enumerate(run.results[1:], 1):
+        got = result["returned"]
+        if got is not None:
+            said = (f"a {type(got).__name__} of {len(got)}" if isinstance(got, (list, tuple))
+                    else short(repr(got), 40))
+            raise Failure(f"{where}: rank {rank} returned {said}; only the first stage "
+                          "(rank 0) returns its input gradients, the other stages return None",
+                          "the other stages already sent their input's gradient back to the "
+                          "stage before them: return the list only when rank == 0.")
 
 
 INPUT_GRADIENTS_HINT = ("the layer before the pipeline needs d loss / d input of every "
                         "micro-batch: on the first stage, return them as a list, in "
                         "micro-batch order.")
-FIRST_INPUT_HINT = ("the first stage's input comes from the data, not from a recv, but its "
-                    "gradient is needed too: make it want its gradient before the stage "
-                    "uses it, as the other stages do with what they receive.")
+FIRST_INPUT_HINT = ("two causes leave it None: the first stage's input comes from the data, "
+                    "not from a recv, but its gradient is needed too, so make it want its "
+                    "gradient before the stage uses it, as the other stages do with what "
+                    "they receive; and x.grad is filled only by the backward, so read it "
+                    "after the backward loop, not before.")
 INPUT_VALUES_HINT = ("micro-batch i's input gradient is what backward leaves on micro-batch "
                      "i's input, once the gradient from the stage after has been "
                      "backpropagated through it (the loss divided by m, as always).")
@@ -538,6 +560,8 @@ PICK_CASES = (
     (4, 64, 6, 0.30, 3_200 * MB, 100 * MB), # (8, 1), not (16, 1)
     # m a multiple of p: without that rule, m = 6 (3.2 GB, bubble 33 %) would fit first
     (4, 48, 1, 0.35, 3_500 * MB, 100 * MB), # (8, 1), not (6, 1)
+    # m = batch, micro-batches of one sample: only the last m meets the bubble (3/19 = 16 %)
+    (4, 16, 1, 0.20, 80 * GB, 10 * MB),     # (16, 1); a search stopping before m = batch misses it
 )
 
 
@@ -573,7 +597,8 @@ def check_pick_m_v(fn):
             continue
         if got is None:
             raise Failure(f"{where}: returned None, but (m, v) = {want} fits",
-                          "try every m that is a multiple of p and divides the batch, and "
+                          "try every m that is a multiple of p and divides the batch (m = batch "
+                          "included), and "
                           "every v that divides layers_per_stage.")
         if not (isinstance(got, tuple) and len(got) == 2
                 and all(_is_whole(x) for x in got)):
@@ -583,6 +608,10 @@ def check_pick_m_v(fn):
         got = tuple(int(x) for x in got)
         if got == want:
             continue
+        if got[::-1] == want:
+            raise Failure(f"{where}: returned {got}, which looks swapped: the answer is "
+                          f"(m, v) = {want}", "return the micro-batches first, then the "
+                          "chunks: (m, v).")
         m, v = got
         broken = (f"m = {m} is not a multiple of p = {p}" if m % p else
                   f"m = {m} does not divide the batch of {batch}" if batch % m else
@@ -603,15 +632,24 @@ def check_pick_m_v(fn):
         if memory > cap:
             raise Failure(f"{where}: (m, v) = {got} holds {num(memory / GB)} GB of "
                           f"activations on the first stage, above the cap",
-                          "the first stage holds p micro-batches (1F1B), p + (p - 1)/v with "
-                          "v ≥ 2 chunks, each of batch/m samples × sample_bytes.")
+                          "the first stage holds p micro-batches when v = 1 (plain 1F1B), "
+                          "p + (p - 1)/v only for v ≥ 2 chunks, each of batch/m samples × "
+                          "sample_bytes.")
         m, v = want
         better = "fewer micro-batches" if m < got[0] else "as many micro-batches, fewer chunks"
+        b, memory = ref.interleaved_bubble(p, m, v), ref.micro_batches_held(p, v) * (batch // m) * sample
+        hint = ("among the (m, v) that fit, take the smallest m, then the smallest v; "
+                "1F1B (v = 1) holds p micro-batches.")
+        # An answer sitting exactly on a limit is what a strict < misses.
+        on_limit = [what for what, exact in (("its bubble is exactly bubble_target",
+                                              math.isclose(b, target)),
+                                             ("its memory is exactly memory_cap",
+                                              math.isclose(memory, cap))) if exact]
+        if on_limit:
+            hint = (f"{' and '.join(on_limit)}: both limits say \"at most\", so landing "
+                    "exactly on the limit counts (<=, not <).")
         raise Failure(f"{where}: returned {got}; expected {want}, which fits too with "
-                      f"{better} (bubble {ref.interleaved_bubble(p, m, v):.1%}, "
-                      f"{num(ref.micro_batches_held(p, v) * (batch // m) * sample / GB)} GB)",
-                      "among the (m, v) that fit, take the smallest m, then the smallest v; "
-                      "1F1B (v = 1) holds p micro-batches.")
+                      f"{better} (bubble {b:.1%}, {num(memory / GB)} GB)", hint)
     feasible = sum(ref.pick_m_v(*c) is not None for c in PICK_CASES)
     return (f"right on {len(PICK_CASES)} cases ({feasible} feasible, "
             f"{len(PICK_CASES) - feasible} infeasible)")
