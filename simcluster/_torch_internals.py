@@ -1291,7 +1291,7 @@ class ModuleStack(ModuleTracker):
     returns and they would stay "running" forever.
     """
 
-    _innermost = "Global"   # the deepest module running now, kept as parents change
+    innermost_label = "Global"   # the deepest module running now, kept as parents change
     _recomputed = frozenset()   # modules entered during the backward pass, not yet left
 
     def enter(self, module):
@@ -1302,7 +1302,7 @@ class ModuleStack(ModuleTracker):
             return
         self._recomputed = frozenset()   # a new forward: recomputations cut short are over
         self.parents.add(name)
-        self._innermost = max(self.parents, key=len)
+        self.innermost_label = max(self.parents, key=len)
 
     def leave(self, module):
         """``module``'s forward has returned."""
@@ -1311,7 +1311,7 @@ class ModuleStack(ModuleTracker):
             self._recomputed = self._recomputed - {name}
             return
         self.parents.discard(name)
-        self._innermost = max(self.parents, key=len)
+        self.innermost_label = max(self.parents, key=len)
 
     @property
     def recomputing(self):
@@ -1328,10 +1328,12 @@ class ModuleStack(ModuleTracker):
         """The label of the module running now: the deepest one, or "(backward)"."""
         if _graph_task_id() != -1:   # in_backward(), inlined: this runs for every op
             return "(backward)"
-        return self._innermost
+        return self.innermost_label
 
 
 _graph_task_id = torch._C._current_graph_task_id
+# -1 outside a backward pass: in_backward() without its call, for the accounting's fast path
+graph_task_id = _graph_task_id
 
 
 def in_backward():
@@ -1395,8 +1397,26 @@ def _shapes(value):
     if isinstance(value, torch.Tensor):
         return value.shape
     if isinstance(value, (list, tuple)):
-        return tuple(_shapes(v) for v in value)
+        return tuple([_shapes(v) for v in value])
     return value
+
+
+def _shapes_key(args, kwargs, out):
+    """What an op's FLOPs depend on: its arguments with every tensor replaced by its
+    shape (:func:`_shapes`), as one flat tuple, built with a call only for lists (each
+    matmul of every rank builds one)."""
+    key = [len(args)]   # where the arguments end and the keyword arguments begin
+    for v in args:
+        if isinstance(v, torch.Tensor):
+            key.append(v.shape)
+        elif isinstance(v, (list, tuple)):
+            key.append(_shapes(v))
+        else:
+            key.append(v)
+    if kwargs:
+        key.append(_shapes(tuple(kwargs.items())))
+    key.append(out.shape if isinstance(out, torch.Tensor) else _shapes(out))
+    return tuple(key)
 
 
 def flop_formula(packet):
@@ -1417,7 +1437,7 @@ def flop_formula(packet):
 
     def count(args, kwargs, out):
         try:
-            key = (_shapes(args), _shapes(tuple(kwargs.items())), _shapes(out))
+            key = _shapes_key(args, kwargs, out)
             return known[key]
         except KeyError:
             flops = known[key] = counter(*args, **kwargs, out_val=out)

@@ -49,9 +49,9 @@ import torch
 from . import context
 from ._torch_internals import (FAKE, FAKE_MODE_KEY, SUBCLASS, DispatchMode, ModuleStack,
                                _get_dispatch_mode, can_set_aside, dispatch_kind,
-                               fake_dispatch, fake_mode_active, flop_formula, in_backward,
-                               key_of_storage, on_side_stream, op_kernel, own_parameters,
-                               set_aside, storage_key)
+                               fake_dispatch, fake_mode_active, flop_formula, graph_task_id,
+                               key_of_storage, on_side_stream, op_kernel,
+                               own_parameters, set_aside, storage_key)
 from .clock import CollectiveRecord, RankClock
 from .memory import MemoryAccount
 from .storage import NodeStorage
@@ -125,11 +125,12 @@ class RankAccounting(DispatchMode):
             return self.allocating_as
         if self.in_optimizer_step:
             return "optimizer state"
-        if in_backward():
-            if self.modules.recomputing and torch.is_grad_enabled():
+        modules = self.modules
+        if graph_task_id() != -1:   # in_backward(), without its call (once per new tensor)
+            if modules.recomputing and torch.is_grad_enabled():
                 return "activations"
             return "other"
-        if self.modules.inside_module and torch.is_grad_enabled():
+        if modules.inside_module and torch.is_grad_enabled():
             return "activations"
         return "other"
 
@@ -388,6 +389,14 @@ class FastRankAccounting(RankAccounting):
         account = self.host if self.host_step else self.memory
         return account.total + nbytes <= account.capacity
 
+    def __init__(self, rank, recorder):
+        super().__init__(rank, recorder)
+        cost = recorder.cost
+        # An op's seconds on the device by (dtype, FLOPs, bytes): CostModel.roofline is a
+        # pure function of them unless a straggler fault slows this rank down for a
+        # window of simulated time (faults.slow_down sets those before the run starts).
+        self._seconds = None if cost is None or rank in cost.speed_windows else {}
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # RankAccounting.__torch_dispatch__, step for step, with fewer calls: keep the
         # two in step (tests/test_fast_path.py runs the lessons' workloads on both).
@@ -399,8 +408,8 @@ class FastRankAccounting(RankAccounting):
                     return NotImplemented
                 if kind is FAKE:
                     fake = True
-        is_view, timeless, counter, special, kernel = (_FAST_INFO.get(id(func))
-                                                       or _fast_info(func))
+        is_view, timeless, counter, special, kernel, tf32 = (_FAST_INFO.get(id(func))
+                                                             or _fast_info(func))
         if fake or _get_dispatch_mode(FAKE_MODE_KEY) is not None:
             if self._paused or is_view:
                 return fake_dispatch(func, args, kwargs or {})
@@ -431,10 +440,66 @@ class FastRankAccounting(RankAccounting):
                                             timeless, counter)
         out = kernel(*args, **kwargs) if run is None else run(func, args, kwargs)
         outputs = [out] if type(out) is _TENSOR else _outputs(out)
-        self._count_memory(outputs, self.memory)
+        # _count_memory(outputs, self.memory), inlined; the host holds nothing (above).
+        memory = self.memory
+        live, category = memory.live, None
+        for t in outputs:
+            try:
+                storage = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            key = storage._cdata
+            if key not in live:
+                category = category or self.category()
+                memory.allocate(key, storage.nbytes(), category, storage)
         if not timeless:
-            self._charge(func, counter, args, kwargs, out, inputs, outputs, False)
+            self._charge(func, counter, args, kwargs, out, inputs, outputs, False, tf32)
         return out
+
+    def _charge(self, func, counter, args, kwargs, out, inputs, outputs, on_host,
+                tf32=None):
+        """:meth:`RankAccounting._charge`, step for step: the same seconds, from the
+        cached roofline where it may be (``tf32``: whether ``func`` is one of
+        ``_TF32_OPS``, None: look it up)."""
+        try:
+            nbytes = 0
+            for t in inputs:
+                nbytes += t.nbytes   # numel() * element_size(), in one attribute
+            for t in outputs:
+                nbytes += t.nbytes
+        except (RuntimeError, NotImplementedError, TypeError):   # a sparse tensor has none
+            nbytes = sum(_nbytes(t) for t in inputs) + sum(_nbytes(t) for t in outputs)
+        flops = 0
+        if counter is not None:
+            try:
+                flops = counter(args, kwargs, out)
+            except (TypeError, ValueError, RuntimeError):
+                flops = 0
+        clock = self.clock
+        # self.modules.innermost(), inlined
+        label = "(backward)" if graph_task_id() != -1 else self.modules.innermost_label
+        if on_host:
+            seconds = self.recorder.cost.host_roofline(self.rank, flops, nbytes, clock.now)
+            label = f"host: {label}"
+        else:
+            dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
+            if flops and dtype is _F32 and (func.overloadpacket in _TF32_OPS if tf32 is None
+                                            else tf32):
+                dtype = _fp32_matmul_dtype()
+            memo = self._seconds
+            if memo is None:
+                seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes,
+                                                      clock.now)
+            else:
+                key = (dtype, flops, nbytes)
+                seconds = memo.get(key)
+                if seconds is None:
+                    seconds = memo[key] = self.recorder.cost.roofline(
+                        self.rank, flops, dtype, nbytes, clock.now)
+        clock.flops += flops
+        seconds = clock.run_compute(seconds, label)
+        module_time = self.module_time
+        module_time[label] = module_time.get(label, 0.0) + seconds
 
 
 def rank_accounting(rank, recorder):
@@ -521,9 +586,11 @@ _FAST_INFO = {}   # id(op) -> _op_info(op) + (its kernel,); ops live as long as 
 
 
 def _fast_info(func):
-    """:func:`_op_info` of ``func`` and the kernel that calling it calls, looked up by
-    ``id(func)``: an ``OpOverload``'s own hash is a Python call."""
-    info = _FAST_INFO[id(func)] = (*_op_info(func), op_kernel(func))
+    """:func:`_op_info` of ``func``, the kernel that calling it calls, and whether it is
+    one of ``_TF32_OPS``, looked up by ``id(func)``: an ``OpOverload``'s own hash is a
+    Python call."""
+    info = _FAST_INFO[id(func)] = (*_op_info(func), op_kernel(func),
+                                   func.overloadpacket in _TF32_OPS)
     _KEPT.append(func)   # its id stays its own
     return info
 

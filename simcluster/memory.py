@@ -8,6 +8,7 @@ total, the peak, a history over simulated time, and raises
 """
 
 import weakref
+from functools import partial
 
 from .errors import OutOfMemoryError
 
@@ -39,6 +40,8 @@ class MemoryAccount:
         self.category_peaks = dict(self.in_use)
         self.history = [(0.0, 0)]
         self._live = {}          # storage key -> [nbytes, category, weak reference]
+        self.live = self._live   # the same dict, read (never written) by the accounting's
+        # fast path, which skips holds()' call per op
         self._closed = False     # the rank has finished: the record is final
 
     def holds(self, key):
@@ -74,18 +77,19 @@ class MemoryAccount:
 
         It is forgotten when torch frees ``storage``.
         """
-        if key in self._live or nbytes == 0:
+        live = self._live
+        if key in live or nbytes == 0:
             return
         if self.total + nbytes > self.capacity:
             raise OutOfMemoryError(self.rank, self.device, nbytes, self.total,
                                    dict(self.in_use), category)
         # A weak reference whose callback runs when torch frees the storage.
-        self._live[key] = [nbytes, category,
-                           weakref.ref(storage, lambda _, k=key: self.free(k))]
+        live[key] = [nbytes, category, weakref.ref(storage, partial(self.free, key))]
         self._change(category, nbytes)
 
-    def free(self, key):
-        """Forget storage ``key`` (torch freed it)."""
+    def free(self, key, _ref=None):
+        """Forget storage ``key`` (torch freed it). ``_ref``: the weak reference whose
+        callback this is (:meth:`allocate`; no frame in between, it runs per storage)."""
         entry = self._live.pop(key, None)
         if entry is not None:
             self._change(entry[1], -entry[0])
@@ -124,17 +128,21 @@ class MemoryAccount:
         self._change(entry[1], grow)
 
     def _change(self, category, delta):
+        # Runs for every storage allocated and freed: locals, one dict lookup each.
         if self._closed:
             return
-        in_use = self.in_use[category] = self.in_use[category] + delta
-        if in_use > self.category_peaks[category]:
-            self.category_peaks[category] = in_use
-        self.total += delta
-        if self.total > self.peak:
-            self.peak = self.total
-            self.peak_by_category = dict(self.in_use)
+        in_use = self.in_use
+        held = in_use[category] = in_use[category] + delta
+        peaks = self.category_peaks
+        if held > peaks[category]:
+            peaks[category] = held
+        total = self.total = self.total + delta
+        if total > self.peak:
+            self.peak = total
+            self.peak_by_category = dict(in_use)
         t = self.clock.now
-        if self.history[-1][0] == t:
-            self.history[-1] = (t, self.total)
+        history = self.history
+        if history[-1][0] == t:
+            history[-1] = (t, total)
         else:
-            self.history.append((t, self.total))
+            history.append((t, total))
