@@ -452,15 +452,10 @@ class FastRankAccounting(RankAccounting):
             if key not in live:
                 category = category or self.category()
                 memory.allocate(key, storage.nbytes(), category, storage)
-        if not timeless:
-            self._charge(func, counter, args, kwargs, out, inputs, outputs, False, tf32)
-        return out
-
-    def _charge(self, func, counter, args, kwargs, out, inputs, outputs, on_host,
-                tf32=None):
-        """:meth:`RankAccounting._charge`, step for step: the same seconds, from the
-        cached roofline where it may be (``tf32``: whether ``func`` is one of
-        ``_TF32_OPS``, None: look it up)."""
+        if timeless:
+            return out
+        # _charge(func, counter, args, kwargs, out, inputs, outputs, False), inlined, with
+        # the seconds from the cache where it may be
         try:
             nbytes = 0
             for t in inputs:
@@ -475,31 +470,23 @@ class FastRankAccounting(RankAccounting):
                 flops = counter(args, kwargs, out)
             except (TypeError, ValueError, RuntimeError):
                 flops = 0
-        clock = self.clock
         # self.modules.innermost(), inlined
         label = "(backward)" if graph_task_id() != -1 else self.modules.innermost_label
-        if on_host:
-            seconds = self.recorder.cost.host_roofline(self.rank, flops, nbytes, clock.now)
-            label = f"host: {label}"
-        else:
-            dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
-            if flops and dtype is _F32 and (func.overloadpacket in _TF32_OPS if tf32 is None
-                                            else tf32):
-                dtype = _fp32_matmul_dtype()
-            memo = self._seconds
-            if memo is None:
-                seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes,
-                                                      clock.now)
-            else:
-                key = (dtype, flops, nbytes)
-                seconds = memo.get(key)
-                if seconds is None:
-                    seconds = memo[key] = self.recorder.cost.roofline(
-                        self.rank, flops, dtype, nbytes, clock.now)
+        dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
+        if flops and dtype is _F32 and tf32:
+            dtype = _fp32_matmul_dtype()
+        memo = self._seconds
+        key = (dtype, flops, nbytes)
+        seconds = None if memo is None else memo.get(key)
+        if seconds is None:
+            seconds = self.recorder.cost.roofline(self.rank, flops, dtype, nbytes, clock.now)
+            if memo is not None:
+                memo[key] = seconds
         clock.flops += flops
         seconds = clock.run_compute(seconds, label)
         module_time = self.module_time
         module_time[label] = module_time.get(label, 0.0) + seconds
+        return out
 
 
 def rank_accounting(rank, recorder):

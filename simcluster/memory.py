@@ -8,7 +8,6 @@ total, the peak, a history over simulated time, and raises
 """
 
 import weakref
-from functools import partial
 
 from .errors import OutOfMemoryError
 
@@ -39,9 +38,10 @@ class MemoryAccount:
         self.peak_by_category = dict(self.in_use)
         self.category_peaks = dict(self.in_use)
         self.history = [(0.0, 0)]
-        self._live = {}          # storage key -> [nbytes, category, weak reference]
+        self._live = {}          # storage key -> its _Held (nbytes, category)
         self.live = self._live   # the same dict, read (never written) by the accounting's
         # fast path, which skips holds()' call per op
+        self._on_free = self._freed   # one bound method for every _Held's callback
         self._closed = False     # the rank has finished: the record is final
 
     def holds(self, key):
@@ -51,7 +51,7 @@ class MemoryAccount:
     def category_of(self, key):
         """The category storage ``key`` is counted in, or None if it is not counted."""
         entry = self._live.get(key)
-        return None if entry is None else entry[1]
+        return None if entry is None else entry.category
 
     def reset_peak(self):
         """Make the current total the peak, as torch.cuda.reset_peak_memory_stats does."""
@@ -84,23 +84,24 @@ class MemoryAccount:
             raise OutOfMemoryError(self.rank, self.device, nbytes, self.total,
                                    dict(self.in_use), category)
         # A weak reference whose callback runs when torch frees the storage.
-        live[key] = [nbytes, category, weakref.ref(storage, partial(self.free, key))]
+        entry = live[key] = _Held(storage, self._on_free)
+        entry.key, entry.nbytes, entry.category = key, nbytes, category
         self._change(category, nbytes)
 
-    def free(self, key, _ref=None):
-        """Forget storage ``key`` (torch freed it). ``_ref``: the weak reference whose
-        callback this is (:meth:`allocate`; no frame in between, it runs per storage)."""
-        entry = self._live.pop(key, None)
+    def _freed(self, held):
+        """Forget the storage ``held`` refers to: torch freed it (the weak reference's
+        callback, for every storage)."""
+        entry = self._live.pop(held.key, None)
         if entry is not None:
-            self._change(entry[1], -entry[0])
+            self._change(entry.category, -entry.nbytes)
 
     def retag(self, key, category):
         """Move a live storage to ``category`` (e.g. once we learn it is a parameter)."""
         entry = self._live.get(key)
-        if entry is not None and entry[1] != category and not self._closed:
-            self.in_use[entry[1]] -= entry[0]
-            self.in_use[category] += entry[0]
-            entry[1] = category
+        if entry is not None and entry.category != category and not self._closed:
+            self.in_use[entry.category] -= entry.nbytes
+            self.in_use[category] += entry.nbytes
+            entry.category = category
             if self.in_use[category] > self.category_peaks[category]:
                 self.category_peaks[category] = self.in_use[category]
 
@@ -110,9 +111,9 @@ class MemoryAccount:
         entry = self._live.pop(key, None)
         if entry is None:
             return 0
-        self._change(entry[1], -entry[0])
-        other.allocate(key, entry[0], entry[1], entry[2]())
-        return entry[0]
+        self._change(entry.category, -entry.nbytes)
+        other.allocate(key, entry.nbytes, entry.category, entry())
+        return entry.nbytes
 
     def resize(self, key, nbytes, storage):
         """A storage was resized in place (FSDP2 frees and refills parameters this way)."""
@@ -120,12 +121,12 @@ class MemoryAccount:
         if entry is None:
             self.allocate(key, nbytes, "other", storage)
             return
-        grow = nbytes - entry[0]
+        grow = nbytes - entry.nbytes
         if grow > 0 and self.total + grow > self.capacity:
             raise OutOfMemoryError(self.rank, self.device, grow, self.total,
-                                   dict(self.in_use), entry[1])
-        entry[0] = nbytes
-        self._change(entry[1], grow)
+                                   dict(self.in_use), entry.category)
+        entry.nbytes = nbytes
+        self._change(entry.category, grow)
 
     def _change(self, category, delta):
         # Runs for every storage allocated and freed: locals, one dict lookup each.
@@ -146,3 +147,11 @@ class MemoryAccount:
             history[-1] = (t, total)
         else:
             history.append((t, total))
+
+
+class _Held(weakref.ref):
+    """A storage a :class:`MemoryAccount` counts: a weak reference to it (whose callback
+    forgets it when torch frees it) that also holds its key, bytes and category (one
+    object per storage: the accounting makes one for nearly every op)."""
+
+    __slots__ = ("key", "nbytes", "category")
