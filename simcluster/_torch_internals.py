@@ -104,6 +104,7 @@ import ctypes
 import contextlib
 import functools
 import importlib.abc
+import operator
 import os
 import pickle
 import sys
@@ -912,8 +913,9 @@ class _FakeCache:
     key, built from the same facts torch's key is built from (op, global dtype/device/
     inference state, each fake tensor's shape, stride, dtype, offset, device, storage size,
     requires_grad, and every other argument's type and value), maps straight to torch's
-    entry, and the result is built from it as torch builds it (:meth:`_output`): in-place
-    ops return their argument, views share its storage, new tensors get fresh storage. A
+    entry, and the result is built from it as torch builds it (:meth:`_simple_output`):
+    in-place ops return their argument, views share its storage, new tensors get fresh
+    storage. A
     few ops torch will not cache are remembered here when that is safe; other ops, and
     arguments we cannot key, take torch's normal road.
     """
@@ -925,9 +927,11 @@ class _FakeCache:
         from torch._subclasses import fake_tensor
 
         self.fake_tensor = fake_tensor
-        self.entries = {}   # our key -> (torch's key, torch's entry, torch's key state)
+        # our key -> (torch's key, torch's entry, torch's key state, _simple_output(...))
+        self.entries = {}
+        self.kept = {}   # id(op) -> op, for every op in a key: an op's id stays its own
         self.fresh_attributes = {}   # device -> a new FakeTensor's attributes but its mode
-        self.device_op = torch.ops.prim.device.default
+        self.device_op = DEVICE_OP
         self.proxy = torch._C._TorchDispatchModeKey.PROXY   # tracing keys differently
         self.fake_key = torch._C._TorchDispatchModeKey.FAKE
         self.empty_like = torch.ops.aten.empty_like.default
@@ -945,8 +949,9 @@ class _FakeCache:
 
     @staticmethod
     def _global_key(func):
-        """The start of a key: the op, and the global state its result depends on."""
-        return [func, torch.get_default_dtype(), torch._C._get_default_device(),
+        """The start of a key: the op (by id: hashing an OpOverload is a Python call), and
+        the global state its result depends on."""
+        return [id(func), torch.get_default_dtype(), torch._C._get_default_device(),
                 torch.is_inference_mode_enabled()]
 
     def _key_of(self, values, into, modes):
@@ -955,13 +960,14 @@ class _FakeCache:
         for value in values:
             kind = type(value)
             if kind is fake_type:
-                if value.constant is not None or value.layout is not torch.strided:
+                constant, layout, mode, shape, dtype, device, requires_grad = \
+                    _fake_metadata(value)
+                if constant is not None or layout is not torch.strided:
                     return False
-                modes.add(value.fake_mode)
-                into.append((value.shape, value.stride(), value.dtype, value.storage_offset(),
-                             value.fake_device, value.requires_grad,
-                             value.untyped_storage().nbytes(),
-                             value.dtype.is_complex and (value.is_conj(), value.is_neg())))
+                modes.add(mode)
+                into.append((shape, value.stride(), dtype, value.storage_offset(), device,
+                             requires_grad, value.untyped_storage().nbytes(),
+                             dtype.is_complex and (value.is_conj(), value.is_neg())))
             elif kind in simple:
                 into.append((kind, value))
             elif kind is list or kind is tuple:
@@ -975,7 +981,7 @@ class _FakeCache:
     def dispatch(self, func, args, kwargs):
         """Run ``func`` on fake tensors, from the cache when this exact call was seen."""
         if func is self.device_op and type(args[0]) is self.fake_tensor.FakeTensor:
-            return args[0].fake_device   # what FakeTensorMode answers, without the trip
+            return fake_device(args[0])   # what FakeTensorMode answers, without the trip
         if func is self.empty_like and self._from_meta(args, kwargs):
             # to_empty() on a meta model: torch would first convert each meta tensor into
             # a fake one (~0.7 ms each); a dense tensor's empty_like is just empty_strided.
@@ -991,8 +997,11 @@ class _FakeCache:
                 return func(*args, **kwargs)
         key = self._global_key(func)
         modes = set()
-        keyable = self._key_of(args, key, modes) and (
-            not kwargs or self._key_of(kwargs.items(), key, modes))
+        # A FakeTensor's attributes cost half as much while tensor subclasses' own
+        # __torch_function__ is off (torch then skips looking for it on each one).
+        with _no_subclass_torch_function():
+            keyable = self._key_of(args, key, modes) and (
+                not kwargs or self._key_of(kwargs.items(), key, modes))
         if not modes:   # a factory op (empty, zeros, ...): the active fake mode makes it
             active = torch._C._get_dispatch_mode(self.fake_key)
             if active is not None:
@@ -1004,6 +1013,12 @@ class _FakeCache:
             return func(*args, **kwargs)
         key = tuple(key)
         hit = self.entries.get(key, self)
+        if type(hit) is tuple:   # torch's entry
+            simple = hit[3]
+            if simple is None:
+                return mode._output_from_cache_entry(hit[2], hit[1], hit[0], func, args)
+            metadata, view = simple   # a view shares its argument's storage
+            return self._fake(mode, metadata, None if view is None else args[view])
         if hit is None:          # seen before: torch does not cache this op
             return func(*args, **kwargs)
         if hit is _RETURNS_NOTHING:
@@ -1012,9 +1027,8 @@ class _FakeCache:
             return kwargs["out"]
         if type(hit) is _Alias:
             return self._fake(mode, hit, args[0])
-        if hit is not self:
-            return self._output(mode, hit, func, args)
         # First time: let FakeTensorMode run it (and cache it), then remember its entry.
+        self.kept[id(func)] = func
         state = self.fake_tensor._CacheKeyState(mode.shape_env)
         try:
             torch_key = mode._cache_key(state, func, args, kwargs)
@@ -1023,7 +1037,7 @@ class _FakeCache:
         out = func(*args, **kwargs)
         entry = self.fake_tensor.FakeTensorMode.cache.get(torch_key)
         if entry is not None and not isinstance(entry, self.fake_tensor._DispatchCacheBypassEntry):
-            self.entries[key] = (torch_key, entry, state)
+            self.entries[key] = (torch_key, entry, state, self._simple_output(func, entry))
         elif func is self.unsafe_view and type(out) is self.fake_tensor.FakeTensor \
                 and out.untyped_storage()._cdata == args[0].untyped_storage()._cdata:
             # torch will not cache _unsafe_view (~1 ms; matmul on 3-D inputs calls it),
@@ -1047,21 +1061,21 @@ class _FakeCache:
             self.entries[key] = None
         return out
 
-    def _output(self, mode, hit, func, args):
-        """The op's result, built from torch's cache entry.
+    @staticmethod
+    def _simple_output(func, entry):
+        """How to build the result of the op ``func`` from torch's cache ``entry``.
 
-        The common case, one plain strided tensor, is built here as torch builds it
-        (``_get_output_tensor_from_cache_entry``) without its generality: about 25 µs
-        instead of 50. Everything else goes to torch's own builder.
+        The common case, one plain strided tensor, is built by :meth:`_fake` as torch
+        builds it (``_get_output_tensor_from_cache_entry``) without its generality: about
+        25 µs instead of 50. It gives ``(its metadata, the index of the argument whose
+        storage it shares, or None)``; None sends everything else to torch's own builder.
         """
-        torch_key, entry, state = hit
         info = entry.output_infos[0] if len(entry.output_infos) == 1 else None
         m = info.metadata if info is not None else None
         if entry.is_output_tuple or m is None or info.inplace_idx is not None \
                 or m.layout is not torch.strided or m.is_conj or m.is_neg:
-            return mode._output_from_cache_entry(state, entry, torch_key, func, args)
-        base = args[info.view_idx] if func.is_view else None   # a view shares its storage
-        return self._fake(mode, m, base)
+            return None
+        return m, (info.view_idx if func.is_view else None)
 
     def _fake(self, mode, m, base=None):
         """A FakeTensor with the metadata ``m``, on ``base``'s storage if given.
@@ -1107,6 +1121,13 @@ _RETURNS_NOTHING = object()   # a cache entry: the op returns None and changes n
 _RETURNS_OUT = object()       # a cache entry: the op returns its out= tensor, unresized
 
 
+_no_subclass_torch_function = torch._C.DisableTorchFunctionSubclass
+# What a FakeTensor's key starts with, in one call: (constant, layout, fake_mode, shape,
+# dtype, device, requires_grad); the device as FakeTensor.fake_device gives it
+_fake_metadata = operator.attrgetter("constant", "layout", "fake_mode", "shape", "dtype",
+                                     "_fake_device", "requires_grad")
+
+
 class _Alias(NamedTuple):
     """A cache entry: a result on its first argument's storage, with this metadata."""
 
@@ -1149,11 +1170,21 @@ _FakeTensor = None   # torch._subclasses.fake_tensor.FakeTensor, imported when f
 
 def is_fake(tensor):
     """True for a FakeTensor: shapes and dtypes, no data."""
-    global _FakeTensor
-    if _FakeTensor is None:   # (a collective asks once per tensor: import once)
-        from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
-    return isinstance(tensor, _FakeTensor)
+    return isinstance(tensor, _FakeTensor or fake_tensor_class())
 
+
+def fake_tensor_class():
+    """FakeTensor (imported when first asked: a collective asks once per tensor)."""
+    global _FakeTensor
+    if _FakeTensor is None:
+        from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+    return _FakeTensor
+
+
+# C++ asks a FakeTensor its device through the dispatch modes, with this op: on a fake
+# model half of all the ops a mode sees (:class:`_FakeCache` answers it with fake_device)
+DEVICE_OP = torch.ops.prim.device.default
+fake_device = operator.attrgetter("fake_device")   # a FakeTensor's device, without a frame
 
 _get_dispatch_mode = torch._C._get_dispatch_mode
 FAKE_MODE_KEY = torch._C._TorchDispatchModeKey.FAKE

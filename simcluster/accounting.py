@@ -47,11 +47,12 @@ from typing import NamedTuple
 import torch
 
 from . import context
-from ._torch_internals import (FAKE, FAKE_MODE_KEY, SUBCLASS, DispatchMode, ModuleStack,
-                               _get_dispatch_mode, can_set_aside, dispatch_kind,
-                               fake_dispatch, fake_mode_active, flop_formula, graph_task_id,
-                               key_of_storage, on_side_stream, op_kernel,
-                               own_parameters, set_aside, storage_key)
+from ._torch_internals import (DEVICE_OP, FAKE, FAKE_MODE_KEY, SUBCLASS, DispatchMode,
+                               ModuleStack, _get_dispatch_mode, can_set_aside,
+                               dispatch_kind, fake_device, fake_dispatch, fake_mode_active,
+                               fake_tensor_class, flop_formula, graph_task_id,
+                               key_of_storage, on_side_stream, op_kernel, own_parameters,
+                               set_aside, storage_key)
 from .clock import CollectiveRecord, RankClock
 from .memory import MemoryAccount
 from .storage import NodeStorage
@@ -396,10 +397,19 @@ class FastRankAccounting(RankAccounting):
         # pure function of them unless a straggler fault slows this rank down for a
         # window of simulated time (faults.slow_down sets those before the run starts).
         self._seconds = None if cost is None or rank in cost.speed_windows else {}
+        self._fake_tensor = fake_tensor_class()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # RankAccounting.__torch_dispatch__, step for step, with fewer calls: keep the
         # two in step (tests/test_fast_path.py runs the lessons' workloads on both).
+        if func is DEVICE_OP and type(args[0]) is self._fake_tensor:
+            # C++ asks a FakeTensor its device (half the ops on a fake model). The steps
+            # below that do something for it: its input waits for communication, and
+            # fake_dispatch answers (a timeless op that returns no tensor: no charge).
+            clock = self.clock
+            if clock.pending_reads and not self._paused:
+                clock.wait_for_read(storage_key(args[0]))
+            return fake_device(args[0])
         fake = False
         for t in types:
             if t is not _TENSOR:
