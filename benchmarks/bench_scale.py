@@ -210,8 +210,8 @@ def _measure(cluster, ranks, repeats, accounting, phases, compare, out):
         del results
         wall, cpu = statistics.median(times), statistics.median(cpus)
         rss = peak_rss_mib()
-        rows[fn.__name__] = {"accounting": acct, "charged": all(charged), "wall": wall, "best": min(times),
-                             "all": times, "cpu": cpu,
+        rows[fn.__name__] = {"accounting": acct, "charged": all(charged), "wall": wall,
+                             "best": min(times), "all": times, "cpu": cpu,
                              "per_rank": wall / ranks, "cpu_per_rank": cpu / ranks,
                              "peak_rss_mib": rss, "ok": ok, "detail": detail}
         if ref_times:

@@ -228,3 +228,5 @@ def test_bench_notebooks_summary_names_the_notebooks_that_miss():
     assert "each of notebooks/, wall <= 45.0 s: 1 of 2 met; not met: notebooks/03_b.ipynb " \
            "85.0 s (CPU 80.0 s)" in text
     assert "each of solutions/, wall <= 30.0 s: 1 of 1 met" in text
+    assert "kernel CPU within 45.0 s: 1 of 2; over: notebooks/03_b.ipynb" in text
+    assert "kernel CPU within 30.0 s: 1 of 1" in text
