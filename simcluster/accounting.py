@@ -350,6 +350,11 @@ class FastRankAccounting(RankAccounting):
       the ops come here as before.
     * Each op's fixed facts (view, timeless, FLOP formula, special, kernel, TF32) are
       looked up by ``id(func)``, and the kernel is called directly.
+    * The memory count and the charge are inlined; an op's seconds are kept by (dtype,
+      FLOPs, bytes), of which the roofline is a pure function (unless a straggler
+      window slows the rank down: then it is called every time).
+    * ``prim.device`` on a FakeTensor (C++ asking its device: half the ops on a fake
+      model) is answered first, with the two things the full path does for it.
 
     ``SIMCLUSTER_FAST_PATH=0`` in the environment selects :class:`RankAccounting`, the
     reference that ``tests/test_fast_path.py`` compares this one against.
