@@ -96,7 +96,7 @@ MODELS = {"mlp": mlp, "resnet50": resnet50, "resnet50_equivalent": resnet50_equi
 
 def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches=1,
               use_no_sync=True, fake=False, barrier_every_step=False, model_kwargs=None,
-              ddp_kwargs=None):
+              ddp_kwargs=None, full_warmup=True):
     """On every rank: train ``model`` under DDP for ``warmup`` steps, then one timed step.
 
     Args:
@@ -114,6 +114,12 @@ def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches
         barrier_every_step: call ``dist.barrier()`` after every optimizer step.
         model_kwargs: passed to the model's builder.
         ddp_kwargs: passed to ``DistributedDataParallel`` (``bucket_cap_mb``, ...).
+        full_warmup: run every warm-up step in full (forward, backward, optimizer step).
+            False runs only what the timed step depends on: the first warm-up step's
+            forward and backward (DDP records the order in which the gradients arrive),
+            and the forward of the others (the first of them rebuilds the buckets). Their
+            optimizer steps change only the weights' values, and SGD without momentum
+            keeps no state: the timed step is the same, and quicker to simulate.
 
     Peak memory is measured from the start of the timed step: read it with
     ``run.peak_memory(rank)`` afterwards.
@@ -123,21 +129,35 @@ def ddp_steps(model="mlp", input_shape=(256,), batch=32, warmup=1, micro_batches
         net = DDP(MODELS[model](**(model_kwargs or {})), **(ddp_kwargs or {}))
         optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
 
+        def loss():
+            x = torch.randn(batch, *input_shape, generator=None if fake else generator)
+            return net(x).square().mean()
+
         def step(micro_batches):
             optimizer.zero_grad(set_to_none=False)
             for i in range(micro_batches):
-                x = torch.randn(batch, *input_shape, generator=None if fake else generator)
                 sync = i == micro_batches - 1 or not use_no_sync
                 with contextlib.nullcontext() if sync else net.no_sync():
-                    net(x).square().mean().backward()
+                    loss().backward()
             optimizer.step()
             if barrier_every_step:
                 dist.barrier()
 
         # the warm-up only has to let DDP build and rebuild its buckets, which one
         # synchronised backward per step does: accumulating there would be wasted work
-        for _ in range(warmup):
-            step(1)
+        has_buffers = any(True for _ in net.buffers())
+        for i in range(warmup):
+            if full_warmup:
+                step(1)
+            elif i == 0 or has_buffers:
+                # a synchronised backward: DDP records the order the gradients arrive in
+                # (a model with buffers also keeps DDP's broadcast of them in step)
+                loss().backward()
+            else:
+                # DDP rebuilds its buckets in this forward; under no_sync() it expects no
+                # backward after it (a synchronised forward would leave one pending)
+                with net.no_sync():
+                    loss()
         dist.barrier()                       # the timed step starts when this one ends
         sc.reset_peak_memory()
         step(micro_batches)
@@ -181,7 +201,8 @@ def measure(cluster, world_size, **kwargs):
     parameters at construction changes nothing in the timed step, and it costs the
     simulation a copy of the model per rank (a quarter of a 64-rank run on fake tensors).
     """
-    kwargs = {**kwargs, "ddp_kwargs": {"init_sync": False, **(kwargs.get("ddp_kwargs") or {})}}
+    kwargs = {"full_warmup": False, **kwargs,
+              "ddp_kwargs": {"init_sync": False, **(kwargs.get("ddp_kwargs") or {})}}
     run = cluster.run(ddp_steps, world_size=world_size, kwargs=kwargs)
     barriers = [c for c in run.collectives if c.op == "barrier"]
     # the timed step starts after the barrier before it; with a barrier in every step,
