@@ -26,6 +26,7 @@ timed step is a steady-state one.
 """
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -278,8 +279,16 @@ def large_batch_loss(scale, scaled_lr, base_lr=0.005, base_batch=32, epochs=4,
     else ``base_lr``. One process on the whole global batch: section 1 of lesson 03
     shows that this is what DDP on ``scale`` ranks of ``base_batch`` computes. The data
     (a random teacher network plus noise) and the initial weights are the same for
-    every call.
+    every call, so a learning rate and batch already trained are not trained again
+    (``scale=1`` is the same run with and without ``scaled_lr``).
     """
+    lr = base_lr * scale if scaled_lr else base_lr
+    return _final_loss(lr, scale * base_batch, epochs, samples)
+
+
+@functools.lru_cache(maxsize=None)
+def _final_loss(lr, batch, epochs, samples):
+    """:func:`large_batch_loss` at learning rate ``lr`` and global batch ``batch``."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(samples, 32, generator=g)
     torch.manual_seed(0)
@@ -288,9 +297,7 @@ def large_batch_loss(scale, scaled_lr, base_lr=0.005, base_batch=32, epochs=4,
         y = teacher(x) + 0.1 * torch.randn(samples, 1, generator=g)
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(32, 128), nn.Tanh(), nn.Linear(128, 1))
-    lr = base_lr * scale if scaled_lr else base_lr
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    batch = scale * base_batch
     order = torch.randperm(samples, generator=g)
     for step in range(epochs * samples // batch):
         rows = order[(step * batch) % samples:][:batch]
