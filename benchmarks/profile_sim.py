@@ -30,7 +30,6 @@ import pstats
 import statistics
 import threading
 import time
-from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -128,16 +127,6 @@ def sim(cfg, data, accounting=True, patch=contextlib.nullcontext):
     return loop, bd.loop_cpu(results, one_process=True)
 
 
-def ddp_one_rank_runs(cfg, data):
-    """DDP's own cost without switching: ``world_size`` separate 1-rank runs, summed."""
-    one = replace(cfg, world_size=1)
-    wall = cpu = 0.0
-    for _ in range(cfg.world_size):
-        w, c = sim(one, data, accounting=False)
-        wall, cpu = wall + w, cpu + c
-    return wall, cpu
-
-
 def variants(cfg, data):
     return [
         ("serial floor", lambda: serial(cfg, data)),
@@ -146,7 +135,7 @@ def variants(cfg, data):
         ("serial compute in 1-rank cluster.run, accounting on",
          lambda: serial_in_sim(cfg, data, True)),
         ("DDP in 4 separate 1-rank runs, accounting off (summed)",
-         lambda: ddp_one_rank_runs(cfg, data)),
+         lambda: bd.run_ddp_alone(cfg, data)),
         ("4-rank DDP sim, accounting off, no RNG save/restore",
          lambda: sim(cfg, data, False, no_rng_switching)),
         ("4-rank DDP sim, accounting off", lambda: sim(cfg, data, False)),

@@ -23,9 +23,12 @@ def test_bench_ddp_quick():
     # The sim and gloo trained the same model on the same data.
     assert r["loss_diff_sim_vs_gloo"] < 1e-4
     assert r["sim_deterministic"]
-    for goal in ("accounting_goal_met", "raw_goal_met", "gloo_goal_met"):
-        assert isinstance(r[goal], bool)
-    assert r["watched_over_serial"] > 0
+    # the verdicts are computed from the figures printed next to them
+    assert r["accounting_goal_met"] == (r["sim_over_serial_cpu"] <= 1.5)
+    assert r["raw_goal_met"] == (r["sim_raw_over_serial_cpu"] <= 1.2)
+    assert r["gloo_goal_met"] == (r["gloo_over_sim_e2e"] >= 4)
+    assert r["watched_over_serial"] > 0 and r["ddp_alone_over_serial_cpu"] > 0
+    assert 0 < r["per_op"]["bare"] < r["per_op"]["empty mode"]
 
 
 def test_bench_scale_quick():
@@ -36,6 +39,9 @@ def test_bench_scale_quick():
     assert set(r["phases"]) == {"allreduce_rank", "hand_dp_rank", "ddp_rank"}
     for name, phase in r["phases"].items():
         assert phase["ok"], f"{name}: {phase['detail']}"
+        assert phase["accounting"] and phase["charged"], name
+    assert r["accounting_everywhere"]
+    assert r["goal_met"] is None          # judged at 1,024 ranks only
     assert r["peak_rss_mib"] > 0
 
 
@@ -99,3 +105,128 @@ def test_bench_serving_quick():
     r = bench_serving.main(quick=True, verbose=False)
     assert r["round robin, 4 replicas"]["per_second"] > 0
     assert isinstance(r["goal_met"], bool)
+
+
+def test_bench_llama_memory_quick():
+    from benchmarks import bench_llama_memory
+
+    r = bench_llama_memory.main(quick=True, verbose=False)
+    assert r["layers"] == bench_llama_memory.QUICK_LAYERS
+    assert r["cpu"] > 0 and r["wall"] > 0
+    assert r["ops"] > 1000                # every rank's ops went through the mode, counted
+    assert r["cpu_per_op"] == r["cpu"] / r["ops"]
+    assert r["outcomes"] == {"ddp": "fits", "fsdp": "fits"}   # one layer fits on A100-80GB
+    assert r["goal_met"] is None          # judged on the full 7B only
+
+
+# ---------------------------------------------------------------- the verdicts
+def _lines(fn, *args, **kwargs):
+    """What ``fn(*args, out=..., **kwargs)`` prints, its lines joined and runs of white
+    space made one (wrapped explanations read as one line), and what it returns."""
+    printed = []
+    value = fn(*args, out=printed.append, **kwargs)
+    return " ".join(" ".join(printed).split()), value
+
+
+def test_goal_verdict_is_computed_from_the_figure():
+    from benchmarks.goals import Goal, report, summary, verdict
+
+    at_most = Goal("ratio", 1.5)
+    for measured, expected in ((1.2, "met"), (1.5, "met"), (1.51, "not met"), (9.0, "not met")):
+        assert verdict(at_most, measured) == expected
+        text, met = _lines(report, at_most, measured, wall="WALL", would_pass="PASS")
+        assert f"measured {measured:.2f}x: {expected}" in text
+        assert met == (expected == "met")
+        # the wall and what would pass it are printed for a goal not met only
+        assert ("WALL" in text and "PASS" in text) == (expected == "not met")
+    at_least = Goal("speed-up", 4.0, at_least=True)
+    assert verdict(at_least, 4.0) == "met" and verdict(at_least, 3.9) == "not met"
+    seconds = Goal("time", 8.0, unit="s")
+    text, _ = _lines(report, seconds, 46.6)
+    assert "time <= 8.0 s: measured 46.6 s: not met" in text
+    text, missed = _lines(summary, {"a": True, "b": False, "c": False})
+    assert missed == ["b", "c"] and "1 of 3 met; not met: b; c" in text
+    text, missed = _lines(summary, {"a": True})
+    assert missed == [] and "all 1 met" in text
+
+
+def _ddp_figures(acct, raw, mode=1.4, alone=1.4, e2e=5.0):
+    return {"sim_over_serial_cpu": acct, "sim_raw_over_serial_cpu": raw,
+            "watched_over_serial_cpu": mode, "ddp_alone_over_serial_cpu": alone,
+            "per_op": {"bare": 4e-6, "empty mode": 16e-6}, "config": {"world_size": 4},
+            "gloo_over_sim": 0.6, "gloo_over_sim_e2e": e2e}
+
+
+def test_bench_ddp_verdicts_follow_the_figures():
+    from benchmarks import bench_ddp
+
+    text, met = _lines(bench_ddp._goals, _ddp_figures(acct=1.45, raw=1.1))
+    assert met == {"accounting_goal_met": True, "raw_goal_met": True, "gloo_goal_met": True}
+    assert "wall:" not in text and "goals: all 3 met" in text
+    text, met = _lines(bench_ddp._goals, _ddp_figures(acct=2.61, raw=1.58, e2e=3.0))
+    assert met == {"accounting_goal_met": False, "raw_goal_met": False,
+                   "gloo_goal_met": False}
+    assert "measured 2.61x: not met" in text and "measured 1.58x: not met" in text
+    # the wall is the figures of this run: sim without accounting + the empty mode's share
+    assert "1.58 + 0.40 = 1.98x" in text and "accounting in C++" in text
+    assert "costs 1.40x the floor; ranks taking turns" in text and "add 0.18x" in text
+    assert "goals: 0 of 3 met" in text
+    # with room under the goal for Python accounting, what would pass says so
+    text, _ = _lines(bench_ddp._goals, _ddp_figures(acct=1.6, raw=1.1, mode=1.2))
+    assert "1.30x" in text and "cut by 33%" in text and "accounting in C++" not in text
+
+
+def test_bench_scale_verdict_follows_the_figure():
+    from benchmarks import bench_scale
+
+    def rows(cpu, charged=True):
+        return {"hand_dp_rank": {"cpu": 8.0},
+                "ddp_rank": {"cpu": cpu, "cpu_per_rank": cpu / 1024, "charged": charged}}
+
+    text, met = _lines(bench_scale._goal, rows(19.7), 1024)
+    assert met is True and "measured 19.7 s: met" in text and "wall" not in text
+    text, met = _lines(bench_scale._goal, rows(20.3), 1024)
+    assert met is False and "measured 20.3 s: not met" in text
+    assert "costs 12.3 s: its shape check" in text and "1,048,576 in all" in text
+    text, met = _lines(bench_scale._goal, rows(5.0), 256)
+    assert met is None and "not judged (this run had 256 ranks)" in text
+    text, met = _lines(bench_scale._goal, rows(5.0, charged=False), 1024)
+    assert met is None and "accounting was off" in text
+
+
+def test_bench_llama_memory_verdict_shows_the_wall():
+    from benchmarks import bench_llama_memory as bl
+
+    costs = {"bare": 4e-6, "empty mode": 16e-6, "fake": 15e-6}
+    text, met = _lines(bl._goal, 32, 46.6, 477_000, costs)
+    assert met is False and "measured 46.6 s: not met" in text
+    # ops x what an op costs before any accounting: 477,000 x 27 us = 12.9 s > 8 s
+    assert "477,000 x 27.0 us = 12.9 s, over the goal before any accounting" in text
+    text, met = _lines(bl._goal, 32, 7.9, 477_000, costs)
+    assert met is True and "measured 7.9 s: met" in text and "wall" not in text
+    text, met = _lines(bl._goal, 32, 9.0, 100_000, costs)
+    assert met is False and "the accounting's own Python per op is the other 6.3 s" in text
+    text, met = _lines(bl._goal, 1, 3.0, 20_000, costs)
+    assert met is None and "not judged" in text
+
+
+def test_bench_notebooks_summary_names_the_notebooks_that_miss():
+    from benchmarks import bench_notebooks as bn
+
+    assert bn._verdict(45.0, bn._goal("notebooks")) == "met"
+    assert bn._verdict(45.1, bn._goal("notebooks")) == "not met"
+    assert bn._verdict(61.0, bn._goal("notebooks")) == "not met (over the 60 s hard limit)"
+    assert bn._verdict(31.0, bn._goal("solutions")) == "not met"
+    assert bn._verdict(99.0, bn._goal("labs")) == "(no goal)"
+    result = {"notebooks/00_a.ipynb": {"wall": 20.0, "cpu": 15.0, "goal": 45.0, "goal_met": True},
+              "notebooks/03_b.ipynb": {"wall": 85.0, "cpu": 80.0, "goal": 45.0,
+                                       "goal_met": False},
+              "solutions/03_b.ipynb": {"wall": 29.0, "cpu": 25.0, "goal": 30.0, "goal_met": True},
+              "labs/03_b.ipynb": {"wall": 99.0, "cpu": 90.0, "goal": None, "goal_met": None}}
+    text, missed = _lines(bn._summary, result)
+    assert missed == ["notebooks/03_b.ipynb"]
+    assert "each of notebooks/, wall <= 45.0 s: 1 of 2 met; not met: notebooks/03_b.ipynb " \
+           "85.0 s (CPU 80.0 s)" in text
+    assert "each of solutions/, wall <= 30.0 s: 1 of 1 met" in text
+    assert "kernel CPU within 45.0 s: 1 of 2; over: notebooks/03_b.ipynb" in text
+    assert "kernel CPU within 30.0 s: 1 of 1" in text
