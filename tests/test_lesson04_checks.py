@@ -39,9 +39,9 @@ def short_timeout(monkeypatch):
     (checks.check_forward_backward, MINE["forward_backward"],
      "loss and gradients equal the whole model's on world sizes 1, 2, 3, 4, activations of 6 "
      "different widths"),
-    (checks.check_balance, MINE["balance"],
-     "within 0.0% of the best cut's simulated time on 7 profiles (p = 1, 3, 4; one stage "
-     "per layer)"),
+    pytest.param(checks.check_balance, MINE["balance"],
+                 "within 0.0% of the best cut's simulated time on 7 profiles (p = 1, 3, 4; "
+                 "one stage per layer)", marks=pytest.mark.slow),   # simulates every cut
     (checks.check_boundary_bytes, MINE["boundary_bytes"],
      "bytes per boundary equal the measured traffic on 4 splits (float32, bfloat16, "
      "float64)"),

@@ -332,6 +332,7 @@ def test_estimate_stops_an_endless_loop_and_knows_untouched(capsys, short_timeou
     assert not ok and line.startswith("⬜")
 
 
+@pytest.mark.slow                     # a fresh interpreter imports torch
 def test_importing_the_drills_does_not_load_the_answers():
     # In a fresh interpreter: reloading drills here would give it new functions that the
     # modules re-exporting them (lesson 13's checks) no longer are, for every later test.

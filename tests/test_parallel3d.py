@@ -21,9 +21,20 @@ def _check(report, micro_batches, steps=1):
     assert diff["loss"] < 1e-5 and diff["grad"] < 1e-6 and diff["param"] < 1e-6, diff
 
 
-@pytest.mark.parametrize("layout", [(2, 2, 2),
-                                    pytest.param((1, 2, 4), marks=pytest.mark.slow),
-                                    pytest.param((4, 2, 1), marks=pytest.mark.slow)])
+@pytest.fixture(scope="module")
+def two_steps(cluster):
+    """Two 1F1B steps of the (2, 2, 2) layout, 2 micro-batches: checked against the
+    one-process model and read for its second step's traffic (one run for both tests)."""
+    return p3.measure(cluster, 2, 2, 2, micro_batches=2, steps=2)
+
+
+def test_3d_two_steps_equal_one_process(two_steps):
+    # two steps, so the first step's update is checked too (the slow layouts check one)
+    _check(two_steps, 2, steps=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [(1, 2, 4), (4, 2, 1)])
 def test_3d_step_equals_one_process(cluster, layout):
     pp, dp, tp = layout
     _check(p3.measure(cluster, pp, dp, tp, micro_batches=max(2, pp)), max(2, pp))
@@ -62,9 +73,9 @@ def test_mesh_places_tp_inside_or_across_nodes(cluster, across):
         assert coords[5] == {"pp": 1, "dp": 0, "tp": 1}
 
 
-def test_tp_across_nodes_is_slower_and_traffic_by_dimension(cluster):
+def test_tp_across_nodes_is_slower_and_traffic_by_dimension(cluster, two_steps):
     # the second step: the first one also runs the pipeline's shape-inference forward
-    inside = p3.measure(cluster, 2, 2, 2, steps=2)
+    inside = two_steps
     across = p3.measure(cluster, 2, 2, 2, tp_across_nodes=True, steps=2)
     assert across.step_time > 1.2 * inside.step_time
     traffic = p3.step_traffic(inside)

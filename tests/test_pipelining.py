@@ -378,6 +378,7 @@ print(run.results, hasattr(schedules._PipelineSchedule._warmup_p2p, "__wrapped__
 """
 
 
+@pytest.mark.slow
 def test_pipelining_imported_inside_fake_tensors_works_too():
     out = subprocess.run([sys.executable, "-c", _IMPORTED_INSIDE_FAKE_TENSORS], check=True,
                          capture_output=True, text=True, timeout=300).stdout

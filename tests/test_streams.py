@@ -83,6 +83,7 @@ def _fsdp_step(batch):
     _sharded_layers()(torch.randn(batch, 512)).sum().backward()
 
 
+@pytest.mark.slow                     # 16 ranks of real 8192 x 512 matmuls: ~25 s of CPU
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_fsdp2_backward_prefetch_and_reduce_scatter_overlap_compute():
     cluster = sc.Cluster.preset("dgx-a100", nodes=2)
@@ -107,6 +108,7 @@ def _fsdp_forward(prefetch):
         model(torch.randn(8192, 512))
 
 
+@pytest.mark.slow                     # two runs of 16 ranks: ~20 s of CPU
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_fsdp2_explicit_forward_prefetch_hides_all_but_the_first_all_gather():
     cluster = sc.Cluster.preset("dgx-a100", nodes=2)
