@@ -183,12 +183,7 @@ class RankAccounting(DispatchMode):
             nbytes += t.numel() * t.element_size()
         for t in outputs:
             nbytes += t.numel() * t.element_size()
-        flops = 0
-        if counter is not None:
-            try:
-                flops = counter(args, kwargs, out)
-            except (TypeError, ValueError, RuntimeError):
-                flops = 0
+        flops = _op_flops(counter, args, kwargs, out)
         clock, label = self.clock, self.modules.innermost()
         if on_host:
             seconds = self.recorder.cost.host_roofline(self.rank, flops, nbytes, clock.now)
@@ -479,12 +474,7 @@ class FastRankAccounting(RankAccounting):
                 nbytes += t.nbytes
         except (RuntimeError, NotImplementedError, TypeError):   # a sparse tensor has none
             nbytes = sum(_nbytes(t) for t in inputs) + sum(_nbytes(t) for t in outputs)
-        flops = 0
-        if counter is not None:
-            try:
-                flops = counter(args, kwargs, out)
-            except (TypeError, ValueError, RuntimeError):
-                flops = 0
+        flops = 0 if counter is None else _op_flops(counter, args, kwargs, out)
         # self.modules.innermost(), inlined
         label = "(backward)" if graph_task_id() != -1 else self.modules.innermost_label
         dtype = inputs[0].dtype if inputs else (outputs[0].dtype if outputs else None)
@@ -525,6 +515,17 @@ def _fp32_matmul_dtype():
     ``torch.backends.cuda.matmul.allow_tf32 = True``), else float32, PyTorch's default
     ("highest"). On CUDA "medium" also runs in TF32: cuBLAS has no bf16 path for fp32."""
     return _F32 if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+def _op_flops(counter, args, kwargs, out):
+    """The FLOPs ``counter`` (an op's formula, or None) gives for one call; 0 when it has
+    none or cannot read the call's arguments."""
+    if counter is None:
+        return 0
+    try:
+        return counter(args, kwargs, out)
+    except (TypeError, ValueError, RuntimeError):
+        return 0
 
 
 def _call(func, args, kwargs):
