@@ -235,8 +235,11 @@ def main(argv=None):
     print(format_report(reports))
     if args.json:
         from workbook import handin
-        handin.write(args.json, reports, args.name)
-        print(f"\nwrote {args.json}: hand it in to your instructor")
+        record = handin.write(args.json, reports, args.name)
+        print(f"\nwrote {args.json} as {record['learner']!r} (learner id {record['id']}): "
+              "hand it in to your instructor")
+        if not args.name:
+            print("  (to show another name: make progress JSON=... NAME=yourname)")
     return 0
 
 
