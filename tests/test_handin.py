@@ -106,6 +106,15 @@ def test_learners_who_share_a_name_are_never_merged(tmp_path):
     assert rows[3].split()[2:] == ["❌", "❌", "0/2"]     # d's ❌ is not turned ✅ by a's ✅
 
 
+def test_a_name_that_mimics_another_label_gets_its_own_row(tmp_path):
+    handin.write(tmp_path / "a.json", _reports(PASSED, PASSED), "learner")
+    handin.write(tmp_path / "b.json", _reports(FAILED, FAILED), "learner")
+    handin.write(tmp_path / "c.json", _reports(FAILED, NOT_STARTED), "learner [a.json]")
+    text = handin.format_tables(handin.collect(tmp_path))
+    assert "02_gradient_aggregation  (3 learner(s))" in text
+    assert sorted(row.split()[-1] for row in _lab02_rows(text)) == ["0/2", "0/2", "2/2"]
+
+
 def test_handing_in_again_keeps_the_learner_id(tmp_path):
     first = handin.write(tmp_path / "ada.json", _reports(FAILED), "ada")
     again = handin.write(tmp_path / "ada.json", _reports(PASSED), "ada")

@@ -189,13 +189,14 @@ def labels(records):
 
 
 def tables(records):
-    """``{lab: (exercise columns, {row label: {exercise number: status}})}``: a row per
-    record (see :func:`labels`), never two records in one row."""
+    """``{lab: (exercise columns, {(row label, record index): {exercise number: status}})}``:
+    a row per record (see :func:`labels`), never two records in one row, even when a name
+    is written to look like another row's label."""
     result = {}
-    for record, label in zip(records, labels(records)):
+    for index, (record, label) in enumerate(zip(records, labels(records))):
         for lab in record["labs"]:
             columns, rows = result.setdefault(lab["name"], ({}, {}))
-            row = rows.setdefault(label, {})
+            row = rows.setdefault((label, index), {})
             for exercise in lab["exercises"]:
                 columns.setdefault(exercise["number"], exercise["title"])
                 row[exercise["number"]] = exercise["status"]
@@ -207,17 +208,17 @@ def format_tables(records):
     lines = []
     for lab, (columns, rows) in sorted(tables(records).items()):
         numbers = sorted(columns)
-        width = max([len("learner")] + [len(name) for name in rows])
+        width = max([len("learner")] + [len(name) for name, _ in rows])
         lines.append(f"{lab}  ({len(rows)} learner(s))")
         for number in numbers:
             lines.append(f"  {number}. {columns[number] or f'Exercise {number}'}")
         header = f"{'learner':<{width}}  " + "  ".join(f"{n:>2}" for n in numbers) + \
                  "  passed"
         lines += [header, "-" * len(header)]
-        for learner in sorted(rows):
-            marks = [MARKS.get(rows[learner].get(n), " ·") for n in numbers]
-            passed = sum(rows[learner].get(n) == PASSED for n in numbers)
-            lines.append(f"{learner:<{width}}  " + "  ".join(f"{m:>2}" for m in marks) +
+        for key in sorted(rows):
+            marks = [MARKS.get(rows[key].get(n), " ·") for n in numbers]
+            passed = sum(rows[key].get(n) == PASSED for n in numbers)
+            lines.append(f"{key[0]:<{width}}  " + "  ".join(f"{m:>2}" for m in marks) +
                          f"  {passed:>3}/{len(numbers)}")
         lines.append("-" * len(header))
         for status in STATUSES:
