@@ -20,7 +20,6 @@ exact command that fixes it, and exits with status 1 when anything is a blocker.
 """
 
 import argparse
-import errno
 import importlib
 import importlib.metadata
 import importlib.util
