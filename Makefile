@@ -44,6 +44,7 @@ help:
 	@echo "make test       set up .venv, then run the tests and check the notebooks"
 	@echo "                (JOBS=n parallel workers; default one per CPU core)"
 	@echo "make progress   run your labs and show which exercises pass"
+	@echo "                (JSON=progress.json NAME=yourname: a file to hand in)"
 	@echo "make doctor     check this machine before a workshop (no setup needed)"
 	@echo "make slides     build reveal.js slides of the lessons into build/slides/ (offline)"
 	@echo "make workshop   regenerate workshop/agendas.md and the instructor notes' timings"
@@ -95,9 +96,11 @@ test: $(STAMP)
 labs: $(STAMP)
 	$(BIN)/python -m workbook.labs $(if $(FORCE),--force)
 
-# JSON=FILE also writes a file to hand in (python -m workbook.handin FOLDER reads them).
+# JSON=FILE also writes a file to hand in (python -m workbook.handin FOLDER reads them);
+# NAME=... is the name it shows (default: the login name, "learner" in the Docker image).
 progress: $(STAMP)
-	$(BIN)/python -m workbook.progress $(if $(JSON),--json $(JSON))
+	$(BIN)/python -m workbook.progress $(if $(JSON),--json $(JSON)) \
+	    $(if $(NAME),--name '$(subst ','\'',$(NAME))')
 
 # Runs before any setup too (with $(PYTHON) until .venv exists): a machine that cannot
 # set up is exactly what the doctor must explain.

@@ -230,3 +230,36 @@ def test_an_exercise_number_that_is_no_number_breaks_only_its_lab(tmp_path, caps
     assert "08_bad: cannot be graded: cell 1 has exercise number 'one', not a number" in out
     assert "09_conflict: cannot be read" in out
     assert out.splitlines()[-1].split() == ["total", "0", "0", "0", "0"]
+
+
+# --- only the lab's own exercises count (issue 43, item 6) -----------------------------
+
+def pasted_check(number, title, text="✅ all good\n"):
+    """A check cell copied from another lab, run: its metadata and its ✅."""
+    cell = new_code_cell("check(g)", metadata={"workbook": {
+        "role": "check", "exercise": number, "title": title}})
+    cell.execution_count = 1
+    cell.outputs.append(new_output("stream", name="stdout", text=text))
+    return cell
+
+
+def test_a_check_cell_pasted_from_another_lab_is_named_not_counted():
+    lab = executed(exercise_error=("NotImplementedError", "Write your solution here"))
+    lab.cells.append(pasted_check(7, "Exercise 7: elastic training"))
+    (exercise,) = progress.grade(lab)
+    assert (exercise.number, exercise.status) == (1, "not started")
+    (stray,) = progress.stray_cells(lab)
+    assert "cell 3 belongs to exercise 7 'Exercise 7: elastic training'" in stray
+    report = progress.LabReport("02_pasted", progress.grade(lab), strays=[stray])
+    text = progress.format_report([report])
+    assert "02_pasted: 0/1 passed" in text and "⚠️  cell 3 belongs to exercise 7" in text
+
+
+def test_a_pasted_check_cell_cannot_stand_in_for_a_deleted_one():
+    # Its own check cell deleted, another lab's check of the same number pasted instead.
+    lab = executed("❌ wrong\n")
+    del lab.cells[2]
+    lab.cells.append(pasted_check(1, "Exercise 1: a scheduler"))
+    (exercise,) = progress.grade(lab)
+    assert exercise.status == "failed" and "missing" in exercise.detail
+    assert len(progress.stray_cells(lab)) == 1

@@ -8,6 +8,7 @@ Each participant runs it before the day. It checks, in under a minute:
 - that a Jupyter kernel starts and imports the workbook;
 - a 4-rank run on the simulated cluster, in a fresh interpreter;
 - free disk and memory;
+- that the labs and notebooks can be saved, and a writable temp folder;
 - the port JupyterLab will listen on (8888, or the next free one);
 - (optional) a web browser.
 
@@ -28,6 +29,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -124,10 +126,35 @@ def check_install():
                   f"dependencies installed in {sys.prefix}")
 
 
+def _torch_shadow():
+    """The ``torch.py`` or ``torch/`` that ``import torch`` finds instead of the installed
+    torch (in the current folder or on PYTHONPATH), or None. Nothing is imported."""
+    try:
+        installed = Path(importlib.metadata.distribution("torch").locate_file("torch"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    spec = importlib.util.find_spec("torch")
+    if spec is None:
+        return None
+    locations = list(spec.submodule_search_locations or [])
+    found = Path(locations[0] if locations else spec.origin)
+    return None if found.resolve() == installed.resolve() else found
+
+
+def _shadow_result(name, shadow):
+    """The report of ``shadow`` (see :func:`_torch_shadow`) for check ``name``."""
+    return Result(name, FAIL, f"`import torch` finds {shadow}, not the installed torch: a "
+                  "file or folder named torch hides it",
+                  f"rename or move {shadow} (or take its folder off PYTHONPATH)")
+
+
 def check_torch():
     """``import torch`` works, has the pinned version, and say which build it is."""
     pins = [_requirement(spec) for spec in _project()["dependencies"]]
     pin = dict(pins).get("torch")
+    shadow = _torch_shadow()
+    if shadow:
+        return _shadow_result("torch", shadow)
     start = time.perf_counter()
     try:
         torch = importlib.import_module("torch")
@@ -179,13 +206,14 @@ def check_kernel():
         manager, client = start_new_kernel(kernel_name="python3",
                                            startup_timeout=KERNEL_TIMEOUT_S,
                                            extra_arguments=["--IPKernelApp.log_level=ERROR"])
-        lines = []
+        streams = {"stdout": [], "stderr": []}
         reply = client.execute_interactive(
-            _KERNEL_CODE, timeout=KERNEL_TIMEOUT_S,
-            output_hook=lambda msg: lines.append(msg["content"].get("text", "")))
+            _KERNEL_CODE, timeout=KERNEL_TIMEOUT_S, output_hook=lambda msg: streams.get(
+                msg["content"].get("name"), []).append(msg["content"].get("text", "")))
     except Exception as error:
-        return Result("kernel", FAIL, f"the python3 kernel did not start: "
-                      f"{type(error).__name__}: {error}".splitlines()[0], fix)
+        return _environment_result("kernel") or Result(
+            "kernel", FAIL, f"the python3 kernel did not start: "
+            f"{type(error).__name__}: {error}".splitlines()[0], fix)
     finally:
         if client is not None:
             client.stop_channels()
@@ -194,15 +222,46 @@ def check_kernel():
     seconds = time.perf_counter() - start
     if reply["content"]["status"] != "ok":
         content = reply["content"]
-        return Result("kernel", FAIL, f"the kernel started but `import simcluster` failed: "
-                      f"{content.get('ename')}: {content.get('evalue')}",
-                      f"{fix}   (the kernel must run this environment's Python)")
-    executable = "".join(lines).strip()
+        return _environment_result("kernel") or Result(
+            "kernel", FAIL, f"the kernel started but `import simcluster` failed: "
+            f"{content.get('ename')}: {content.get('evalue')}",
+            f"{fix}   (the kernel must run this environment's Python)")
+    # The interpreter's path is the last line it printed; warnings go to stderr.
+    executable = ("".join(streams["stdout"]).strip().splitlines() or [""])[-1]
     if executable and Path(executable).resolve() != Path(sys.executable).resolve():
         return Result("kernel", WARN, f"the python3 kernel runs {executable}, not "
                       f"{sys.executable}", fix)
+    warnings = [line.strip() for line in "".join(streams["stderr"]).splitlines()
+                if line.strip()]
+    if warnings:
+        return Result("kernel", WARN, f"a python3 kernel started, but its Python printed "
+                      f"warnings: {warnings[0]}" + (f" (and {len(warnings) - 1} more line(s))"
+                                                    if len(warnings) > 1 else ""),
+                      _warning_fix(warnings[0]))
     return Result("kernel", OK, f"a python3 kernel started and imported the workbook "
                   f"in {seconds:.1f} s")
+
+
+def _warning_fix(warning):
+    """What to do about a warning the kernel's Python printed."""
+    variable = re.search(r"environment variable (\w+)", warning)
+    if variable:
+        name = variable.group(1)
+        return (f"give {name} a valid value, or remove it (`unset {name}`, and from your "
+                "shell's startup file); then run the doctor again")
+    return "read the warning: it names its cause (an environment variable, a package)"
+
+
+def _environment_result(name):
+    """A blocker of this machine that makes a Python started by check ``name`` fail (a
+    shadowed torch, no temp folder), or None: then the failure is the check's own."""
+    shadow = _torch_shadow()
+    if shadow:
+        return _shadow_result(name, shadow)
+    problem = _temp_problem()
+    if problem and problem[0] == FAIL:
+        return Result(name, FAIL, f"could not run: {problem[1]}", problem[2])
+    return None
 
 
 def check_run():
@@ -219,8 +278,9 @@ def check_run():
     seconds = time.perf_counter() - start
     if done.returncode != 0 or "ok" not in done.stdout:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return Result("run", FAIL, f"a 4-rank all_reduce failed: {last}",
-                      f"{SETUP_FIX}; then `python -c 'import simcluster'` shows the error")
+        return _environment_result("run") or Result(
+            "run", FAIL, f"a 4-rank all_reduce failed: {last}",
+            f"{SETUP_FIX}; then `python -c 'import simcluster'` shows the error")
     return Result("run", OK, f"4 simulated ranks all-reduced correctly ({seconds:.1f} s, "
                   "torch import included)")
 
@@ -235,6 +295,68 @@ def check_disk():
     if free < WANT_DISK_GIB:
         return Result("disk", WARN, f"{free:.1f} GiB free: enough, but tight", fix)
     return Result("disk", OK, f"{free:.0f} GiB free")
+
+
+def _unwritable(folder):
+    """Why no file can be created in ``folder`` (by creating and removing one: permission
+    bits do not stop root, a read-only file system does), or None when one can."""
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".doctor-")
+    except OSError as error:
+        return error.strerror or str(error)
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+# The folders a learner saves into: their labs, and the lessons they run and annotate.
+SAVED = ("labs", "notebooks")
+
+
+def check_files():
+    """The labs and notebooks can be saved (a read-only copy loses the learner's work)."""
+    problems = []
+    for folder in SAVED:
+        path = ROOT / folder
+        why = "missing" if not path.is_dir() else _unwritable(path)
+        if why:
+            problems.append(f"{folder}/ ({why})")
+    if problems:
+        return Result("files", FAIL, f"cannot save into {', '.join(problems)}: your work in "
+                      "the labs would be lost",
+                      f"work in a copy you own (`cp -r {ROOT} ~/simcluster-workbook`), or "
+                      f"make it writable (`chmod -R u+w {ROOT}`); a missing folder: "
+                      "`git checkout -- labs notebooks`")
+    return Result("files", OK, f"{' and '.join(f'{f}/' for f in SAVED)} can be saved")
+
+
+def _temp_problem():
+    """``(status, what is wrong, fix)`` of the temp folder, or None when it is fine.
+
+    Python falls back from an unusable TMPDIR to /tmp and others (a warning: other
+    programs do not); with none usable, kernels and the simulator cannot start."""
+    fix = "`mkdir -p ~/tmp && export TMPDIR=~/tmp` (or unset TMPDIR), then run the doctor again"
+    try:
+        fallback = tempfile.gettempdir()
+    except OSError as error:     # FileNotFoundError: "No usable temporary directory found"
+        return FAIL, f"no writable temp folder ({error})", fix
+    for variable in ("TMPDIR", "TEMP", "TMP"):
+        folder = os.environ.get(variable)
+        if folder:
+            why = "missing" if not Path(folder).is_dir() else _unwritable(folder)
+            if why:
+                return WARN, f"{variable}={folder} is not a writable folder ({why}); Python " \
+                             f"uses {fallback} instead, other programs may fail", fix
+            break           # the first one set is the one programs use
+    return None
+
+
+def check_temp():
+    """A writable temp folder (kernels, pip and the simulator create files there)."""
+    problem = _temp_problem()
+    if problem:
+        return Result("temp", *problem)
+    return Result("temp", OK, f"temp folder {tempfile.gettempdir()} is writable")
 
 
 def check_memory():
@@ -273,24 +395,51 @@ def check_port():
                   "`jupyter server stop PORT`), or `make lab LAB_ARGS=--port=9999`")
 
 
+# Browsers looked for by name: on Linux, Python's webbrowser module only lists the ones
+# it can open in a window, so without a display it finds none even where one is installed.
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable",
+            "firefox", "microsoft-edge")
+TUNNEL_FIX = ("on a server: `ssh -L 8888:127.0.0.1:8888 server`, then open the link "
+              "JupyterLab prints in your laptop's browser")
+
+
+def _has_display():
+    """Can a browser window open here? macOS and Windows always; elsewhere an X11 or
+    Wayland display must be set."""
+    return sys.platform in ("darwin", "win32") or any(
+        os.environ.get(name) for name in ("DISPLAY", "WAYLAND_DISPLAY"))
+
+
 def check_browser():
     """(Optional) a browser to open JupyterLab in; without one, copy the link by hand."""
     import webbrowser
 
+    installed = next(filter(None, map(shutil.which, BROWSERS)), None)
+    if not _has_display():
+        if installed:
+            return Result("browser", WARN, f"{installed} is installed, but there is no "
+                          "display (DISPLAY and WAYLAND_DISPLAY are unset), so JupyterLab "
+                          "cannot open a window; headless use (the browser tests) works",
+                          TUNNEL_FIX)
+        return Result("browser", WARN, "no display and no browser found (optional: open "
+                      "the printed link elsewhere)", TUNNEL_FIX)
     try:
         browser = webbrowser.get()
         name = getattr(browser, "name", None) or type(browser).__name__
         return Result("browser", OK, f"a browser is available ({name})")
     except webbrowser.Error:
-        return Result("browser", WARN, "no browser found (optional: on a server, open the "
-                      "printed link on your laptop)", "install Chrome, Chromium or Firefox, "
-                      "or use `ssh -L 8888:127.0.0.1:8888 server` and your laptop's browser")
+        if installed:
+            return Result("browser", OK, f"a browser is installed ({installed})")
+        return Result("browser", WARN, "a display, but no browser found (optional: open "
+                      "the printed link in any browser)", "install Chrome, Chromium or "
+                      f"Firefox; or {TUNNEL_FIX}")
 
 
 BACKGROUND = ("kernel", "run")     # checks main() starts first, in threads
 CHECKS = {"python": check_python, "install": check_install, "torch": check_torch,
           "kernel": check_kernel, "run": check_run, "disk": check_disk,
-          "memory": check_memory, "port": check_port, "browser": check_browser}
+          "files": check_files, "temp": check_temp, "memory": check_memory,
+          "port": check_port, "browser": check_browser}
 
 
 def run_checks(names=None):
