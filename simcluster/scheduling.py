@@ -232,21 +232,25 @@ def spread(free, gpus, gpus_per_node=None, topo=None):
 def topology(free, gpus, gpus_per_node=None, topo=None):
     """Topology-aware (Slurm's ``topology/tree``): the lowest level of the tree that can
     hold the job — one node, then one leaf switch, then the whole cluster — choosing the
-    fullest node or switch that fits (best fit), then best fit on the nodes beneath it."""
+    fullest node or switch that fits (best fit), then best fit on the nodes beneath it.
+
+    A switch's room is what the gang could take beneath it: every free GPU, or with
+    ``gpus_per_node=k`` ``k`` from each node that has ``k`` free and nothing from the
+    others (a node with 8 free gives a 4-per-node gang 4, one with 3 free gives it 0).
+    Counted so, best fit beneath a switch whose room suffices always succeeds."""
     k = gpus_per_node
     if k is None or k == gpus:                       # one node, if one can hold it
         node = _fullest(free, [n for n in range(len(free)) if free[n] >= gpus])
         if node is not None:
             return {node: gpus}
     switches = topo.switches if topo is not None else []
-    room = [sum(free[n] if k is None else free[n] // k * k for n in members)
+    room = [sum(free[n] if k is None else (k if free[n] >= k else 0) for n in members)
             for members in switches]
     fits = [i for i, r in enumerate(room) if r >= gpus]
     if fits:                                         # one leaf switch: the fullest that fits
         leaf = min(fits, key=lambda i: (room[i], i))
         members = set(switches[leaf])
-        only = [f if n in members else 0 for n, f in enumerate(free)]
-        return best_fit(only, gpus, k)
+        return best_fit([f if n in members else 0 for n, f in enumerate(free)], gpus, k)
     return best_fit(free, gpus, k)
 
 

@@ -186,6 +186,46 @@ def test_topology_prefers_one_node_then_one_switch():
     assert sched.topology([2, 2, 4, 4], 8, None, switches) == {2: 4, 3: 4}
 
 
+def test_topology_counts_only_what_a_per_node_gang_can_take():
+    # switch 1's node has 8 free, but a 4-per-node gang takes 4 there: its room is 4,
+    # so the gang goes under switch 0 (issue 43: the old rule counted 8 and gave up)
+    topo = sched.Topology([4, 4, 4, 4, 8], [[0, 1, 2], [3, 4]])
+    assert sched.topology([4, 4, 4, 0, 8], 8, 4, topo) == {0: 4, 1: 4}
+    # k per node: a node with 3 free offers nothing (not 3)
+    assert sched.topology([4, 3, 3, 4, 4], 8, 4, sched.Topology([4] * 5, [[0, 1, 2], [3, 4]])) \
+        == {3: 4, 4: 4}
+
+
+def test_topology_places_whatever_fits_and_stays_under_a_switch_when_one_can_hold_it():
+    # on random free GPUs: the rule never keeps a gang waiting that fits the cluster, and
+    # it uses one leaf switch whenever some switch has k free on enough of its nodes
+    rng = random.Random(3)
+    topo = sched.Topology(SIZES, SWITCHES)
+    for _ in range(2000):
+        free = [rng.randint(0, s) for s in SIZES]
+        gpus, k = rng.choice([(2, None), (6, None), (8, 4), (8, 2), (12, 4), (16, 4)])
+        taken = sched.topology(list(free), gpus, k, topo)
+        assert (taken is None) == (sched.best_fit(list(free), gpus, k) is None), (free, gpus, k)
+        one_switch = any(sum(1 for n in members if free[n] >= k) >= gpus // k
+                         for members in SWITCHES) if k else False
+        if one_switch:
+            assert sched.spans([(n, 0) for n in taken], SWITCHES)[1] == 1, (free, gpus, k)
+
+
+def test_topology_does_not_keep_a_per_node_gang_waiting_beside_free_nodes():
+    """Issue 43's scenario on hetero-11: nodes 1-3 (switch 0) have 4 GPUs free each, node 7
+    (switch 1) has 8; an 8-GPU gang of 4 per node waited 99,990 s for the long jobs."""
+    long, short = 100_000.0, 10.0
+    jobs = [sched.Job(f"b{i}", 4, short if i in (1, 2, 3) else long, gpus_per_node=4)
+            for i in range(10)]                       # one per 4-GPU node, in node order
+    jobs.append(sched.Job("big", 8, 100.0, submit=20.0, gpus_per_node=4))
+    result = sched.simulate(jobs, HETERO, placement="topology")
+    assert [n for n, _ in result.jobs[1].placement][:1] == [1]   # blockers as planned
+    big = result.by_name["big"]
+    assert big.start == 20.0 and big.wait == 0.0
+    assert {n for n, _ in big.placement} <= {1, 2, 3}      # one leaf switch
+
+
 def test_an_8_gpu_nvlink_job_only_fits_node_7():
     job = sched.Job("big", 8, 100.0, gpus_per_node=8)
     for placement in sched.PLACEMENTS:
