@@ -213,7 +213,7 @@ def first_fit(free, gpus, gpus_per_node=None, topo=None):
 
 def best_fit(free, gpus, gpus_per_node=None, topo=None):
     """Best fit: the nodes that will have the fewest free GPUs left (bin packing; Kubernetes'
-    ``MostAllocated``). One node if any can hold the whole job (the fullest such node);
+    ``MostAllocated`` scoring with ``nvidia.com/gpu`` among its resources). One node if any can hold the whole job (the fullest such node);
     else whole free nodes, most free first, until the rest fits on one node, which is
     again the fullest that can hold it. With ``gpus_per_node=k``, the fullest nodes with
     ``k`` free."""
@@ -235,10 +235,11 @@ def best_fit(free, gpus, gpus_per_node=None, topo=None):
 
 
 def spread(free, gpus, gpus_per_node=None, topo=None):
-    """Spread (Kubernetes' default ``LeastAllocated`` score: balance the load): the whole
-    job on the node with the largest free share, if one can hold it; with
-    ``gpus_per_node=k``, the ``gpus / k`` nodes with the largest free share that have
-    ``k`` free; else GPU by GPU, each to the node with the largest free share."""
+    """Spread (balance the load): the whole job on the node with the largest free share,
+    if one can hold it; with ``gpus_per_node=k``, the ``gpus / k`` nodes with the largest
+    free share that have ``k`` free; else GPU by GPU, each to the node with the largest
+    free share. Kubernetes' default ``LeastAllocated`` score does this only once an admin
+    adds ``nvidia.com/gpu`` to its resources: by default it scores CPU and memory alone."""
     sizes = topo.sizes if topo is not None else [max(free) or 1] * len(free)
     emptiest = lambda n: (-free[n] / sizes[n], -free[n], n)   # noqa: E731
     nodes = sorted(range(len(free)), key=emptiest)
@@ -367,9 +368,11 @@ def conservative_backfill(now, free, running, queue, place=first_fit, topo=None,
     Same arguments and answer as :func:`easy_backfill`; ``queue[0]`` need not be blocked.
     """
     times, frees = _profile(now, free, running)
-    started = []
+    started, refused = [], set()   # refused: (gpus, gpus_per_node, time) that did not fit
     for job in queue:
-        found = _earliest(times, frees, job, place, topo, duration)
+        if sum(frees[0]) == 0:
+            break                    # nobody else can start now: later plans change nothing
+        found = _earliest(times, frees, job, place, topo, duration, refused)
         if found is None:
             continue                 # never fits beside the running jobs: reserve nothing
         i, taken, seconds = found
@@ -392,14 +395,19 @@ def _profile(now, free, running):
     return times, frees
 
 
-def _earliest(times, frees, job, place, topo, duration):
+def _earliest(times, frees, job, place, topo, duration, refused):
     """``(index into times, {node: count}, seconds)``: the earliest step of the profile
-    from which ``job`` fits for its whole run, or None."""
+    from which ``job`` fits for its whole run, or None. ``refused`` remembers requests
+    that did not fit at a step: reservations only take GPUs away, so they never will."""
     for i, free in enumerate(frees):
-        if sum(free) < job.gpus or (i and all(a <= b for a, b in zip(free, frees[i - 1]))):
-            continue                 # too few, or nothing freed since the step before
+        if sum(free) < job.gpus:
+            continue
+        request = (job.gpus, job.gpus_per_node, times[i])
+        if request in refused:
+            continue
         taken = place(list(free), job.gpus, job.gpus_per_node, topo)
         if taken is None:
+            refused.add(request)
             continue
         seconds = duration(job, taken) if duration is not None else job.duration
         window = frees[i:bisect.bisect_left(times, times[i] + seconds - _EPS, i + 1)]
