@@ -334,14 +334,12 @@ def easy_backfill(now, free, running, queue, place=first_fit, topo=None, duratio
     for job in queue[1:]:
         if total == 0:
             break
-        request = (job.gpus, job.gpus_per_node)
-        if job.gpus > total or request in refused:
+        if job.gpus > total:
             continue
-        taken = place(list(free), job.gpus, job.gpus_per_node, topo)
+        taken = _place_unless_refused(free, job, place, topo, refused, ())
         if taken is None:
-            refused.add(request)
             continue
-        seconds = duration(job, taken) if duration is not None else job.duration
+        seconds = _planned(job, taken, duration)
         if now + seconds > shadow + _EPS:
             trial = list(free_then)
             for node, n in taken.items():
@@ -402,26 +400,39 @@ def _earliest(times, frees, job, place, topo, duration, refused):
     for i, free in enumerate(frees):
         if sum(free) < job.gpus:
             continue
-        request = (job.gpus, job.gpus_per_node, times[i])
-        if request in refused:
-            continue
-        taken = place(list(free), job.gpus, job.gpus_per_node, topo)
+        taken = _place_unless_refused(free, job, place, topo, refused, (times[i],))
         if taken is None:
-            refused.add(request)
             continue
-        seconds = duration(job, taken) if duration is not None else job.duration
+        seconds = _planned(job, taken, duration)
         window = frees[i:bisect.bisect_left(times, times[i] + seconds - _EPS, i + 1)]
         if any(free[node] < n for free in window for node, n in taken.items()):
             low = [min(gpus) for gpus in zip(*window)]      # per node, over the run
             taken = place(low, job.gpus, job.gpus_per_node, topo)
             if taken is None:
                 continue
-            longer = duration(job, taken) if duration is not None else job.duration
+            longer = _planned(job, taken, duration)
             if longer > seconds:     # a longer run may meet a later reservation: go on
                 continue
             seconds = longer
         return i, taken, seconds
     return None
+
+
+def _place_unless_refused(free, job, place, topo, refused, when):
+    """``place`` the job on ``free``, unless its request was refused before (``refused``
+    holds ``(gpus, gpus_per_node, *when)``; a refusal is remembered)."""
+    request = (job.gpus, job.gpus_per_node, *when)
+    if request in refused:
+        return None
+    taken = place(list(free), job.gpus, job.gpus_per_node, topo)
+    if taken is None:
+        refused.add(request)
+    return taken
+
+
+def _planned(job, taken, duration):
+    """Seconds backfill expects ``job`` to run on ``taken``."""
+    return duration(job, taken) if duration is not None else job.duration
 
 
 def _reserve(times, frees, i, end, taken):
