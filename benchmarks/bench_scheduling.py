@@ -6,9 +6,10 @@
 Simulates a synthetic trace of 10,000 jobs (Philly-like run times, 80 % load) on the
 ``hetero-11`` cluster with each placement rule, FIFO with and without EASY backfill, then
 best fit under fair share (two tenants, every fifth job in the second) and under
-conservative backfill, and prints jobs simulated per CPU-second. The goal (issue 25): 10,000 jobs on ``hetero-11`` in
-under 10 s on the target laptop, the slowest configuration included. CPU time, not wall
-time: it hardly moves with other load on a shared machine.
+conservative backfill, and prints jobs simulated per CPU-second. The goal (issue 25):
+10,000 jobs on ``hetero-11`` in under 10 s on the target laptop, the slowest
+configuration included. CPU time, not wall time: it hardly moves with other load on a
+shared machine.
 """
 
 import argparse

@@ -213,10 +213,10 @@ def first_fit(free, gpus, gpus_per_node=None, topo=None):
 
 def best_fit(free, gpus, gpus_per_node=None, topo=None):
     """Best fit: the nodes that will have the fewest free GPUs left (bin packing; Kubernetes'
-    ``MostAllocated`` scoring with ``nvidia.com/gpu`` among its resources). One node if any can hold the whole job (the fullest such node);
-    else whole free nodes, most free first, until the rest fits on one node, which is
-    again the fullest that can hold it. With ``gpus_per_node=k``, the fullest nodes with
-    ``k`` free."""
+    ``MostAllocated`` scoring with ``nvidia.com/gpu`` among its resources). One node if
+    any can hold the whole job (the fullest such node); else whole free nodes, most free
+    first, until the rest fits on one node, which is again the fullest that can hold it.
+    With ``gpus_per_node=k``, the fullest nodes with ``k`` free."""
     nodes = range(len(free))
     if gpus_per_node is not None:
         return _chunks(free, gpus, gpus_per_node, sorted(nodes, key=lambda n: (free[n], n)))
@@ -405,7 +405,7 @@ def _earliest(times, frees, job, place, topo, duration, refused):
             continue
         seconds = _planned(job, taken, duration)
         window = frees[i:bisect.bisect_left(times, times[i] + seconds - _EPS, i + 1)]
-        if any(free[node] < n for free in window for node, n in taken.items()):
+        if any(step[node] < n for step in window for node, n in taken.items()):
             low = [min(gpus) for gpus in zip(*window)]      # per node, over the run
             taken = place(low, job.gpus, job.gpus_per_node, topo)
             if taken is None:
@@ -693,7 +693,8 @@ class _State:
     """A queued or running job inside the simulator."""
 
     __slots__ = ("job", "index", "result", "done", "taken", "gpus_of", "start", "end",
-                 "duration_here", "overhead", "estimate", "planned_end", "version", "gpus", "gpus_per_node")
+                 "duration_here", "overhead", "estimate", "planned_end", "version", "gpus",
+                 "gpus_per_node")
 
     def __init__(self, job, index, estimate):
         self.job, self.index = job, index
