@@ -4,7 +4,7 @@
     cluster = sc.Cluster.preset("hetero-11")
     jobs = sched.synthetic_trace(2000, cluster, seed=0)
     result = sched.simulate(jobs, cluster, policy="fifo", placement="best_fit",
-                            backfill=True)
+                            backfill="easy")
     print(result.summary())
 
 A :class:`Job` asks for ``gpus`` GPUs for ``duration`` seconds of simulated time. It is a
