@@ -556,7 +556,8 @@ class Result:
         done = [j for j in jobs if j.finished]
         first = min((j.submit for j in jobs), default=0.0)
         # stopped by `until` with jobs left: the books close at `until`, not at the last end
-        last = until if unfinished else max((j.end for j in done), default=first)
+        last = (until if unfinished and until is not None
+                else max((j.end for j in done), default=first))
         self.makespan = max(0.0, last - first)
         gpu_total = sum(sizes)
         self.utilization = (busy_gpu_seconds / (gpu_total * self.makespan)

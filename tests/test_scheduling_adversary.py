@@ -36,6 +36,13 @@ def test_until_counts_open_attempts_over_the_time_simulated():
     assert r.utilization_over(1000.0, 2000.0) == pytest.approx(47 / 48)   # was 0
 
 
+def test_a_rule_that_never_places_leaves_jobs_unfinished_without_until():
+    never = lambda free, gpus, k, topo: None                  # noqa: E731
+    r = sched.simulate([sched.Job("a", 1, 10.0), sched.Job("b", 2, 5.0, submit=3.0)],
+                       HETERO, placement=never)
+    assert r.unfinished == ["a", "b"] and r.makespan == 0.0 == r.utilization
+
+
 def test_preemptions_count_preempted_attempts_even_of_queued_jobs():
     jobs = [sched.Job("low", 8, 10_000.0, preemptible=True),
             sched.Job("high", 8, 1000.0, submit=100.0, priority=1)]
