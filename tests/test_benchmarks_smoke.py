@@ -95,7 +95,7 @@ def test_bench_scheduling_quick():
     from benchmarks import bench_scheduling
 
     r = bench_scheduling.main(quick=True, verbose=False)
-    assert len(r["rows"]) == 8 and all(row["jobs_per_s"] > 0 for row in r["rows"])
+    assert len(r["rows"]) == 10 and all(row["jobs_per_s"] > 0 for row in r["rows"])
     assert r["goal_met"] == (r["slowest_s"] < bench_scheduling.GOAL_S)
 
 
