@@ -18,9 +18,12 @@ its GPUs are free. At every event (a submission, an end, a preemption) it runs o
 scheduling pass: the queue in the policy's order (``fifo``, ``sjf``, ``priority``,
 ``fair``), each job placed by the placement rule (:func:`first_fit`, :func:`best_fit`,
 :func:`spread`, :func:`topology`, or your own function with their signature). Without
-backfill the first job that does not fit blocks the queue; with ``backfill=True`` (EASY
-backfill, as Slurm's ``sched/backfill``) a later job may start if it does not delay the
-head's reservation. With ``preemption=True`` a job that does not fit may stop
+backfill the first job that does not fit blocks the queue; with ``backfill="easy"`` (or
+``True``: EASY backfill, Lifka 1995) a later job may start if it does not delay the head's
+reservation; with ``backfill="conservative"`` (what Slurm's ``sched/backfill`` does) every
+queued job it looks at gets a reservation, and a later job may start only if it delays
+none of them. Backfill plans with each job's ``time_limit`` (the user's estimate) if it
+has one. With ``preemption=True`` a job that does not fit may stop
 lower-priority preemptible jobs, chosen gang-aware (:func:`choose_victims`): only if the
 job can then start, losing the fewest GPU-seconds. A stopped job goes back to the queue and
 later restarts from its last checkpoint; each run is one of its ``attempts`` (as in
@@ -43,6 +46,7 @@ from collections import namedtuple
 from dataclasses import dataclass, field
 
 POLICIES = ("fifo", "sjf", "priority", "fair")
+BACKFILLS = ("easy", "conservative")
 KINDS = ("train", "inference", "data")
 BACKFILL_DEPTH = 100   # queued jobs a backfill pass looks at (Slurm's bf_max_job_test)
 _EPS = 1e-9
@@ -63,6 +67,10 @@ class Job:
     ``checkpoint_every``: seconds of progress between checkpoints (``None``: none, a
     preempted job starts over); ``restart_cost``: seconds a restart spends loading its
     checkpoint. ``queue`` names the tenant's queue for ``policy="fair"``.
+    ``time_limit``: the seconds the user asks for (Slurm's ``--time``), which backfill
+    plans with; ``None`` plans with the true run time, a perfect prediction. The job
+    still runs for its ``duration``: over-estimates (``dataclasses.replace(job,
+    time_limit=2 * job.duration)``) only change the plans.
     """
 
     name: str
@@ -76,8 +84,14 @@ class Job:
     queue: str = "default"
     checkpoint_every: float = None
     restart_cost: float = 0.0
+    time_limit: float = None
 
     def __post_init__(self):
+        self.validate()
+
+    def validate(self):
+        """Raise ``ValueError`` naming the first field that is not valid; :func:`simulate`
+        calls it again, since a job's fields may have changed since it was made."""
         what = f"job {self.name!r}"
         if not _is_int(self.gpus) or self.gpus < 1:
             raise ValueError(f"{what}: gpus must be a positive integer, got {self.gpus!r}")
@@ -101,6 +115,9 @@ class Job:
         if not _positive_number(self.restart_cost, zero=True):
             raise ValueError(f"{what}: restart_cost must be >= 0 seconds, "
                              f"got {self.restart_cost!r}")
+        if self.time_limit is not None and not _positive_number(self.time_limit):
+            raise ValueError(f"{what}: time_limit must be None or a positive number of "
+                             f"seconds, got {self.time_limit!r}")
 
 
 def _is_int(x):
@@ -285,8 +302,9 @@ def reservation(free, running, head, place=first_fit, topo=None):
 
 
 def easy_backfill(now, free, running, queue, place=first_fit, topo=None, duration=None):
-    """EASY backfill (Lifka 1995; Slurm's ``sched/backfill``): which of the jobs behind
-    the blocked head ``queue[0]`` start now.
+    """EASY backfill (Lifka 1995, the "Extensible Argonne Scheduling sYstem"): which of the
+    jobs behind the blocked head ``queue[0]`` start now. Only the head is protected; Slurm's
+    backfill protects every job it examines (:func:`conservative_backfill`).
 
     ``free``: free GPUs per node; ``running``: ``[(end, {node: count}), ...]``;
     ``queue``: jobs (``.gpus``, ``.gpus_per_node``, ``.duration``), head first.
@@ -323,6 +341,87 @@ def easy_backfill(now, free, running, queue, place=first_fit, topo=None, duratio
         total -= job.gpus
         started.append((job, taken))
     return started
+
+
+def conservative_backfill(now, free, running, queue, place=first_fit, topo=None,
+                          duration=None):
+    """Conservative backfill (Mu'alem & Feitelson 2001), what Slurm's ``sched/backfill``
+    does for the jobs it examines: which jobs of ``queue`` start now.
+
+    Every job, in queue order, gets a reservation: the earliest time it fits for its whole
+    expected run beside the running jobs (``[(expected end, {node: count}), ...]``) and the
+    reservations of the jobs before it. A job whose reservation is ``now`` starts. So no
+    job is delayed by a job behind it, not only the head as under :func:`easy_backfill`.
+    Same arguments and answer as :func:`easy_backfill`; ``queue[0]`` need not be blocked.
+    """
+    times, frees = _profile(now, free, running)
+    started = []
+    for job in queue:
+        found = _earliest(times, frees, job, place, topo, duration)
+        if found is None:
+            continue                 # never fits beside the running jobs: reserve nothing
+        i, taken, seconds = found
+        _reserve(times, frees, i, times[i] + seconds, taken)
+        if i == 0:
+            started.append((job, taken))
+    return started
+
+
+def _profile(now, free, running):
+    """The free GPUs per node from ``now`` on, as running jobs end when expected:
+    ``times`` (ascending, from ``now``) and ``frees[i]``, free GPUs from ``times[i]`` on."""
+    times, frees = [now], [list(free)]
+    for end, taken in sorted(running, key=lambda r: r[0]):
+        if end > times[-1]:
+            times.append(end)
+            frees.append(list(frees[-1]))
+        for node, n in taken.items():
+            frees[-1][node] += n
+    return times, frees
+
+
+def _earliest(times, frees, job, place, topo, duration):
+    """``(index into times, {node: count}, seconds)``: the earliest step of the profile
+    from which ``job`` fits for its whole run, or None."""
+    for i, free in enumerate(frees):
+        if sum(free) < job.gpus or (i and all(a <= b for a, b in zip(free, frees[i - 1]))):
+            continue                 # too few, or nothing freed since the step before
+        taken = place(list(free), job.gpus, job.gpus_per_node, topo)
+        if taken is None:
+            continue
+        seconds = duration(job, taken) if duration is not None else job.duration
+        low = _lowest(times, frees, i, times[i] + seconds)
+        if any(low[node] < n for node, n in taken.items()):
+            taken = place(list(low), job.gpus, job.gpus_per_node, topo)
+            if taken is None:
+                continue
+            longer = duration(job, taken) if duration is not None else job.duration
+            if longer > seconds:     # a longer run may meet a later reservation: go on
+                continue
+            seconds = longer
+        return i, taken, seconds
+    return None
+
+
+def _lowest(times, frees, i, end):
+    """Per node, the fewest free GPUs between ``times[i]`` and ``end``."""
+    low = list(frees[i])
+    for j in range(i + 1, len(times)):
+        if times[j] >= end - _EPS:
+            break
+        low = [min(a, b) for a, b in zip(low, frees[j])]
+    return low
+
+
+def _reserve(times, frees, i, end, taken):
+    """Take ``taken`` out of the profile from ``times[i]`` until ``end``."""
+    j = max(i + 1, bisect.bisect_left(times, end - _EPS))
+    if j == len(times) or times[j] > end + _EPS:      # a new step where the job ends
+        times.insert(j, end)
+        frees.insert(j, list(frees[j - 1]))
+    for k in range(i, j):
+        for node, n in taken.items():
+            frees[k][node] -= n
 
 
 # ------------------------------------------------------------------------ victims
@@ -566,7 +665,7 @@ class _State:
     """A queued or running job inside the simulator."""
 
     __slots__ = ("job", "index", "result", "done", "taken", "gpus_of", "start", "end",
-                 "duration_here", "overhead", "estimate", "version", "gpus", "gpus_per_node")
+                 "duration_here", "overhead", "estimate", "planned_end", "version", "gpus", "gpus_per_node")
 
     def __init__(self, job, index, estimate):
         self.job, self.index = job, index
@@ -575,6 +674,7 @@ class _State:
         self.taken = None          # {node: count} while running
         self.gpus_of = None        # [(node, gpu)] while running
         self.start = self.end = self.duration_here = self.overhead = None
+        self.planned_end = None    # the end backfill expects, by time_limit if there is one
         self.estimate = estimate   # seconds on the most compact placement, for SJF/backfill
         self.version = 0           # bumped when preempted: stale end events are skipped
         self.gpus, self.gpus_per_node = job.gpus, job.gpus_per_node
@@ -621,8 +721,12 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
         placement: ``"first_fit"``, ``"best_fit"``, ``"spread"``, ``"topology"`` or a
             function ``(free, gpus, gpus_per_node, topo) -> {node: count} | None``
             (``topo``: the cluster's :class:`Topology`).
-        backfill: EASY backfill: when the queue's head does not fit, later jobs may start
-            if they end before the head's reserved start or leave it room.
+        backfill: ``False``; ``"easy"`` (or ``True``): when the queue's head does not fit,
+            later jobs may start if they end before the head's reserved start or leave it
+            room (:func:`easy_backfill`); ``"conservative"``: each of the first
+            ``BACKFILL_DEPTH`` queued jobs gets a reservation in queue order, and a job
+            starts early only if that delays none of them (:func:`conservative_backfill`,
+            Slurm's ``sched/backfill``). Both plan with ``Job.time_limit`` when set.
         preemption: a job that does not fit may preempt running ``preemptible`` jobs of
             lower priority (:func:`choose_victims`).
         weights: ``{queue: weight}`` for ``policy="fair"`` (default 1 each).
@@ -639,6 +743,12 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if backfill is True:
+        backfill = "easy"
+    if backfill not in (False, None, *BACKFILLS):
+        raise ValueError(f"unknown backfill {backfill!r}; choose False, True (easy) or one "
+                         f"of {', '.join(BACKFILLS)}")
+    backfill = backfill or False
     place, place_name = _resolve_placement(placement)
     topo = topology_of(cluster, switches)
     sizes, switches = topo.sizes, topo.switches
@@ -825,16 +935,20 @@ class _Simulation:
         return taken
 
     def _backfill(self, head, later):
-        running = [(s.end, s.taken) for s in self.running.values()]
-        for state, taken in easy_backfill(self.now, self.free, running, [head, *later],
-                                          self.place, self.topo, self._expected):
+        running = [(s.planned_end, s.taken) for s in self.running.values()]
+        plan = conservative_backfill if self.backfill == "conservative" else easy_backfill
+        for state, taken in plan(self.now, self.free, running, [head, *later], self.place,
+                                 self.topo, self._expected):
             self._start(state, taken)
 
     def _expected(self, state, taken):
-        """Seconds ``state`` would run on ``taken``: what backfill plans with."""
-        placement = _gpu_list(taken, self.free_ids)
+        """Seconds ``state`` would run on ``taken`` by its ``time_limit`` (else its true
+        run time): what backfill plans with."""
+        limit = state.job.time_limit
+        seconds = (limit if limit is not None
+                   else _seconds(state.job, _gpu_list(taken, self.free_ids)))
         overhead = state.job.restart_cost if state.result.attempts else 0.0
-        return overhead + (1.0 - state.done) * _seconds(state.job, placement)
+        return overhead + (1.0 - state.done) * seconds
 
     def _preempt_for(self, head):
         """Preempt lower-priority jobs if that lets ``head`` start; True if it did."""
@@ -883,6 +997,9 @@ class _Simulation:
         state.overhead = state.job.restart_cost if state.result.attempts else 0.0
         state.start = self.now
         state.end = self.now + state.overhead + (1.0 - state.done) * state.duration_here
+        limit = state.job.time_limit
+        state.planned_end = (state.end if limit is None
+                             else self.now + state.overhead + (1.0 - state.done) * limit)
         if state.result.start is None:
             state.result.start = self.now
         state.result.placement = gpus

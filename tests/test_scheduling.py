@@ -1,6 +1,7 @@
 """simcluster.scheduling: invariants on random job sets, each placement rule on hand-made
 cases, backfill, preemption, fair share, and the edge cases (refused jobs, overload)."""
 
+import dataclasses
 import random
 
 import pytest
@@ -32,7 +33,7 @@ def random_jobs(seed, n=60, preemptible=False):
 CONFIGS = [dict(policy=p, placement=pl, backfill=b)
            for p in ("fifo", "sjf", "priority", "fair")
            for pl in ("first_fit", "best_fit", "spread", "topology")
-           for b in (False, True)]
+           for b in (False, True, "conservative")]
 
 
 def intervals(result):
@@ -276,6 +277,76 @@ def test_backfill_may_use_gpus_the_head_does_not_need():
     easy = sched.simulate(jobs, cluster, backfill=True, placement="best_fit")
     assert easy.by_name["side"].start == 2.0
     assert easy.by_name["head"].start == 1000.0
+
+
+THREE = sc.ClusterSpec("three", (sc.NodeSpec("a", 4), sc.NodeSpec("b", 4),
+                                  sc.NodeSpec("c", 4)))
+
+
+def test_easy_may_delay_the_second_job_and_conservative_does_not():
+    jobs = [sched.Job("long", 8, 1000.0),                 # nodes 0 and 1 until 1000
+            sched.Job("head", 8, 100.0, submit=1.0),      # reserved at 1000
+            sched.Job("second", 12, 100.0, submit=2.0),   # the whole cluster, after head
+            sched.Job("side", 4, 5000.0, submit=3.0)]     # node 2 now: head still fits
+    easy = sched.simulate(jobs, THREE, backfill="easy")
+    assert easy.backfill == "easy" == sched.simulate(jobs, THREE, backfill=True).backfill
+    assert [easy.by_name[n].start for n in ("head", "side", "second")] == [1000, 3, 5003]
+    cons = sched.simulate(jobs, THREE, backfill="conservative")
+    assert [cons.by_name[n].start for n in ("head", "second", "side")] == [1000, 1100, 1200]
+
+
+def test_conservative_backfill_still_starts_what_delays_nobody():
+    jobs = [sched.Job("long", 8, 1000.0), sched.Job("head", 12, 100.0, submit=1.0),
+            sched.Job("short", 4, 500.0, submit=2.0),     # ends before anyone needs it
+            sched.Job("too_long", 4, 5000.0, submit=3.0)]
+    cons = sched.simulate(jobs, THREE, backfill="conservative")
+    assert cons.by_name["short"].start == 2.0 and cons.by_name["head"].start == 1000.0
+    assert cons.by_name["too_long"].start == 1100.0
+    with pytest.raises(ValueError, match="unknown backfill 'lazy'"):
+        sched.simulate(jobs, THREE, backfill="lazy")
+
+
+@pytest.mark.parametrize("placement", ["first_fit", "best_fit"])
+def test_conservative_backfill_never_delays_a_job_past_its_first_reservation(
+        placement, monkeypatch):
+    """Exact run times, FIFO: each job starts no later than the first reservation that
+    conservative backfill gave it (later jobs never push it back)."""
+    first, earliest = {}, sched._earliest
+
+    def spy(times, frees, job, *args):
+        found = earliest(times, frees, job, *args)
+        if found is not None:
+            first.setdefault(job.job.name, times[found[0]])
+        return found
+
+    monkeypatch.setattr(sched, "_earliest", spy)
+    for seed in range(8):
+        first.clear()
+        jobs = [dataclasses.replace(j, submit=j.submit / 3) for j in random_jobs(seed)]
+        result = sched.simulate(jobs, HETERO, placement=placement, backfill="conservative")
+        assert len(first) > 20
+        late = [(j.name, j.start, first[j.name]) for j in result.jobs
+                if j.name in first and j.start > first[j.name] + 1e-6]
+        assert not late, late
+
+
+def test_backfill_plans_with_the_users_time_limits():
+    cluster = sc.ClusterSpec("two", (sc.NodeSpec("a", 4), sc.NodeSpec("b", 4)))
+    jobs = [sched.Job("long", 6, 1000.0), sched.Job("head", 8, 100.0, submit=1.0),
+            sched.Job("mid", 2, 1500.0, submit=2.0)]
+    for backfill in ("easy", "conservative"):
+        exact = sched.simulate(jobs, cluster, backfill=backfill)
+        assert exact.by_name["mid"].start == 1100.0        # would delay the head
+        # "long" asks for 3,000 s: the head's reservation is planned at 3,000, "mid"
+        # backfills, and the head really starts when "mid" ends (the classic effect)
+        over = [dataclasses.replace(jobs[0], time_limit=3000.0), *jobs[1:]]
+        late = sched.simulate(over, cluster, backfill=backfill)
+        assert late.by_name["mid"].start == 2.0 and late.by_name["head"].start == 1502.0
+        assert late.by_name["long"].end == 1000.0           # it runs its real duration
+        # a candidate that over-estimates itself no longer fits before the reservation
+        cautious = [*jobs[:2], sched.Job("short", 2, 500.0, submit=2.0, time_limit=2000.0)]
+        assert sched.simulate(cautious, cluster, backfill=backfill).by_name[
+            "short"].start == 1100.0
 
 
 def test_gang_aware_preemption_frees_a_whole_node():
