@@ -331,7 +331,8 @@ def best_fit(free, gpus, gpus_per_node=None):
                      "    return best_fit(free, gpus, gpus_per_node)\n", "topology_placer"),
      ["topology_placer([3, 2, 4, 4], 6, None, [[0, 1], [2, 3]]) returned {2: 4, 1: 2}",
       "stay under one switch"]),
-    (lambda: mutant("topology_placer", ("key=lambda n: (free[n], n)", "key=lambda n: (-free[n], n)")),
+    (lambda: mutant("topology_placer", ("key=lambda n: (free[n], n)",
+                                        "key=lambda n: (-free[n], n)")),
      ["topology_placer([4, 2, 4, 4], 2, None, [[0, 1], [2, 3]]) returned {0: 2}",
       "FEWEST free"]),
     (lambda: learner("def topology_placer(free, gpus, gpus_per_node, switches):\n"

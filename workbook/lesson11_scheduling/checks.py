@@ -69,7 +69,7 @@ hint = Hints({
 })
 
 
-def _more(text, exercise):
+def _more(exercise, text):
     """A ❌ hint: what the check found, then where the next step of help is."""
     return f"{text} ({hint.pointer(exercise)})"
 
@@ -211,7 +211,7 @@ def _fits_or_not(taken, expected, where, k, exercise):
                  "else none; count the room of nodes and switches that way" if k is not None
                  else "when no single node holds it, a gang may span nodes")
         raise Failure(f"{where} returned None, but the job fits, e.g. {expected}",
-                      _more(cause, exercise))
+                      _more(exercise, cause))
 
 
 def _shape(taken, free):
@@ -285,7 +285,8 @@ def _judge_best_fit(fn, name="best_fit"):
             continue
         _valid(taken, free, gpus, k, where)
         raise Failure(f"{where} returned {taken}; best fit takes {expected}",
-                      _more(_best_fit_cause(free, gpus, k, taken, expected), "best_fit"))
+                      _more("best_fit", _best_fit_cause(free, gpus, k, taken,
+                                                        expected)))
 
 
 @check("best-fit gang placer")
@@ -385,8 +386,8 @@ def check_topology_placer(fn):
         _fits_or_not(taken, expected, where, k, "topology")
         _valid(taken, free, gpus, k, where)
         raise Failure(f"{where} returned {taken}; the topology rule takes {expected}",
-                      _more(_topology_cause(free, gpus, k, switches, taken, expected),
-                            "topology"))
+                      _more("topology", _topology_cause(free, gpus, k, switches, taken,
+                                                        expected)))
     return (f"lowest level that fits in {len(TOPOLOGY_CASES)} cases: one node, then the "
             "leaf switch with the least room that fits, then the tree, best fit beneath")
 
@@ -500,8 +501,8 @@ def check_easy_backfill(fn):
                  f"{listed([f'{j.name} ({j.gpus} GPUs, {num(j.duration)} s)' for j in queue])}")
         raise Failure(f"{short(where, 240)}: started {listed(names) or 'nothing'}, EASY "
                       f"backfill starts {listed(expected) or 'nothing'}",
-                      _more(_backfill_cause(now, free, running, queue, names, expected),
-                            "backfill"))
+                      _more("backfill", _backfill_cause(now, free, running, queue, names,
+                                                        expected)))
     return (f"the same jobs as EASY backfill in {len(BACKFILL_CASES)} cases: the head's "
             "reservation never delayed, idle GPUs used")
 
@@ -561,20 +562,20 @@ def _judge_victims(where, free, running, gpus, k, priority, names, expected):
         if names == []:
             raise Failure(f"{where}: returned [] (stop nobody, the gang starts now), but "
                           "it cannot start even if every candidate stops",
-                          _more("[] means the gang fits already; when no choice of victims "
-                                "lets it start, return None", "victims"))
+                          _more("victims", "[] means the gang fits already; when no "
+                                "choice of victims lets it start, return None"))
         if names:
             raise Failure(f"{where}: stopped {listed(names)}, but the gang cannot start "
                           "even if every candidate stops",
-                          _more("stop nobody when the gang still would not fit: their "
-                                "work would be lost for nothing; return None", "victims"))
+                          _more("victims", "stop nobody when the gang still would not "
+                                "fit: their work would be lost for nothing; return None"))
         return
     if names is None:
         cause = ("the gang fits already: stop nobody, return []" if not expected else
                  "free whole jobs (all their GPUs) until the gang fits")
         raise Failure(f"{where}: returned None, but stopping "
                       f"{listed(expected) or 'nobody'} lets the gang start",
-                      _more(cause, "victims"))
+                      _more("victims", cause))
     freed = list(free)
     for n in names:
         for node, c in by[n].taken.items():
@@ -586,7 +587,7 @@ def _judge_victims(where, free, running, gpus, k, priority, names, expected):
                  "you spared too many: a victim you spare keeps its GPUs, so test the next "
                  "spare on what is freed without it")
         raise Failure(f"{where}: stopped {listed(names) or 'nobody'} and the gang still does "
-                      f"not start (free then: {freed})", _more(cause, "victims"))
+                      f"not start (free then: {freed})", _more("victims", cause))
     lost, best = _lost(names, by), _lost(expected, by)
     if lost > best + 1e-9:
         cause = ("the gang fits already: stop nobody" if not expected else
@@ -595,7 +596,7 @@ def _judge_victims(where, free, running, gpus, k, priority, names, expected):
                  "add victims cheapest first, and when sparing, try the dearest first")
         raise Failure(f"{where}: stopping {listed(names)} loses {num(lost)} GPU-seconds; "
                       f"{listed(expected) or 'nobody'} lose(s) {num(best)}",
-                      _more(cause, "victims"))
+                      _more("victims", cause))
 
 
 @check("gang-aware preemption")
