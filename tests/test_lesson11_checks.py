@@ -507,3 +507,18 @@ def test_every_unwritten_exercise_is_a_nudge_pointing_to_its_progressive_hints()
     for message in messages:
         named = re.findall(r'checks\.hint\(\\?"(\w+)\\?"\)', message)
         assert named and all(len(checks.hint.steps[n]) >= 2 for n in named), message
+
+
+def test_the_check_cells_print_only_their_line():
+    # a check returns True/False: a cell ending in the bare call would also show "True"
+    from pathlib import Path
+
+    import nbformat
+
+    notebook = nbformat.read(Path(__file__).resolve().parent.parent
+                             / "solutions/11_scheduling.ipynb", as_version=4)
+    cells = [c for c in notebook.cells if "checks.check_" in c.source]
+    assert len(cells) == 4
+    for cell in cells:
+        assert [o.output_type for o in cell.outputs] == ["stream"], cell.source
+        assert cell.outputs[0].text.startswith("✅"), cell.outputs[0].text
