@@ -158,8 +158,20 @@ Topology.__doc__ = """What a placement rule may know of the cluster besides the 
 def topology_of(cluster, switches=None):
     """The :class:`Topology` of ``cluster``: its node sizes, and ``switches`` or
     :func:`leaf_switches`."""
-    switches = leaf_switches(cluster) if switches is None else [list(s) for s in switches]
-    return Topology(node_sizes(cluster), switches)
+    sizes = node_sizes(cluster)
+    if switches is None:
+        return Topology(sizes, leaf_switches(cluster))
+    switches, seen = [list(members) for members in switches], set()
+    for i, members in enumerate(switches):
+        for node in members:
+            if not (_is_int(node) and 0 <= node < len(sizes)):
+                raise ValueError(f"switches[{i}] names node {node!r}; the cluster's nodes "
+                                 f"are 0 to {len(sizes) - 1}")
+            if node in seen:
+                raise ValueError(f"node {node} is under two leaf switches (switches[{i}] "
+                                 "and an earlier one); a node has one leaf switch")
+            seen.add(node)
+    return Topology(sizes, switches)
 
 
 def spans(placement, switches):
@@ -390,9 +402,10 @@ def _earliest(times, frees, job, place, topo, duration):
         if taken is None:
             continue
         seconds = duration(job, taken) if duration is not None else job.duration
-        low = _lowest(times, frees, i, times[i] + seconds)
-        if any(low[node] < n for node, n in taken.items()):
-            taken = place(list(low), job.gpus, job.gpus_per_node, topo)
+        window = frees[i:bisect.bisect_left(times, times[i] + seconds - _EPS, i + 1)]
+        if any(free[node] < n for free in window for node, n in taken.items()):
+            low = [min(gpus) for gpus in zip(*window)]      # per node, over the run
+            taken = place(low, job.gpus, job.gpus_per_node, topo)
             if taken is None:
                 continue
             longer = duration(job, taken) if duration is not None else job.duration
@@ -401,16 +414,6 @@ def _earliest(times, frees, job, place, topo, duration):
             seconds = longer
         return i, taken, seconds
     return None
-
-
-def _lowest(times, frees, i, end):
-    """Per node, the fewest free GPUs between ``times[i]`` and ``end``."""
-    low = list(frees[i])
-    for j in range(i + 1, len(times)):
-        if times[j] >= end - _EPS:
-            break
-        low = [min(a, b) for a, b in zip(low, frees[j])]
-    return low
 
 
 def _reserve(times, frees, i, end, taken):
@@ -478,7 +481,8 @@ class JobResult:
     """What happened to one job. ``wait``: seconds it spent not running between submission
     and its end; ``jct``: job completion time, ``end - submit``. ``attempts`` (Philly's
     format): one dict per run, ``start``, ``end``, ``placement``, ``outcome``
-    (``"finished"`` or ``"preempted"``)."""
+    (``"finished"``, ``"preempted"``, ``"failed"`` (its node failed), or ``"running"``: still
+    running when ``until`` stopped the simulation, its ``end`` is ``until``)."""
 
     name: str
     gpus: int
@@ -519,7 +523,7 @@ class Result:
 
     def __init__(self, jobs, sizes, switches, free_series, frag_series, busy_gpu_seconds,
                  offered_load, policy, placement, backfill, preemption, unfinished,
-                 node_failures=None):
+                 node_failures=None, until=None):
         self.jobs = jobs
         self.by_name = {j.name: j for j in jobs}
         self.sizes, self.switches = sizes, switches
@@ -532,7 +536,9 @@ class Result:
         self.unfinished = unfinished              # names still queued or running at `until`
         done = [j for j in jobs if j.finished]
         first = min((j.submit for j in jobs), default=0.0)
-        self.makespan = max((j.end for j in done), default=first) - first
+        # stopped by `until` with jobs left: the books close at `until`, not at the last end
+        last = until if unfinished else max((j.end for j in done), default=first)
+        self.makespan = max(0.0, last - first)
         gpu_total = sum(sizes)
         self.utilization = (busy_gpu_seconds / (gpu_total * self.makespan)
                             if self.makespan > 0 else 0.0)
@@ -542,9 +548,9 @@ class Result:
         self.median_jct = quantile(jcts, 0.5)
         self.mean_wait = sum(waits) / len(waits) if waits else float("nan")
         self.p99_wait = quantile(waits, 0.99)
-        # restarts after a node failure are not preemptions
-        self.failures = sum(a["outcome"] == "failed" for j in jobs for a in j.attempts)
-        self.preemptions = sum(len(j.attempts) - 1 for j in jobs if j.attempts) - self.failures
+        outcomes = [a["outcome"] for j in jobs for a in j.attempts]
+        self.failures = outcomes.count("failed")      # attempts a node failure stopped
+        self.preemptions = outcomes.count("preempted")
         self.node_failures = node_failures        # failures passed to simulate(), or None
 
     @property
@@ -593,7 +599,10 @@ class Result:
         if self.node_failures is not None:
             lines.append(f"  {self.node_failures} node failures stopped {self.failures} "
                          "job attempt(s)")
-        if self.overloaded:
+        if self.offered_load == math.inf:
+            lines.append("  OVERLOADED: the jobs all arrive at the same time; the queue "
+                         "only drains after them")
+        elif self.overloaded:
             lines.append(f"  OVERLOADED: the jobs ask for {self.offered_load:.0%} of the "
                          "cluster while they arrive; the queue grows without bound")
         if self.unfinished:
@@ -752,7 +761,6 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
     place, place_name = _resolve_placement(placement)
     topo = topology_of(cluster, switches)
     sizes, switches = topo.sizes, topo.switches
-    weights = dict(weights or {})
     if until is not None and not _positive_number(until):
         raise ValueError(f"until must be a positive number of seconds, got {until!r}")
     jobs = list(jobs)
@@ -761,6 +769,7 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
     for index, job in enumerate(jobs):
         if not isinstance(job, Job):
             raise ValueError(f"jobs[{index}] is {job!r}, not a scheduling.Job")
+        job.validate()                  # its fields may have changed since it was made
         if job.name in names:
             raise ValueError(f"two jobs are called {job.name!r}; names must be unique")
         names.add(job.name)
@@ -772,25 +781,44 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
                 f"{getattr(getattr(cluster, 'spec', cluster), 'name', 'the cluster')} "
                 f"(nodes of {', '.join(map(str, sorted(set(sizes))))} GPUs, "
                 f"{sum(sizes)} in all): refused at submission")
-        if policy == "fair" and job.queue not in weights:
-            weights[job.queue] = 1.0
         estimate = _seconds(job, _compact(sizes, job.gpus, job.gpus_per_node))
         states.append(_State(job, index, estimate))
-    for queue, weight in weights.items():
-        if not _positive_number(weight):
-            raise ValueError(f"weights[{queue!r}] must be a positive number, got {weight!r}")
+    weights = _check_weights(weights, policy, {s.job.queue for s in states})
 
     failures = _check_failures(failures, len(sizes))
     sim = _Simulation(states, topo, place, policy, backfill, preemption, weights, failures)
     sim.run(until)
-    arrivals = [s.job.submit for s in states]
-    span = (max(arrivals) - min(arrivals)) if arrivals else 0.0
-    demand = sum(s.job.gpus * s.estimate for s in states)
-    offered = demand / (sum(sizes) * span) if span > 0 else 0.0
+    offered = _offered_load(states, sum(sizes))
     unfinished = [s.job.name for s in states if s.result.end is None]
     return Result([s.result for s in states], sizes, switches, sim.free_series,
                   sim.frag_series, sim.busy, offered, policy, place_name, backfill,
-                  preemption, unfinished, None if failures is None else len(failures))
+                  preemption, unfinished, None if failures is None else len(failures), until)
+
+
+def _offered_load(states, gpus):
+    """GPU-seconds asked for per GPU-second of the cluster while the jobs arrive: infinite
+    when two or more jobs all arrive at the same time, 0 for fewer than two jobs."""
+    arrivals = [s.job.submit for s in states]
+    if len(arrivals) < 2:
+        return 0.0
+    span = max(arrivals) - min(arrivals)
+    demand = sum(s.job.gpus * s.estimate for s in states)
+    return demand / (gpus * span) if span > 0 else math.inf
+
+
+def _check_weights(weights, policy, queues):
+    """``{queue: weight}`` for every queue of the jobs (default 1); a weight for a queue
+    no job uses, or weights under another policy than ``"fair"``, is refused."""
+    weights = dict(weights or {})
+    if weights and policy != "fair":
+        raise ValueError(f"weights= applies to policy='fair' only, not {policy!r}")
+    for queue, weight in weights.items():
+        if queue not in queues:
+            raise ValueError(f"weights names queue {queue!r}, which no job uses (queues: "
+                             f"{', '.join(map(repr, sorted(queues, key=str)))})")
+        if not _positive_number(weight):
+            raise ValueError(f"weights[{queue!r}] must be a positive number, got {weight!r}")
+    return {queue: weights.get(queue, 1.0) for queue in queues}
 
 
 def _check_failures(failures, nodes):
@@ -830,6 +858,7 @@ class _Simulation:
         self.now = 0.0
         self.free_series, self.frag_series = [], []
         self.alloc_by_queue = {}
+        self.tenants = {}             # fair: {queue: (keys, states)}, each sorted by _key
 
     # -- the loop
     def run(self, until):
@@ -861,8 +890,11 @@ class _Simulation:
             self._record()
         if until is not None:
             self.now = min(self.now, until)
-            for state in list(self.running.values()):   # close the open attempts' books
-                self.busy += state.job.gpus * (until - state.start)
+            for state in self.running.values():         # close the open attempts' books
+                self.busy += state.job.gpus * (self.now - state.start)
+                state.result.attempts.append({"start": state.start, "end": self.now,
+                                              "placement": state.gpus_of,
+                                              "outcome": "running"})
 
     def _record(self):
         free = sum(self.free)
@@ -890,32 +922,50 @@ class _Simulation:
         at = bisect.bisect(self.keys, key)
         self.keys.insert(at, key)
         self.queue.insert(at, state)
+        if self.policy == "fair":
+            keys, states = self.tenants.setdefault(state.job.queue, ([], []))
+            at = bisect.bisect(keys, key)
+            keys.insert(at, key)
+            states.insert(at, state)
 
-    def _order(self):
+    def _dequeue(self, state):
+        key = self._key(state)
+        at = bisect.bisect_left(self.keys, key)
+        del self.keys[at], self.queue[at]
+        if self.policy == "fair":
+            keys, states = self.tenants[state.job.queue]
+            at = bisect.bisect_left(keys, key)
+            del keys[at], states[at]
+            if not states:
+                del self.tenants[state.job.queue]
+
+    def _order(self, limit):
+        """The first ``limit`` queued jobs in the policy's order."""
         if self.policy != "fair":
-            return self.queue
+            return self.queue[:limit]
         # fair: merge the tenants' FIFO queues, always taking from the one whose running
         # GPUs (plus those already handed out in this order) per weight is the smallest
-        queue, per_queue = self.queue, {}
-        for s in queue:
-            per_queue.setdefault(s.job.queue, []).append(s)
-        share = {q: self.alloc_by_queue.get(q, 0) for q in per_queue}
-        heads = {q: 0 for q in per_queue}
+        share = {q: self.alloc_by_queue.get(q, 0) for q in self.tenants}
+        heads = dict.fromkeys(self.tenants, 0)
+        heap = [(share[q] / self.weights[q], q) for q in self.tenants]
+        heapq.heapify(heap)
         order = []
-        while len(order) < len(queue):
-            q = min((q for q in per_queue if heads[q] < len(per_queue[q])),
-                    key=lambda q: (share[q] / self.weights[q], q))
-            state = per_queue[q][heads[q]]
+        while heap and len(order) < limit:
+            _, q = heapq.heappop(heap)
+            states = self.tenants[q][1]
+            state = states[heads[q]]
             heads[q] += 1
             share[q] += state.job.gpus
             order.append(state)
+            if heads[q] < len(states):
+                heapq.heappush(heap, (share[q] / self.weights[q], q))
         return order
 
     # -- one scheduling pass
     def _schedule(self):
         self.head = None
         while self.queue:
-            order = self._order()
+            order = self._order(BACKFILL_DEPTH + 1)
             head = order[0]
             taken = (self._fits(head, self.free) if head.job.gpus <= sum(self.free)
                      else None)
@@ -984,8 +1034,7 @@ class _Simulation:
     # -- starting and stopping
     def _start(self, state, taken):
         _check_taken(taken, self.free, state.job, self.place)   # a custom rule may err
-        at = bisect.bisect_left(self.keys, self._key(state))
-        del self.keys[at], self.queue[at]
+        self._dequeue(state)
         gpus = []
         for node, n in sorted(taken.items()):
             ids = self.free_ids[node]
@@ -1092,8 +1141,10 @@ def synthetic_trace(n, cluster, seed=0, rate=None, load=0.8, sizes=SIZES,
     Durations follow Philly's median and 90th percentile (its 99th, 287,239 s, has an
     even heavier tail; ``max_duration`` caps a week). ``rate`` is jobs per second; without
     it the rate is chosen so that the jobs ask for ``load`` of the cluster's GPU-seconds.
-    Times are whole seconds, so that every CPU adds them up exactly. Deterministic for a
-    given ``seed``.
+    Run times are whole seconds; gaps between arrivals are whole seconds too when they
+    average 100 s or more, else multiples of a power of two below a hundredth of the mean
+    gap (a big cluster's jobs arrive many a second), so every CPU adds them up exactly.
+    Deterministic for a given ``seed``.
     """
     if not _is_int(n) or n < 0:
         raise ValueError(f"n must be a non-negative integer, got {n!r}")
@@ -1123,9 +1174,10 @@ def synthetic_trace(n, cluster, seed=0, rate=None, load=0.8, sizes=SIZES,
         rate = load * sum(node) / mean_demand if mean_demand else 1.0
     elif not _positive_number(rate):
         raise ValueError(f"rate must be a positive number of jobs per second, got {rate!r}")
+    tick = min(1.0, 2.0 ** math.floor(math.log2(1 / (100 * rate))))
     jobs, t = [], 0.0
     for i, (gpus, k, duration) in enumerate(drawn):
-        t += round(rng.expovariate(rate))
+        t += round(rng.expovariate(rate) / tick) * tick
         jobs.append(Job(f"job{i}", gpus, duration, submit=t, gpus_per_node=k))
     return jobs
 
