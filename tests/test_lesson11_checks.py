@@ -522,3 +522,38 @@ def test_the_check_cells_print_only_their_line():
     for cell in cells:
         assert [o.output_type for o in cell.outputs] == ["stream"], cell.source
         assert cell.outputs[0].text.startswith("✅"), cell.outputs[0].text
+
+
+def test_an_answer_is_judged_by_its_content_not_its_methods(capsys, short_timeout):
+    # a dict or list subclass whose items(), __len__, __iter__ or __eq__ never return
+    # holds the right answer: the check reads the plain content and does not hang
+    class Loopy(dict):
+        def items(self):
+            while True:
+                pass
+
+        def __eq__(self, other):
+            while True:
+                pass
+
+        __hash__ = None
+
+    class LoopyList(list):
+        def __len__(self):
+            while True:
+                pass
+
+        def __iter__(self):
+            while True:
+                yield None
+
+    best_fit = write_learner("def best_fit(free, gpus, gpus_per_node=None):\n"
+                             "    answer = mine(free, gpus, gpus_per_node)\n"
+                             "    return None if answer is None else Loopy(answer)\n",
+                             {"mine": MINE["best_fit"], "Loopy": Loopy})["best_fit"]
+    assert line(capsys, checks.check_best_fit, best_fit)[0]
+    backfill = write_learner("def easy_backfill(now, free, running, queue):\n"
+                             "    return LoopyList(mine(now, free, running, queue))\n",
+                             {"mine": MINE["easy_backfill"], "LoopyList": LoopyList}
+                             )["easy_backfill"]
+    assert line(capsys, checks.check_easy_backfill, backfill)[0]
