@@ -563,3 +563,14 @@ def test_kpa_returning_a_time_whose_eq_raises(capsys):
 def kpa_desired(stable, panic, ready, panicking_since, now, target):
     return 1, Raising(now)
 """), "raised RuntimeError")
+
+
+def test_the_lab_gives_nudges_and_progressive_hints():
+    # each NotImplementedError of labs/12 is a nudge naming its checks.hint(...), whose
+    # steps never hold the key line of code
+    from test_hints import (
+        test_every_unwritten_exercise_is_a_nudge_pointing_to_its_progressive_hints as nudges)
+    nudges("labs/12_serving.ipynb", "workbook.lesson12_serving")
+    for steps in checks.hint.steps.values():
+        for code in ("math.floor(", "percentile(", "while ", "+= 1", ".pop()", " = now"):
+            assert all(code not in step for step in steps), code
