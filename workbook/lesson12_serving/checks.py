@@ -98,6 +98,73 @@ hint = Hints({
 })
 
 
+# The causes the checks name, one per slip they recognise (what the learner got wrong,
+# never the line to write).
+SLIP_HINTS = {
+    "factor_two": "a token keeps a key AND a value per layer and KV head: the cache "
+                  "was counted half as large as it is.",
+    "kv_heads": "the cache holds kv_heads (cfg.kv) heads per layer, not heads: with "
+                "grouped-query attention they are fewer.",
+    "dtype": "dtype_bytes sets the bytes of every value, weights and cache alike (the "
+             "fp32 cases take 4).",
+    "kv_dtype": "the cache is kept in the model's dtype: dtype_bytes bytes per value, "
+                "as the weights (the fp32 cases take 4).",
+    "weight_dtype": "the weights take dtype_bytes bytes per parameter (the fp32 cases "
+                    "take 4).",
+    "memory": "the memory argument sets the room: a node's worth of memory holds many "
+              "more sequences than one GPU.",
+    "utilization": "the utilization argument is the share of memory the engine takes "
+                   "(one case gives 95 %).",
+    "utilization_share": "the engine takes utilization of ALL the memory, and the "
+                         "weights come out of that share (not utilization of what the "
+                         "weights leave).",
+    "round": "only whole sequences fit: round down, never to the nearest (some cases "
+             "leave more than half a sequence of room).",
+    "ceil": "only whole sequences fit: round down, not up.",
+    "negative": "when the weights do not fit there is no room at all: 0 sequences, "
+                "never fewer.",
+    "full_late": "a batch is full once max_batch requests wait, the oldest counted as "
+                 "the first: it starts at the arrival of the max_batch-th, not the one "
+                 "after.",
+    "no_wait": "the first request of a batch waits up to max_queue_delay for more to "
+               "come.",
+    "delay_from_free": "max_queue_delay counts from the oldest waiting request's "
+                       "arrival, not from when the server is free.",
+    "before_free": "a batch never starts before the server is free (the previous "
+                   "batch's start plus its service time).",
+    "takes": "a batch takes every request that has arrived by its start (arrival <= "
+             "start), up to max_batch.",
+    "batch_rule": "a batch starts at the earlier of its two closing times, never "
+                  "before the server is free, and takes what has arrived by then.",
+    "preempt": "a sequence needs a new block exactly when its length is a multiple of "
+               "block_size; preempt from the end of `running`: each victim gives back "
+               "all its blocks and no longer needs one.",
+    "admit_in_order": "admit in order while both limits hold; stop at the first prompt "
+                      "that does not fit (a later, smaller one waits its turn).",
+    "watermark_equal": "a prompt may come in when the blocks left after it are at "
+                       "least the watermark (equal is enough).",
+    "admit_limits": "a prompt comes in only while the sequences stay within "
+                    "max_num_seqs and the blocks left after it are at least the "
+                    "watermark; admission stops at the first prompt that does not fit.",
+    "idle": "'idle' is for an iteration with nothing admitted and nothing running.",
+    "admit_first": "first try to admit; decode only when no prompt came in.",
+    "threshold_first": "test the threshold first: a crossing (re)starts the panic at "
+                       "now, even a stable window after the last one.",
+    "per_ready": "the threshold is per ready replica: the panic window's average "
+                 "divided by the ready replicas, against 2 · target.",
+    "equal_crossing": "when panic / ready reaches 2 · target (equal included) the "
+                      "panic starts.",
+    "panicking_since": "panicking_since is the time of the LAST crossing, and None "
+                       "once a whole stable window (60 s, now included) has passed "
+                       "since it.",
+    "no_scale_down": "while panicking the autoscaler never scales down below the ready "
+                     "replicas.",
+    "at_least_one": "never fewer than one replica.",
+    "window": "the window that decides: the panic window while panicking, the stable "
+              "one otherwise; whole replicas, rounded up.",
+}
+
+
 def _more(exercise, text):
     """A ❌ hint: the cause the check found, then where the next step of help is."""
     return f"{text} ({hint.pointer(exercise)})"
@@ -224,37 +291,29 @@ def _max_batch_slips(ref):
         return max(0, math.floor(value))
 
     return [
-        ("a token keeps a key AND a value per layer and KV head: the cache was counted "
-         "half as large as it is.", lambda *case: down(2 * room(*case))),
-        ("the cache holds kv_heads (cfg.kv) heads per layer, not heads: with grouped-query "
-         "attention they are fewer.",
+        (SLIP_HINTS["round"], lambda *case: max(0, round(room(*case)))),
+        (SLIP_HINTS["ceil"],
+         lambda *case: max(0, math.ceil(room(*case)))),
+        (SLIP_HINTS["negative"],
+         lambda *case: math.floor(room(*case))),
+        (SLIP_HINTS["factor_two"], lambda *case: down(2 * room(*case))),
+        (SLIP_HINTS["kv_heads"],
          lambda cfg, *rest: down(room(cfg, *rest) * cfg.kv / cfg.heads)),
-        ("dtype_bytes sets the bytes of every value, weights and cache alike (the fp32 "
-         "cases take 4).", lambda *case: down(room(*case[:3], 2, case[4]))),
-        ("the cache is kept in the model's dtype: dtype_bytes bytes per value, as the "
-         "weights (the fp32 cases take 4).",
+        (SLIP_HINTS["dtype"], lambda *case: down(room(*case[:3], 2, case[4]))),
+        (SLIP_HINTS["kv_dtype"],
          lambda cfg, memory, context, nbytes, util: down(
              room(cfg, memory, context, nbytes, util) * nbytes / 2)),
-        ("the weights take dtype_bytes bytes per parameter (the fp32 cases take 4).",
+        (SLIP_HINTS["weight_dtype"],
          lambda cfg, memory, context, nbytes, util: down(room(
              cfg, memory + planner.parameter_count(cfg) * (nbytes - 2) / util, context,
              nbytes, util))),
-        ("the memory argument sets the room: a node's worth of memory holds many more "
-         "sequences than one GPU.",
+        (SLIP_HINTS["memory"],
          lambda cfg, memory, *rest: down(room(cfg, 80 * GiB, *rest))),
-        ("the utilization argument is the share of memory the engine takes (one case "
-         "gives 95 %).", lambda *case: down(room(*case[:4], 0.9))),
-        ("the engine takes utilization of ALL the memory, and the weights come out of "
-         "that share (not utilization of what the weights leave).",
+        (SLIP_HINTS["utilization"], lambda *case: down(room(*case[:4], 0.9))),
+        (SLIP_HINTS["utilization_share"],
          lambda cfg, memory, context, nbytes, util: down(room(
              cfg, memory + planner.parameter_count(cfg) * nbytes * (1 / util - 1), context,
              nbytes, util))),
-        ("only whole sequences fit: round down, never to the nearest (some cases leave "
-         "more than half a sequence of room).", lambda *case: max(0, round(room(*case)))),
-        ("only whole sequences fit: round down, not up.",
-         lambda *case: max(0, math.ceil(room(*case)))),
-        ("when the weights do not fit there is no room at all: 0 sequences, never fewer.",
-         lambda *case: math.floor(room(*case))),
     ]
 
 
@@ -384,25 +443,19 @@ def _batch_cause(arrivals, size, delay, i, free, s, n, ws, wn):
         return f"a batch holds at most max_batch = {size} requests."
     slips = (
         (max(free, min(at(1) + delay, at(size + 1))),
-         "a batch is full once max_batch requests wait, the oldest counted as the first: "
-         "it starts at the arrival of the max_batch-th, not the one after."),
-        (max(free, at(1)), "the first request of a batch waits up to max_queue_delay for "
-                           "more to come."),
+         SLIP_HINTS["full_late"]),
+        (max(free, at(1)), SLIP_HINTS["no_wait"]),
         (min(max(free, at(1)) + delay, max(free, at(size))),
-         "max_queue_delay counts from the oldest waiting request's arrival, not from when "
-         "the server is free."),
-        (min(at(1) + delay, at(size)), "a batch never starts before the server is free "
-                                       "(the previous batch's start plus its service time)."),
+         SLIP_HINTS["delay_from_free"]),
+        (min(at(1) + delay, at(size)), SLIP_HINTS["before_free"]),
     )
     same = functools.partial(math.isclose, rel_tol=1e-9, abs_tol=1e-12)
     for start, cause in slips:
         if same(start, s) and not same(start, ws):
             return cause
     if same(s, ws):
-        return "a batch takes every request that has arrived by its start (arrival <= " \
-               "start), up to max_batch."
-    return "a batch starts at the earlier of its two closing times, never before the " \
-           "server is free, and takes what has arrived by then."
+        return SLIP_HINTS["takes"]
+    return SLIP_HINTS["batch_rule"]
 
 
 # ------------------------------------------------------ exercise 3: continuous batching
@@ -482,22 +535,16 @@ def check_schedule(fn):
 def _schedule_cause(kwargs, kind, count, want):
     """The cause of a wrong ``(kind, count)`` on the case ``kwargs``."""
     if want[0] == "decode" and kind == "decode":
-        return "a sequence needs a new block exactly when its length is a multiple of " \
-               "block_size; preempt from the end of `running`: each victim gives back " \
-               "all its blocks and no longer needs one."
+        return SLIP_HINTS["preempt"]
     if want[0] == "prefill" and kind == "prefill":
-        return "admit in order while both limits hold; stop at the first prompt that " \
-               "does not fit (a later, smaller one waits its turn)."
+        return SLIP_HINTS["admit_in_order"]
     if want[0] == "prefill" and kwargs.get("watermark"):
-        return "a prompt may come in when the blocks left after it are at least the " \
-               "watermark (equal is enough)."
+        return SLIP_HINTS["watermark_equal"]
     if kind == "prefill":
-        return "a prompt comes in only while the sequences stay within max_num_seqs and " \
-               "the blocks left after it are at least the watermark; admission stops at " \
-               "the first prompt that does not fit."
+        return SLIP_HINTS["admit_limits"]
     if want[0] == "idle" or kind == "idle":
-        return "'idle' is for an iteration with nothing admitted and nothing running."
-    return "first try to admit; decode only when no prompt came in."
+        return SLIP_HINTS["idle"]
+    return SLIP_HINTS["admit_first"]
 
 
 # ------------------------------------------------------ exercise 4: size a fleet
@@ -676,22 +723,18 @@ def _kpa_cause(args, got, want):
     stable, panic, ready, since, now, target = args
     over = panic / ready >= 2 * target
     if since is not None and now >= since + 60 and over and got[1] is None:
-        return "test the threshold first: a crossing (re)starts the panic at now, even a " \
-               "stable window after the last one."
+        return SLIP_HINTS["threshold_first"]
     if not over and panic >= 2 * target and got[1] == now:
-        return "the threshold is per ready replica: the panic window's average divided " \
-               "by the ready replicas, against 2 · target."
+        return SLIP_HINTS["per_ready"]
     if over and got[1] is None:
-        return "when panic / ready reaches 2 · target (equal included) the panic starts."
+        return SLIP_HINTS["equal_crossing"]
     if got[1] != want[1]:
-        return "panicking_since is the time of the LAST crossing, and None once a whole " \
-               "stable window (60 s, now included) has passed since it."
+        return SLIP_HINTS["panicking_since"]
     if want[1] is not None and got[0] < ready <= want[0]:
-        return "while panicking the autoscaler never scales down below the ready replicas."
+        return SLIP_HINTS["no_scale_down"]
     if want[0] == 1 and got[0] < 1:
-        return "never fewer than one replica."
-    return "the window that decides: the panic window while panicking, the stable one " \
-           "otherwise; whole replicas, rounded up."
+        return SLIP_HINTS["at_least_one"]
+    return SLIP_HINTS["window"]
 
 
 @check("kpa_desired")
