@@ -140,58 +140,34 @@ def dynamic_batches(arrivals, max_batch, max_queue_delay, service):
 """), "at most max_batch")
 
 
-def test_dynamic_batches_full_one_request_late(capsys):
+BATCHER = """
+def dynamic_batches(arrivals, max_batch, max_queue_delay, service):
+    out, free, rest = [], 0.0, list(arrivals)
+    while rest:
+        full = rest[{full}] if len(rest) > {full} else math.inf
+        start = {start}
+        size = min(max_batch, sum(1 for a in rest if a <= start))
+        out.append((start, size))
+        free, rest = start + service(size), rest[size:]
+    return out
+"""
+BATCHER_RIGHT = dict(full="max_batch - 1", start="max(free, min(rest[0] + max_queue_delay, full))")
+
+
+@pytest.mark.parametrize("slip, case, cause", [
     # issue 42: `full = i + max_batch` (the request after the max_batch-th) passed
-    fails(capsys, checks.check_dynamic_batches, wrong("""
-def dynamic_batches(arrivals, max_batch, max_queue_delay, service):
-    batches, free, i = [], 0.0, 0
-    while i < len(arrivals):
-        full = i + max_batch
-        close = arrivals[full] if full < len(arrivals) else math.inf
-        start = max(free, min(arrivals[i] + max_queue_delay, close))
-        size = 0
-        while i + size < len(arrivals) and size < max_batch and arrivals[i + size] <= start:
-            size += 1
-        batches.append((start, size))
-        free = start + service(size)
-        i += size
-    return batches
-"""), "batches fill first", "not the one after")
-
-
-def test_dynamic_batches_delay_from_when_the_server_is_free(capsys):
-    fails(capsys, checks.check_dynamic_batches, wrong("""
-def dynamic_batches(arrivals, max_batch, max_queue_delay, service):
-    batches, free, i = [], 0.0, 0
-    while i < len(arrivals):
-        full = i + max_batch - 1
-        close = arrivals[full] if full < len(arrivals) else math.inf
-        start = min(max(free, arrivals[i]) + max_queue_delay, max(free, close))
-        size = 0
-        while i + size < len(arrivals) and size < max_batch and arrivals[i + size] <= start:
-            size += 1
-        batches.append((start, size))
-        free = start + service(size)
-        i += size
-    return batches
-"""), "counts from the oldest waiting request's arrival")
-
-
-def test_dynamic_batches_before_the_server_is_free(capsys):
-    fails(capsys, checks.check_dynamic_batches, wrong("""
-def dynamic_batches(arrivals, max_batch, max_queue_delay, service):
-    batches, i = [], 0
-    while i < len(arrivals):
-        full = i + max_batch - 1
-        close = arrivals[full] if full < len(arrivals) else math.inf
-        start = min(arrivals[i] + max_queue_delay, close)
-        size = 0
-        while i + size < len(arrivals) and size < max_batch and arrivals[i + size] <= start:
-            size += 1
-        batches.append((start, size))
-        i += size
-    return batches
-"""), "never starts before the server is free")
+    (dict(full="max_batch"), "batches fill first", "not the one after"),
+    (dict(start="min(max(free, rest[0]) + max_queue_delay, max(free, full))"),
+     "Poisson 200/s", "counts from the oldest waiting request's arrival"),
+    (dict(start="min(rest[0] + max_queue_delay, full)"), "Poisson 200/s",
+     "never starts before the server is free"),
+])
+def test_dynamic_batches_names_each_slip(capsys, slip, case, cause):
+    result, _ = line(capsys, checks.check_dynamic_batches,
+                     wrong(BATCHER.format(**BATCHER_RIGHT)))         # the template passes
+    assert result
+    fails(capsys, checks.check_dynamic_batches, wrong(BATCHER.format(**{**BATCHER_RIGHT,
+                                                                        **slip})), case, cause)
 
 
 def test_dynamic_batches_one_at_a_time_and_a_lost_request(capsys):
