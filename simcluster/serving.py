@@ -462,9 +462,11 @@ class Deployment:
     ``"least_outstanding"``), optionally scaled by an :class:`Autoscaler`.
 
     ``max_batch`` and ``max_queue_delay`` (seconds) are Triton's dynamic-batching knobs;
-    ``max_num_seqs``, ``max_num_batched_tokens`` and ``block_size`` vLLM's (defaults
-    vLLM's); ``gpu_memory_utilization`` the share of each GPU's memory the engine takes
-    (vLLM's 0.9). The KV cache gets that share minus the weights and an activation
+    ``max_num_seqs``, ``max_num_batched_tokens`` and ``block_size`` vLLM's: 256 and 16
+    are V0's defaults; 8,192 tokens is a set value (V0 without chunked prefill defaults to
+    ``max(max_model_len, 2048)``, 2,048 for OPT-13B; 8,192 is a V1 default, and V1 always
+    chunks prefill). ``gpu_memory_utilization`` the share of each GPU's memory the engine
+    takes (vLLM's 0.9). The KV cache gets that share minus the weights and an activation
     margin (:attr:`kv_cache_tokens`). ``efficiency``: the planner's
     (:data:`simcluster.planner.MEGATRON_A100`).
     """
