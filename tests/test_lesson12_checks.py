@@ -170,6 +170,15 @@ def test_dynamic_batches_names_each_slip(capsys, slip, case, cause):
                                                                         **slip})), case, cause)
 
 
+def test_dynamic_batches_emptying_the_callers_arrivals(capsys):
+    fails(capsys, checks.check_dynamic_batches, wrong("""
+def dynamic_batches(arrivals, max_batch, max_queue_delay, service):
+    batches = ok_batches(list(arrivals), max_batch, max_queue_delay, service)
+    arrivals.clear()
+    return batches
+"""), "the caller's `arrivals` list was changed")
+
+
 def test_dynamic_batches_one_at_a_time_and_a_lost_request(capsys):
     fails(capsys, checks.check_dynamic_batches, wrong("""
 def dynamic_batches(arrivals, max_batch, max_queue_delay, service):
@@ -391,6 +400,13 @@ def test_size_fleet_cannot_shrink_the_load_it_is_judged_on(capsys):
     fails(capsys, checks.check_size_fleet, wrong("""
 def size_fleet(cluster, cfg, requests, ttft_slo, tpot_slo):
     del requests[1:]
+    return ok_fleet(cluster, cfg, requests, ttft_slo, tpot_slo)
+"""), "the caller's `requests` list was changed")
+    # the load made ten times lighter in place: judged on the check's own copy all the same
+    fails(capsys, checks.check_size_fleet, wrong("""
+def size_fleet(cluster, cfg, requests, ttft_slo, tpot_slo):
+    for r in requests:
+        r.arrival *= 10
     return ok_fleet(cluster, cfg, requests, ttft_slo, tpot_slo)
 """), "SLO is not met")
 

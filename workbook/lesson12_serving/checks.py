@@ -218,39 +218,41 @@ def _pair(got, what, hint):
     return got
 
 
-def _judged(fn, plain):
-    """``fn`` followed by ``plain`` on what it returns, for :func:`on_a_rank`: a wrong
-    shape comes back as its :class:`_Shape`."""
+def _judged(fn, plain, names=()):
+    """``fn`` followed by ``plain`` on what it returns, to run on a learner's rank: a wrong
+    shape, or a list argument named in ``names`` (by position; None: not checked) that
+    came back changed, is returned as its :class:`_Shape`."""
     def call(*args):
+        before = [list(a) if isinstance(a, list) else a for a in args]
         try:
-            return plain(fn(*args), args)
+            got = plain(fn(*args), args)
+            for what, was, now in zip(names, before, args):
+                if what and was != now:
+                    raise _Shape(f"the caller's `{what}` list was changed (to "
+                                 f"{_shown(now, 40)})", "a function that decides must "
+                                 "leave its arguments as they were: work on a copy.")
+            return got
         except _Shape as shape:
             return shape
     return call
 
 
 def _calls(fn, cases, plain, names=()):
-    """``plain(fn(*args), args)`` for every ``(name, args)`` of ``cases``, all on one
-    simulated rank under one time limit: ``plain`` turns what the learner returned into
-    plain values there (or raises :class:`_Shape`), and a list argument named in
-    ``names`` (by position) must come back unchanged. Returns the plain results; an
-    exception or a wrong shape names its case."""
+    """:func:`_judged` ``fn`` on every ``(name, args)`` of ``cases``, all on one simulated
+    rank under one time limit. Returns the plain results; an exception or a wrong shape
+    names its case."""
+    judged = _judged(fn, plain, names)
+
     def all_cases():
         out = []
         for name, args in cases:
             try:
-                before = [list(a) if isinstance(a, list) else a for a in args]
-                out.append(plain(fn(*args), args))
-                for what, was, now in zip(names, before, args):
-                    if was != now:
-                        raise _Shape(f"the caller's `{what}` list was changed (to "
-                                     f"{_shown(now, 40)})", "a function that decides "
-                                     "must leave its arguments as they were: work on a "
-                                     "copy.")
-            except _Shape as shape:
-                return out, (name, shape)
+                got = judged(*args)
             except Exception as error:  # noqa: BLE001 — the learner's mistake, reported
                 return out, (name, error)
+            if isinstance(got, _Shape):
+                return out, (name, got)
+            out.append(got)
         return out, None
 
     results, error = on_a_rank(all_cases, (), "the cases")
@@ -412,7 +414,8 @@ def check_dynamic_batches(fn):
     wants = [ref.dynamic_batches(list(arrivals), size, delay, _service)
              for _, arrivals, size, delay in cases]
     results = _calls(fn, [(name, (list(arrivals), size, delay, _service))
-                          for name, arrivals, size, delay in cases], _batches)
+                          for name, arrivals, size, delay in cases], _batches,
+                     names=("arrivals",))
     for (name, arrivals, size, delay), got, want in zip(cases, results, wants):
         if sum(n for _, n in got) != len(arrivals):
             raise Failure(f"{name}: the batches hold {sum(n for _, n in got)} requests, "
@@ -629,8 +632,9 @@ def _fleet_answers(fn, expected):
     answers = []
     for name, ttft, tpot, requests, _ in expected:
         try:
-            got = on_a_rank(_judged(fn, _fleet), (lab.node(), copy.deepcopy(lab.OPT_13B),
-                                                  copy.deepcopy(requests), ttft, tpot), name)
+            got = on_a_rank(_judged(fn, _fleet, (None, None, "requests")),
+                            (lab.node(), copy.deepcopy(lab.OPT_13B), copy.deepcopy(requests),
+                             ttft, tpot), name)
         except Failure as failure:
             return answers + [failure]
         if isinstance(got, _Shape):
