@@ -388,7 +388,7 @@ def _routed_copies(cfg):
     """Token copies the routed experts process per token: ``experts_per_token``, times
     the capacity factor when one pads or drops to a fixed capacity."""
     k = cfg.experts_per_token
-    return k if cfg.capacity_factor is None else k * cfg.capacity_factor
+    return k if cfg.capacity_factor is None else k * Fraction(cfg.capacity_factor)
 
 
 def dropped_fraction(cfg):
@@ -787,7 +787,7 @@ def _layer_times(cfg, dev, b, t, sp, value_bytes, cp=1, flash=False, moe=False, 
                  + dev.gemm(tokens, h, h // t, value_bytes=value_bytes))
     gate = 2 if cfg.swiglu else 1
     if moe:
-        fe, copies = cfg.expert_ffn, tokens * _routed_copies(cfg)
+        fe, copies = cfg.expert_ffn, tokens * float(_routed_copies(cfg))
         local = cfg.experts // ep
         per_expert = copies / local  # balanced routing: as many as the rank sent
         gemms += dev.gemm(tokens, cfg.experts, h, value_bytes=value_bytes)  # router
@@ -1022,7 +1022,7 @@ def _estimate(cfg, spec, tp, pp, dp, global_batch, b, recompute, sp, zero, sched
     if moe_layers and ep > 1:
         # dispatch and combine forward, their two gradients backward, two more to recompute
         exchanges = 4 + (2 if recompute == "full" else 0)
-        copies = b * s * _routed_copies(cfg) * h * value_bytes / tp
+        copies = b * s * float(_routed_copies(cfg)) * h * value_bytes / tp
         ep_mb = moe_layers * exchanges * _all_to_all(costs, copies, tp, ep, per_node)
         more["ep_communication"] = m * ep_mb
         t_mb += ep_mb
