@@ -587,6 +587,108 @@ KORTHIKANTI_TABLE5 = (
     KorthikantiRow("1T", 160, 25600, 128, 8, 64, 512, 512, 1, 1, 94.42, 71.49, 0.563, 0.570),
 )
 
+# ------------------------------------------ long context and mixtures of experts
+# Published models (each from its config.json) for the frontier comparison below
+MIXTRAL_8X7B = TransformerConfig(
+    layers=32, hidden=4096, heads=32, kv_heads=8, seq_len=4096, vocab=32000,
+    ffn_hidden=14336, swiglu=True, tied_embeddings=False, experts=8, experts_per_token=2)
+# 61 layers, the first 3 dense, then 1 shared and 256 routed experts (top 8) per layer
+DEEPSEEK_V3 = TransformerConfig(
+    layers=61, hidden=7168, heads=128, seq_len=4096, vocab=129280, ffn_hidden=18432,
+    swiglu=True, tied_embeddings=False, experts=256, experts_per_token=8, shared_experts=1,
+    expert_ffn_hidden=2048, moe_layer_freq=(0,) * 3 + (1,) * 58,
+    mla=MLA(1536, 512, 128, 64, 128))
+LLAMA3_405B = TransformerConfig(
+    layers=126, hidden=16384, heads=128, kv_heads=8, seq_len=8192, vocab=128256,
+    ffn_hidden=53248, swiglu=True, tied_embeddings=False)
+
+
+def h800_cluster(nodes):
+    """DeepSeek-V3's cluster (no preset): nodes of 8 H800s -- an H100 SXM's compute and
+    HBM, NVLink at 160 GB/s achieved ("NVLink offers a bandwidth of 160 GB/s", the
+    technical report; 200 GB/s x 0.8 as NCCL counts NVLink) -- and a 400 Gb/s InfiniBand
+    NIC per GPU, built with ``spec.from_dict``."""
+    return _spec.from_dict({"name": "h800", "nodes": [{
+        "devices": 8, "count": nodes, "nics": 8,
+        "device": {"name": "H800", "memory_gb": 80, "hbm_gbps": 3350,
+                   "peak_tflops": {"float32": 67, "bfloat16": 989},
+                   "compute_capability": 9.0},
+        "fabric": {"name": "NVLink (H800)", "bandwidth_gbps": 200, "latency_us": 3.4,
+                   "efficiency": 0.8}}], "network": {"nic": "ndr-ib"}})
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """A published layout and its throughput: Llama 3 405B (Llama 3 paper, Table 4, as
+    Balaji's SC'24 slide reproduces it: TFLOP/s per GPU; 38-43 % BF16 MFU) and
+    DeepSeek-V3 (its technical report: 2.664 M H800-hours for 14.8 T tokens, i.e.
+    tokens per second per GPU). ``layout``: the arguments of :func:`estimate`."""
+
+    name: str
+    cfg: TransformerConfig
+    cluster: tuple            # (preset name or "h800", nodes)
+    layout: tuple             # sorted (name, value) pairs for estimate()
+    tflops_per_gpu: float = None
+    tokens_per_gpu_second: float = None
+
+    def estimate(self):
+        """The planner's estimate of the run's layout."""
+        name, nodes = self.cluster
+        spec = h800_cluster(nodes) if name == "h800" else _spec.preset(name, nodes)
+        return estimate(self.cfg, spec, **dict(self.layout))
+
+
+def _llama3(seq_len, gpus, cp, dp, tflops):
+    cfg = TransformerConfig(**{**LLAMA3_405B.__dict__, "seq_len": seq_len})
+    layout = dict(tp=8, cp=cp, pp=16, dp=dp, global_batch=16 * 2**20 // seq_len,
+                  micro_batch=1, recompute="none", sequence_parallel=True, zero=2,
+                  flash_attention=True, stage_layers=8, virtual_stages=8)
+    return PublishedRun(f"Llama 3 405B {seq_len // 1024}K, {gpus:,} H100", cfg,
+                        ("dgx-h100", gpus // 8), tuple(sorted(layout.items())),
+                        tflops_per_gpu=tflops)
+
+
+# Llama 3's 126 layers: stages of 8 with one fewer on the first and the last; FSDP
+# sharding optimizer state and gradients, not the weights (ZeRO-2; the paper); the
+# interleaving (v = 8) is the planner's choice, the paper does not give it. DeepSeek-V3:
+# EP 64 over 8 nodes, PP 16, ZeRO-1; 61 layers, stages of at most 4; 15,360 sequences of
+# 4,096 tokens; full recomputation (the planner's activations do not fit without it).
+PUBLISHED_RUNS = (
+    _llama3(8192, 8192, 1, 64, 430),
+    _llama3(8192, 16384, 1, 128, 400),
+    _llama3(131072, 16384, 16, 8, 380),
+    PublishedRun("DeepSeek-V3 4K, 2,048 H800", DEEPSEEK_V3, ("h800", 256), tuple(sorted(dict(
+        tp=1, pp=16, dp=128, ep=64, global_batch=15360, micro_batch=1, recompute="full",
+        zero=1, flash_attention=True, stage_layers=4).items())),
+        tokens_per_gpu_second=14.8e12 / (2.664e6 * 3600)),
+)
+
+
+def frontier_comparison():
+    """Text table: the published runs of :data:`PUBLISHED_RUNS` against the planner --
+    memory per GPU, step time, model TFLOP/s per GPU and MFU, tokens per second per GPU
+    -- and the parameter counts of Mixtral 8x7B and DeepSeek-V3 against the published
+    ones. ``benchmarks/bench_planner.py`` prints it."""
+    lines = [f"{'run':<30} {'GiB/GPU':>7} {'step s':>7} {'TFLOP/s':>8} {'published':>9} "
+             f"{'MFU':>6} {'tok/s/GPU':>9} {'published':>9}"]
+    for run in PUBLISHED_RUNS:
+        est = run.estimate()
+        tokens = est.global_batch * run.cfg.seq_len / est.step_time / est.gpus
+        lines.append(
+            f"{run.name:<30} {est.memory_per_gpu / _spec.GiB:>7.1f} {est.step_time:>7.2f} "
+            f"{est.model_tflops_per_gpu:>8.0f} "
+            f"{'-' if run.tflops_per_gpu is None else f'{run.tflops_per_gpu:.0f}':>9} "
+            f"{est.mfu:>6.1%} {tokens:>9.0f} "
+            f"{'-' if run.tokens_per_gpu_second is None else f'{run.tokens_per_gpu_second:.0f}':>9}")
+    lines.append("")
+    for name, cfg, total, active in (("Mixtral 8x7B", MIXTRAL_8X7B, 46.7, 12.9),
+                                     ("DeepSeek-V3", DEEPSEEK_V3, 671, 37)):
+        lines.append(f"{name}: {parameter_count(cfg) / 1e9:.2f} B parameters "
+                     f"(published {total} B), {active_parameter_count(cfg) / 1e9:.2f} B "
+                     f"active per token (published {active} B)")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------ the estimate
 @dataclass
 class Estimate:

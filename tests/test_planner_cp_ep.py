@@ -12,42 +12,17 @@ import pytest
 from simcluster import Cluster, planner
 from simcluster.costmodel import OVERLAP_SLOWDOWN, CostModel
 
-# Mixtral 8x7B (Mistral's config.json): Mistral 7B's block with 8 SwiGLU experts, top 2
-MIXTRAL = planner.TransformerConfig(
-    layers=32, hidden=4096, heads=32, kv_heads=8, seq_len=4096, vocab=32000,
-    ffn_hidden=14336, swiglu=True, tied_embeddings=False, experts=8, experts_per_token=2)
-# DeepSeek-V3 (its config.json): 61 layers, the first 3 dense, 58 with 1 shared and 256
-# routed experts of 2048, top 8; multi-head latent attention
-DEEPSEEK_V3 = planner.TransformerConfig(
-    layers=61, hidden=7168, heads=128, seq_len=4096, vocab=129280, ffn_hidden=18432,
-    swiglu=True, tied_embeddings=False, experts=256, experts_per_token=8, shared_experts=1,
-    expert_ffn_hidden=2048, moe_layer_freq=(0,) * 3 + (1,) * 58,
-    mla=planner.MLA(1536, 512, 128, 64, 128))
+MIXTRAL, DEEPSEEK_V3, LLAMA3_405B = (planner.MIXTRAL_8X7B, planner.DEEPSEEK_V3,
+                                     planner.LLAMA3_405B)
 LLAMA3_8B = planner.TransformerConfig(
     layers=32, hidden=4096, heads=32, kv_heads=8, seq_len=131072, vocab=128256,
     ffn_hidden=14336, swiglu=True, tied_embeddings=False)
-LLAMA3_405B = planner.TransformerConfig(
-    layers=126, hidden=16384, heads=128, kv_heads=8, seq_len=8192, vocab=128256,
-    ffn_hidden=53248, swiglu=True, tied_embeddings=False)
 # a small MoE and its dense twin for hand computations
 SMALL_MOE = planner.TransformerConfig(
     layers=4, hidden=512, heads=8, seq_len=1024, vocab=8192, swiglu=True,
     tied_embeddings=False, experts=8, experts_per_token=2, expert_ffn_hidden=1024)
 SMALL = planner.TransformerConfig(layers=4, hidden=512, heads=8, seq_len=1024, vocab=8192,
                                   swiglu=True, tied_embeddings=False)
-
-
-def h800_cluster(nodes):
-    """DeepSeek-V3's cluster as a custom one: H800 (H100 SXM's compute and HBM) with
-    NVLink at 160 GB/s achieved (200 x 0.8; the report: "NVLink offers a bandwidth of
-    160 GB/s") and a 400 Gb/s InfiniBand NIC per GPU."""
-    return Cluster.from_dict({"name": "h800", "nodes": [{
-        "devices": 8, "count": nodes, "nics": 8,
-        "device": {"name": "H800", "memory_gb": 80, "hbm_gbps": 3350,
-                   "peak_tflops": {"float32": 67, "bfloat16": 989},
-                   "compute_capability": 9.0},
-        "fabric": {"name": "NVLink (H800)", "bandwidth_gbps": 200, "latency_us": 3.4,
-                   "efficiency": 0.8}}], "network": {"nic": "ndr-ib"}})
 
 
 def _a100(nodes):
@@ -353,48 +328,47 @@ def test_search_of_a_dense_model_keeps_cp_and_ep_at_one():
 
 # ------------------------------------------------------------ published layouts
 @pytest.fixture(scope="module")
-def h100_16k():
-    return Cluster.preset("dgx-h100", nodes=2048)
+def published():
+    return {run.name: (run, run.estimate()) for run in planner.PUBLISHED_RUNS}
 
 
-def test_llama3_405b_at_8k_on_16384_h100s_fits_with_mfu_near_published(h100_16k):
-    # Llama 3 paper, Table 4: TP 8, CP 1, PP 16, DP 128, 16M tokens, 41 % BF16 MFU
-    # (43 % on 8,192 GPUs); 126 layers, so stages of 8 with 7 on the first and last
-    est = planner.estimate(LLAMA3_405B, h100_16k, tp=8, pp=16, dp=128, global_batch=2048,
-                           micro_batch=1, recompute="none", sequence_parallel=True,
-                           flash_attention=True, stage_layers=8, virtual_stages=8, zero=1)
-    assert est.fits
-    assert 0.36 < est.mfu < 0.46
+@pytest.mark.parametrize("name", ["Llama 3 405B 8K, 8,192 H100", "Llama 3 405B 8K, 16,384 H100",
+                                  "Llama 3 405B 128K, 16,384 H100"])
+def test_llama3_405b_layouts_fit_with_tflops_near_published(published, name):
+    # Llama 3 paper, Table 4: 430 / 400 / 380 TFLOP/s per GPU, 43 / 41 / 38 % BF16 MFU
+    run, est = published[name]
+    assert est.fits and est.gpus == run.cluster[1] * 8
+    assert est.model_tflops_per_gpu == pytest.approx(run.tflops_per_gpu, rel=0.12)
+    assert 0.33 < est.mfu < 0.46
 
 
-def test_llama3_405b_at_128k_with_cp16_fits_with_mfu_near_published(h100_16k):
-    # Table 4: TP 8, CP 16, PP 16, DP 8 at 131,072 tokens, 16M tokens, 38 % BF16 MFU
-    cfg = dataclasses.replace(LLAMA3_405B, seq_len=131072)
-    est = planner.estimate(cfg, h100_16k, tp=8, cp=16, pp=16, dp=8, global_batch=128,
-                           micro_batch=1, recompute="none", sequence_parallel=True,
-                           flash_attention=True, stage_layers=8, virtual_stages=8, zero=1)
-    assert est.gpus == 16384 and est.fits
-    assert 0.30 < est.mfu < 0.42
-    # without CP the 131,072-token activations do not fit
-    no_cp = planner.estimate(cfg, h100_16k, tp=8, pp=16, dp=8, global_batch=128,
-                             micro_batch=1, recompute="none", sequence_parallel=True,
-                             flash_attention=True, stage_layers=8, virtual_stages=8, zero=1)
-    assert not no_cp.fits
+def test_llama3_405b_at_128k_needs_context_parallelism(published):
+    run, est = published["Llama 3 405B 128K, 16,384 H100"]
+    assert est.cp == 16 and "cp_communication" in est.breakdown
+    layout = dict(run.layout, cp=1)
+    assert not planner.estimate(run.cfg, Cluster.preset("dgx-h100", nodes=2048),
+                                **layout).fits
 
 
-def test_deepseek_v3_layout_on_2048_h800s_fits_and_is_slower_than_published():
+def test_deepseek_v3_layout_on_2048_h800s_fits_and_is_slower_than_published(published):
     # report: EP 64 over 8 nodes, PP 16, ZeRO-1 DP; 15,360 sequences of 4,096 tokens;
     # 2.664 M H800-hours for 14.8 T tokens = 1,543 tokens/s per GPU
-    est = planner.estimate(DEEPSEEK_V3, h800_cluster(256), tp=1, pp=16, dp=128, ep=64,
-                           global_batch=15360, micro_batch=1, recompute="full", zero=1,
-                           flash_attention=True, stage_layers=4)
-    assert est.fits and est.gpus == 2048
+    run, est = published["DeepSeek-V3 4K, 2,048 H800"]
+    assert est.fits and est.gpus == 2048 and est.ep == 64
     tokens_per_gpu = 15360 * 4096 / est.step_time / 2048
-    published = 14.8e12 / (2.664e6 * 3600)
+    assert run.tokens_per_gpu_second == pytest.approx(1543, abs=1)
     # bf16 GEMMs, every all-to-all exposed, all eight copies over the NICs: the planner
     # is slower than DeepSeek's FP8 + DualPipe + node-limited routing, but of the order
-    assert 0.25 * published < tokens_per_gpu < published
+    assert 0.25 * run.tokens_per_gpu_second < tokens_per_gpu < run.tokens_per_gpu_second
     assert est.breakdown["ep_communication"] > 0.3 * est.step_time
+
+
+def test_frontier_comparison_prints_every_run_and_count():
+    text = planner.frontier_comparison()
+    for run in planner.PUBLISHED_RUNS:
+        assert run.name in text
+    assert "46.70 B parameters (published 46.7 B), 12.88 B active" in text
+    assert "671.03 B parameters (published 671 B)" in text
 
 
 # -------------------------------------------------------------- validation
