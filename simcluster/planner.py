@@ -1184,18 +1184,21 @@ def _cp_exposed(cfg, costs, b, s, t, cp, per_node, value_bytes, block, recompute
     twice as much; full recomputation repeats the forward. The ring of ``cp`` ranks
     stride ``t`` stays inside a node when ``t * cp`` fits, else every step waits for the
     hop between nodes. Only what exceeds the block is exposed; the hidden part slows the
-    compute by ``OVERLAP_SLOWDOWN`` as in ``_dp_exposed``."""
+    compute by ``OVERLAP_SLOWDOWN`` (:func:`_exposed`)."""
     per_token = (cfg.heads * (cfg.qk_head_dim + cfg.v_head_dim) if cfg.mla
                  else 2 * cfg.kv * cfg.head_dim)
     kv_bytes = b * s * per_token // t * value_bytes
     peer = t if t * cp <= per_node else per_node
-    exposed = 0.0
-    for passes, nbytes, compute in ((2 if recompute == "full" else 1, kv_bytes, block),
-                                    (1, 2 * kv_bytes, 2 * block)):
-        hop = costs.p2p(0, peer, nbytes)
-        hidden = min(hop, compute)
-        exposed += passes * (cp - 1) * (hop - hidden + hidden * (OVERLAP_SLOWDOWN - 1))
-    return exposed
+    forward = _exposed(costs.p2p(0, peer, kv_bytes), block)
+    backward = _exposed(costs.p2p(0, peer, 2 * kv_bytes), 2 * block)
+    return (cp - 1) * ((2 if recompute == "full" else 1) * forward + backward)
+
+
+def _exposed(seconds, window):
+    """What of ``seconds`` of communication a ``window`` of compute does not hide, plus
+    the slowdown of the compute that runs beside the hidden part (``OVERLAP_SLOWDOWN``)."""
+    hidden = min(seconds, window)
+    return seconds - hidden + hidden * (OVERLAP_SLOWDOWN - 1)
 
 
 def _all_to_all(costs, nbytes, t, ep, per_node):
@@ -1248,11 +1251,7 @@ def _dp_exposed(costs, groups, layers, m, pp, zero, busy_mb, state):
         return reduce + gathers + after
     reduce_window = 2 / 3 * busy_mb  # the last micro-batch's backward
     gather_window = m * busy_mb - reduce_window
-    exposed = after
-    for seconds, window in ((reduce, reduce_window), (gathers, gather_window)):
-        hidden = min(seconds, window)
-        exposed += seconds - hidden + hidden * (OVERLAP_SLOWDOWN - 1)
-    return exposed
+    return after + _exposed(reduce, reduce_window) + _exposed(gathers, gather_window)
 
 
 def _stage_parameters(cfg, pp, tp, layers=None):

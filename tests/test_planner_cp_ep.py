@@ -183,13 +183,14 @@ def _cp_expected(cfg, cluster, tp, cp, b, value_bytes, recompute, m, layers):
     kv = b * s * 2 * cfg.kv * cfg.head_dim // tp * value_bytes
     peer = tp if tp * cp <= 8 else 8
     model = CostModel(spec)
-    total = 0.0
-    for passes, nbytes, compute in ((2 if recompute == "full" else 1, kv, block),
-                                    (1, 2 * kv, 2 * block)):
-        hop = model.p2p_time(0, peer, nbytes)
-        hidden = min(hop, compute)
-        total += passes * (cp - 1) * (hop - hidden + hidden * (OVERLAP_SLOWDOWN - 1))
-    return m * layers * total
+    kv_hop, kv_dkv_hop = model.p2p_time(0, peer, kv), model.p2p_time(0, peer, 2 * kv)
+    # docs/planner.md: per ring step, what the block does not cover, and the covered part
+    # at OVERLAP_SLOWDOWN - 1
+    forward = max(kv_hop - block, 0) + min(kv_hop, block) * (OVERLAP_SLOWDOWN - 1)
+    backward = (max(kv_dkv_hop - 2 * block, 0)
+                + min(kv_dkv_hop, 2 * block) * (OVERLAP_SLOWDOWN - 1))
+    forwards = 2 if recompute == "full" else 1
+    return m * layers * (cp - 1) * (forwards * forward + backward)
 
 
 @pytest.mark.parametrize("tp, cp, nodes", [(1, 4, 1), (2, 4, 1), (2, 8, 2), (8, 4, 4)])
