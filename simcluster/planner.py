@@ -418,22 +418,19 @@ def flops_per_iteration(cfg, global_batch, recompute="none", causal=False):
     _check_choice(recompute, RECOMPUTE, "recompute")
     _positive_int(global_batch, "global_batch")
     tokens = global_batch * cfg.seq_len
-    if cfg.experts:
-        moe = cfg.moe_layers
-        layer_gemm = Fraction(2 * tokens * (
-            (cfg.layers - moe) * cfg.layer_matmul_parameters()
-            + moe * cfg.layer_matmul_parameters(cfg.experts_per_token)), cfg.layers)
-    else:
-        layer_gemm = 2 * tokens * cfg.layer_matmul_parameters()
+    layer_gemm = 2 * tokens * cfg.layer_matmul_parameters()
     if cfg.mla:
         attention = 2 * global_batch * cfg.seq_len ** 2 * cfg.heads * (cfg.qk_head_dim
                                                                          + cfg.v_head_dim)
     else:
         attention = 4 * global_batch * cfg.seq_len ** 2 * cfg.hidden
     if causal:
-        attention = Fraction(attention, 2)
+        attention //= 2  # always even
     logits = 2 * tokens * cfg.hidden * cfg.vocab
     forward = cfg.layers * (layer_gemm + attention)
+    if cfg.experts:  # the MoE layers' MLPs: the router and the experts a token uses
+        moe_gemm = 2 * tokens * cfg.layer_matmul_parameters(cfg.experts_per_token)
+        forward += cfg.moe_layers * (moe_gemm - layer_gemm)
     extra = {"none": 0, "selective": cfg.layers * attention, "full": forward}[recompute]
     return 3 * (forward + logits) + extra
 
