@@ -425,3 +425,14 @@ def test_invalid_moe_configs_raise(kwargs, words):
 def test_invalid_mla_raises():
     with pytest.raises(ValueError, match="MLA: kv_rank must be a positive integer"):
         planner.MLA(0, 0, 16, 8, 16)
+
+
+def test_defaults_are_one_and_add_no_terms():
+    kw = dict(tp=2, pp=2, dp=2, global_batch=8, micro_batch=1, recompute="selective")
+    default = planner.estimate(SMALL, _a100(1), **kw)
+    explicit = planner.estimate(SMALL, _a100(1), cp=1, ep=1, flash_attention=False, **kw)
+    assert default.breakdown == explicit.breakdown and default.memory == explicit.memory
+    assert list(default.breakdown) == ["compute", "recompute", "tp_communication",
+                                       "pp_communication", "bubble", "dp_communication",
+                                       "optimizer"]
+    assert (default.cp, default.ep, default.gpus) == (1, 1, 8)
