@@ -25,13 +25,14 @@ time is a roofline, ``max(FLOPs / (peak x efficiency), bytes / (HBM x efficiency
 The published runs this reproduces are in :data:`MEGATRON_TABLE1` (Narayanan et al. 2021,
 Table 1, mean error 1.7 %; one row calibrates :data:`SOFTWARE_EFFICIENCY`) and
 :data:`KORTHIKANTI_TABLE5` (Korthikanti et al. 2022, Table 5, 6.1 %, nothing fitted);
-``benchmarks/bench_planner.py`` prints both comparisons.
+:data:`PUBLISHED_RUNS` holds Llama 3 405B (CP) and DeepSeek-V3 (EP) as published;
+``benchmarks/bench_planner.py`` prints the three comparisons.
 """
 
 import itertools
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from . import spec as _spec
@@ -636,7 +637,7 @@ class PublishedRun:
 
 
 def _llama3(seq_len, gpus, cp, dp, tflops):
-    cfg = TransformerConfig(**{**LLAMA3_405B.__dict__, "seq_len": seq_len})
+    cfg = replace(LLAMA3_405B, seq_len=seq_len)
     layout = dict(tp=8, cp=cp, pp=16, dp=dp, global_batch=16 * 2**20 // seq_len,
                   micro_batch=1, recompute="none", sequence_parallel=True, zero=2,
                   flash_attention=True, stage_layers=8, virtual_stages=8)
