@@ -32,7 +32,7 @@ Table 1, mean error 1.7 %; one row calibrates :data:`SOFTWARE_EFFICIENCY`) and
 import itertools
 import math
 import numbers
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from fractions import Fraction
 
 from . import spec as _spec
@@ -212,6 +212,14 @@ class TransformerConfig:
                              f"{self.mla!r}")
         self._check_moe()
 
+    def __repr__(self):
+        """The dataclass's repr without the mixture-of-experts and MLA fields while they
+        hold their defaults: a dense model prints as it did before they existed (lesson
+        12 prints one)."""
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                 if f.name not in _MOE_FIELDS or getattr(self, f.name) != f.default]
+        return f"TransformerConfig({', '.join(shown)})"
+
     def _check_moe(self):
         if self.experts == 0:
             if (self.experts_per_token, self.shared_experts, self.expert_ffn_hidden,
@@ -333,6 +341,10 @@ class TransformerConfig:
             mlp_biases = (experts + self.shared_experts) * (self.expert_ffn + h)
         biases = (h + 2 * kv_dim) + h + mlp_biases
         return self.layer_matmul_parameters(experts) + biases + 4 * h  # LayerNorm: scale and bias
+
+
+_MOE_FIELDS = ("experts", "experts_per_token", "shared_experts", "expert_ffn_hidden",
+               "moe_layer_freq", "capacity_factor", "mla")
 
 
 def _divisors(n):

@@ -436,3 +436,12 @@ def test_defaults_are_one_and_add_no_terms():
                                        "pp_communication", "bubble", "dp_communication",
                                        "optimizer"]
     assert (default.cp, default.ep, default.gpus) == (1, 1, 8)
+
+
+def test_a_dense_config_prints_as_before_and_a_moe_config_shows_its_experts():
+    # lesson 12 stores the repr of a dense config
+    dense = repr(SMALL)
+    assert dense.startswith("TransformerConfig(layers=4, hidden=512") and "experts" not in dense
+    assert dense.endswith("tied_embeddings=False, dropout=False)")
+    assert "experts=8, experts_per_token=2" in repr(SMALL_MOE)
+    assert eval(repr(SMALL_MOE), {"TransformerConfig": planner.TransformerConfig}) == SMALL_MOE
