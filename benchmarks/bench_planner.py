@@ -11,7 +11,10 @@ communication, bubble and optimizer, and its memory per GPU. The goal (issue 13)
 row within 15 %, mean absolute error <= 8 %. Then Korthikanti et al. 2022, Table 5: the
 iteration times of four models (22 B to 1 T, no data parallelism) with full recomputation
 and with sequence parallelism + selective recomputation, predicted with the same constants
-(none was fitted to that paper). Numbers only, no wall-clock timing.
+(none was fitted to that paper). Last, the frontier (issue 36): Llama 3 405B at 8K and,
+with context parallelism, 128K on up to 16,384 H100s, and DeepSeek-V3 with expert
+parallelism on 2,048 H800s, against their published throughput, and the parameter counts
+of Mixtral 8x7B and DeepSeek-V3. Numbers only, no wall-clock timing.
 """
 
 import sys
@@ -59,6 +62,9 @@ def main(verbose=True):
                   f"{r['memory_gib']:>8.1f}")
         print("\nKorthikanti et al. 2022, Table 5 vs simcluster.planner (dgx-a100, dp = 1)\n")
         print(planner.korthikanti_comparison())
+        print("\nPublished long-context and mixture-of-experts runs vs simcluster.planner "
+              "(docs/planner.md, 'Context and expert parallelism')\n")
+        print(planner.frontier_comparison())
     return result
 
 
