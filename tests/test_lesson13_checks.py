@@ -222,3 +222,15 @@ def test_node_failures_use_spares_and_are_deterministic():
     assert any(down == 60.0 for _, _, down in one)
     with pytest.raises(ValueError, match="failures\\[0\\]"):
         scheduling.simulate([], design.QUESTION.spec(1), failures=[(0, 5, 10)])
+
+
+def test_the_lab_gives_nudges_and_progressive_hints():
+    from test_hints import (
+        test_every_unwritten_exercise_is_a_nudge_pointing_to_its_progressive_hints as nudges)
+    nudges("labs/13_interview_prep.ipynb", "workbook.lesson13_interview_prep")
+    import nbformat
+    lab_nb = nbformat.read("labs/13_interview_prep.ipynb", as_version=4)
+    unsolved = "\n".join(c.source for c in lab_nb.cells if "NotImplementedError" in c.source)
+    # none of the formulas or the server's rule the old cells gave away
+    for given_away in ("2(p−1)", "16Ψ", "√(2δM)", "6·N", "clock[w]", "min(clock)"):
+        assert given_away not in unsolved, given_away
