@@ -70,7 +70,8 @@ def test_each_byte_drill_refuses_the_answer_counted_in_the_other_unit(name):
             continue
         binary = 2 ** (10 * round(math.log10(factor) / 3))
         decimal = 10 ** (3 * round(math.log10(factor) / 3))
-        confused = q.answer / factor * (decimal / binary if factor % 1000 == 0 else binary / decimal)
+        ratio = decimal / binary if factor % 1000 == 0 else binary / decimal
+        confused = q.answer / factor * ratio
         result = drills.grade(q, confused)
         assert result.status == "wrong" and "counted in" in result.message, (name, seed,
                                                                              result.message)
@@ -82,7 +83,8 @@ def test_a_gib_answer_to_a_gb_drill_is_wrong_and_says_why():
     for response in (163, "163 GB", "about 163"):
         result = drills.grade(q, response)
         assert result.status == "wrong", response
-        assert result.message == "❌ 163 GB is the answer counted in GiB, not in GB (1 GiB = 1.074 GB)."
+        assert result.message == ("❌ 163 GB is the answer counted in GiB, not in GB "
+                                  "(1 GiB = 1.074 GB).")
     assert drills.grade(q, "163 GiB").correct          # the right size, in GiB
     assert drills.grade(q, 170).correct                 # within ±10 %, nearer GB
 

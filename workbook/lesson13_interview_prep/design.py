@@ -161,8 +161,9 @@ def traffic(est, per_node=8):
     activations forward and their gradients back, ``1/t`` per tensor-parallel rank.
     Data parallelism reduce-scatters the 16-bit gradients and all-gathers the 16-bit
     weights (ZeRO 1-2; an all-reduce moves the same bytes): ``(d-1)/d`` of the shard's
-    bytes each, ``2(d-1)/d`` in all, 2 bytes per parameter of the GPU's shard. A ring over ranks on ``k`` nodes crosses the network on ``k`` of
-    its hops: that share of its bytes goes over InfiniBand.
+    bytes each, ``2(d-1)/d`` in all, of 2 bytes per parameter of the GPU's shard. A ring
+    over ranks on ``k`` nodes crosses the network on ``k`` of its hops: that share of its
+    bytes goes over InfiniBand.
     """
     t, p, d, b, m = est.tp, est.pp, est.dp, est.micro_batch, est.micro_batches
     act = b * MODEL.seq_len * MODEL.hidden * 2
@@ -422,7 +423,8 @@ def evaluate(design, scenario=QUESTION):
                      "GiB (the CUDA context, NCCL's buffers and fragmentation need the rest)")
     else:
         # every 1 % of MFU below the best costs 2 % of the points: 10 % slower keeps 80 %
-        layout_points = round(LAYOUT_POINTS * max(0.0, 1 - 2 * (1 - min(1.0, est.mfu / best.mfu))))
+        below = 1 - min(1.0, est.mfu / best.mfu)
+        layout_points = round(LAYOUT_POINTS * max(0.0, 1 - 2 * below))
         notes.append(f"layout tp={est.tp} pp={est.pp} dp={est.dp} zero={est.zero}: "
                      f"MFU {est.mfu:.1%}, {est.memory_per_gpu / 2**30:.0f} GiB/GPU; best "
                      f"{best.mfu:.1%} (tp={best.tp} pp={best.pp} dp={best.dp} zero={best.zero})")

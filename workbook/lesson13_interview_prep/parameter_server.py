@@ -367,8 +367,8 @@ def check_parameter_server(serve, push, pull, sync):
              Program(serve, reference.push, reference.pull, reference.sync))):
         finding = run_once(program)
         if finding is not None:
-            workers_wrong = program.serve is reference.serve
-            hint = WORKER_HINTS.get(finding.kind, finding.hint) if workers_wrong else finding.hint
+            hint = (WORKER_HINTS.get(finding.kind, finding.hint)
+                    if program.serve is reference.serve else finding.hint)
             raise Failure(f"{side}: {finding}", hint)
     program = Program(serve, push, pull, sync)
     finding = explore(program, quiet=True, progress=True)
