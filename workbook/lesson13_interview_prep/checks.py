@@ -98,6 +98,6 @@ def check_design(my_design):
         why = "; ".join(grade.notes[worst])
         raise Failure(f"{grade.total}/100 ({summary}); {worst} lost the most: {why}",
                       "lab.check_design(my_design()) prints the whole table; change the "
-                      "choice that costs the most, then run this again. "
-                      + hint.pointer("design"))
+                      "choice that costs the most, then run this again (more help: "
+                      "checks.hint('design'))")
     return f"{grade.total}/100 ({summary})"
