@@ -98,6 +98,9 @@ def test_checkpoints_every_hour_on_the_memory_tier(capsys, good):
     assert good["checkpoint_minutes"] < 5
     fails(capsys, checks.check_design, lambda: dict(good, checkpoint_minutes=60),
           "checkpoint lost the most", "every 60 min")
+    # 1.5 points of goodput below the best: most of the 30 points, not a third of them
+    assert design.evaluate(dict(good, checkpoint_minutes=60),
+                           lab.LAB_SCENARIO).points["checkpoint"] <= 10
 
 
 def test_an_interval_too_long_to_simulate_is_a_failure_line(capsys, good):
