@@ -223,3 +223,63 @@ def serve_snapshot_per_step(params, lr, workers, steps, bound):
                 served[clock[worker]] = params.clone()
                 waiting.remove(request)
     return params
+
+
+def serve_without_lr(params, lr, workers, steps, bound):
+    """Applies the gradient itself: params -= gradient."""
+    return _serve_applying(params, workers, steps, bound, lambda g: g)
+
+
+def serve_up_the_gradient(params, lr, workers, steps, bound):
+    """Adds lr * gradient instead of subtracting it."""
+    return _serve_applying(params, workers, steps, bound, lambda g: -lr * g)
+
+
+def _serve_applying(params, workers, steps, bound, step_of):
+    clock, waiting, header = {w: 0 for w in workers}, [], torch.zeros(1)
+    while sum(clock.values()) < steps * len(workers):
+        src = dist.recv(header)
+        if header.item() == PUSH:
+            gradient = torch.empty_like(params)
+            dist.recv(gradient, src)
+            params -= step_of(gradient)
+            clock[src] += 1
+        else:
+            waiting.append((src, bound if header.item() == PULL else 0))
+        _answer(params, clock, waiting)
+    return params
+
+
+def serve_stops_early(params, lr, workers, steps, bound):
+    """Stops after steps - 1 pushes per worker: the last pushes are never received."""
+    from workbook.lesson13_interview_prep import _reference_ps
+    return _reference_ps.serve(params, lr, workers, steps - 1, bound)
+
+
+def pull_without_header(params):
+    """Waits for the parameters without asking for them."""
+    dist.recv(params, SERVER)
+    return params
+
+
+# A server and workers that send no point-to-point message: every pull and every push is
+# an all-reduce that the server joins (the server adds its parameters to a pull's zeros,
+# and takes the sum of the pushes), so every update arrives in time, but nothing is
+# pushed to or pulled from the server.
+def silent_push(gradients):
+    dist.all_reduce(gradients)
+
+
+def silent_pull(params):
+    params.zero_()
+    dist.all_reduce(params)
+    return params
+
+
+def silent_serve(params, lr, workers, steps, bound):
+    for _ in range(steps):
+        dist.all_reduce(params.clone())                  # every worker's pull
+        pushed = torch.zeros_like(params)
+        dist.all_reduce(pushed)                          # every worker's push
+        params -= lr * pushed
+    return params

@@ -155,6 +155,55 @@ def test_bytes_with_master_state_in_the_weights_dtype_is_named(capsys):
           "fp32 too")
 
 
+def _formula(grads=True, copy="master", state="master", grad_bytes=None, states=True):
+    """A learner's bytes per parameter with one slip: ``copy`` / ``state`` say when the
+    fp32 copy is counted and when the state is fp32 ("master", "always", "never")."""
+    def bytes_per_parameter(weights, optimizer, master_weights=False):
+        w = 4 if weights == "float32" else 2
+        n = {"sgd": 0, "momentum": 1, "adam": 2}[optimizer] if states else 0
+        fp32 = {"master": master_weights, "always": True, "never": False}
+        return (w + (grad_bytes or w) * grads + 4 * fp32[copy]
+                + n * (4 if fp32[state] else w))
+    return bytes_per_parameter
+
+
+@pytest.mark.parametrize("answer, where, cause", [
+    (_formula(grads=False), "float32 weights, SGD: you said 4",
+     "the gradients are held between steps too"),
+    # no optimizer state: fp32 momentum's 8 is also fp32 momentum without gradients (the
+    # old hint named the gradients); the other recipes tell which
+    (_formula(states=False), "float32 weights, SGD with momentum: you said 8",
+     "SGD with momentum keeps 1 state tensor per parameter"),
+    (_formula(grad_bytes=4), "bfloat16 weights, SGD: you said 6",
+     "a gradient has its parameter's dtype"),
+    (_formula(copy="always"), "float32 weights, SGD: you said 12",
+     "without master weights there is no fp32 copy"),
+    (_formula(copy="never"), "fp32 master weights: you said 8",
+     "with master weights there is also an fp32 copy"),
+])
+def test_bytes_hints_name_the_slip_every_recipe_agrees_with(capsys, answer, where, cause):
+    text = fails(capsys, checks.check_bytes_per_parameter, answer, where, cause)
+    assert text.count("Hint:") == 1 and "either" not in text
+
+
+def test_bytes_hint_names_both_slips_when_no_recipe_tells_them_apart():
+    # only one recipe answered, and its 10 is both "no gradients" and "bf16 state"
+    recipe = ("bfloat16", "momentum", True)
+    answers = {recipe: (10.0, _measured()[recipe])}
+    text = checks._bytes_hint(R, answers, recipe)
+    assert text.startswith("either ") and "gradients are held" in text
+    assert "its state is fp32 too" in text
+
+
+def test_bytes_one_percent_off_passes_and_two_percent_off_fails(capsys):
+    # the tolerance is 1 %: ten times looser (10 %) would let an answer 5 % off through
+    assert checks.BYTES_TOL == 0.01
+    close = lambda *recipe: MINE["bytes_per_parameter"](*recipe) * 1.005    # noqa: E731
+    assert line(capsys, checks.check_bytes_per_parameter, close)[0]
+    off = lambda *recipe: MINE["bytes_per_parameter"](*recipe) * 1.05       # noqa: E731
+    fails(capsys, checks.check_bytes_per_parameter, off, "float32 weights, SGD: you said 8.4")
+
+
 def test_bytes_as_a_string_is_reported(capsys):
     fails(capsys, checks.check_bytes_per_parameter, lambda *args: "16",
           "float32 weights, SGD: you said '16' bytes per parameter")

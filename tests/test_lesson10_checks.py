@@ -51,7 +51,7 @@ def starts(capsys, check, answer, prefix):
      "Daly's interval on 10 cases, incl. his examples (δ = 5 min: 116.7 min for MTBF 24 h) "
      "and δ ≥ 2M"),
     (checks.check_recovery, MINE["recover"],
-     "no update lost or applied twice, bit-identical to the fault-free runs, in 7 cases of "
+     "no update lost or applied twice, bit-identical to the fault-free runs, in 8 cases of "
      "worker and server failures"),
 ])
 def test_reference_passes(capsys, check, answer, text):
@@ -692,6 +692,23 @@ def test_recovery_that_hands_tasks_to_the_next_worker_up_fails(capsys):
 
     text = starts(capsys, checks.check_recovery, next_worker_up, RECOVERY)
     assert "which is not alive" in text, text
+
+
+def test_recovery_to_the_next_of_the_live_count_fails_when_neighbours_die(capsys):
+    # (dead + 1) % len(plan["workers"]): right while the worker above is alive; two
+    # neighbouring failures (2, then 1) give worker 1's task to worker 2, dead already
+    def next_of_the_live_count(plan, failure):
+        new = MINE["recover"](plan, failure)
+        kind, dead = failure
+        if kind == "worker":
+            for task, worker in plan["tasks"].items():
+                if worker == dead:
+                    new["tasks"][task] = (dead + 1) % len(plan["workers"])
+        return new
+
+    text = starts(capsys, checks.check_recovery, next_of_the_live_count, RECOVERY)
+    assert "worker 1 failed at round 5: task 1 is given to worker 2, which is not alive" \
+        in text, text
 
 
 def test_a_0_d_tensor_is_not_a_rank(capsys):

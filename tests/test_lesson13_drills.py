@@ -61,6 +61,35 @@ def test_each_drill_grades_its_own_answer_right_and_factors_wrong(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_each_byte_drill_refuses_the_answer_counted_in_the_other_unit(name):
+    # 1 GiB = 1.074 GB: inside a ±10 % tolerance, so the unit is checked, not the tolerance
+    for seed in SEEDS:
+        q = drills.make(name, seed)
+        kind, factor = drills.unit_kind(q.unit)
+        if kind not in ("bytes", "bandwidth") or factor < 1e3:
+            continue
+        binary = 2 ** (10 * round(math.log10(factor) / 3))
+        decimal = 10 ** (3 * round(math.log10(factor) / 3))
+        ratio = decimal / binary if factor % 1000 == 0 else binary / decimal
+        confused = q.answer / factor * ratio
+        result = drills.grade(q, confused)
+        assert result.status == "wrong" and "counted in" in result.message, (name, seed,
+                                                                             result.message)
+
+
+def test_a_gib_answer_to_a_gb_drill_is_wrong_and_says_why():
+    q = drills.drill_set()["zero3_per_gpu"]
+    assert q.unit == "GB" and q.answer == 175e9
+    for response in (163, "163 GB", "about 163"):
+        result = drills.grade(q, response)
+        assert result.status == "wrong", response
+        assert result.message == ("❌ 163 GB is the answer counted in GiB, not in GB "
+                                  "(1 GiB = 1.074 GB).")
+    assert drills.grade(q, "163 GiB").correct          # the right size, in GiB
+    assert drills.grade(q, 170).correct                 # within ±10 %, nearer GB
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_each_drill_is_deterministic_per_seed(name):
     for seed in SEEDS:
         assert drills.make(name, seed) == drills.make(name, seed)
@@ -274,6 +303,8 @@ def test_drill_set_passes_the_reference_answers(capsys):
     (lambda: {n: q.answer_text for n, q in drills.drill_set().items()},
      "reads a drill's computed"),
     (lambda: {**REF, "gpipe_bubble": [0.1]}, "is not a number"),
+    (lambda: {**REF, "zero3_per_gpu": 163}, "counted in GiB, not in GB"),
+    (lambda: {**REF, "kv_cache_size": f"{5.37e9 / 2**30:.3g} GB"}, "counted in GiB"),
     (reference.drill_answers, "reference answer"),
 ])
 def test_drill_set_fails_wrong_answers(capsys, answers, words):
@@ -317,6 +348,38 @@ def test_estimate_passes_the_reference_and_names_the_planner(capsys):
 def test_estimate_fails_wrong_answers(capsys, answers, words):
     ok, line = _verdict(capsys, drills.check_estimate, answers)
     assert not ok and line.startswith("❌ step-time estimate") and words in line, line
+
+
+class _Looping:
+    """A returned value whose __str__ never ends (a check must not call it)."""
+
+    def __str__(self):
+        while True:
+            pass
+
+
+class _LoopingText(str):
+    """A text whose own __str__ and strip never end."""
+
+    def __str__(self):
+        while True:
+            pass
+
+    def strip(self, chars=None):
+        while True:
+            pass
+
+
+def test_estimate_never_calls_a_returned_objects_str(capsys):
+    ok, line = _verdict(capsys, drills.check_estimate,
+                        lambda: {**ESTIMATE, "dominant": _Looping()})
+    assert not ok and "dominant: a _Looping is not a text" in line, line
+    ok, line = _verdict(capsys, drills.check_estimate,
+                        lambda: {**ESTIMATE, "dominant": _LoopingText("tp")})
+    assert ok, line
+    ok, line = _verdict(capsys, drills.check_drill_set,
+                        lambda: {**REF, "zero3_per_gpu": _LoopingText("175 GB")})
+    assert ok, line
 
 
 def test_estimate_stops_an_endless_loop_and_knows_untouched(capsys, short_timeout):

@@ -48,12 +48,16 @@ def test_a_lost_update_that_only_other_interleavings_show(capsys):
     lost = [seed for seed, v in verdicts.items() if v is not None]
     assert lost and len(lost) < len(verdicts), verdicts
     assert {verdicts[s].kind for s in lost} == {"lost update"}
-    text = fails(capsys, lambda args: check(*args), answer,
-                 f"❌ {NAME}: schedule_seed={lost[0]}: worker ",
-                 "was lost (its place in the final parameters is still 0)",
-                 f"seeds=[{lost[0]}], round_robin=False", "params -= lr * grad")
+    text = ps.verdict(ps.run_once(program, lost[0]), [lost[0]])
+    assert "was lost (its place in the final parameters is still 0)" in text
+    assert f"seeds=[{lost[0]}], round_robin=False" in text
     # the schedule seed named replays it: the same finding, word for word
     assert str(ps.run_once(program, lost[0])) in text
+    # the check runs the workers with the reference server first: they push parameters
+    fails(capsys, lambda args: check(*args), answer,
+          f"❌ {NAME}: your push/pull/sync with the reference server: round-robin order: "
+          "worker 1's update of step 0 moved its parameter by",
+          "push sends the gradient it was given, unchanged")
 
 
 def test_a_server_without_bound_breaks_the_staleness_bound(capsys):
@@ -165,3 +169,52 @@ def test_a_server_that_returns_something_else_is_named(capsys):
     fails(capsys, lambda args: check(*args), learner(serve_returns_a_slice),
           "round-robin order: serve returned a float64 tensor of shape (3,), not the "
           "parameters")
+
+
+# ------------------------------------------- wrong answers with a cause of their own
+
+
+def test_a_program_that_sends_no_message_is_refused(capsys):
+    # all-reduces instead of push and pull: every update arrives, no message is sent
+    silent = ps.Program(W.silent_serve, W.silent_push, W.silent_pull, W.silent_pull)
+    assert ps.judge(*ps.run_program(silent)) is None      # the values alone pass
+    finding = ps.run_once(silent)
+    assert finding.kind == "silent"
+    assert str(finding) == ("round-robin order: the server sent 0 messages in 4 steps, "
+                            "fewer than the 12 the protocol needs")
+    assert "share no memory" in finding.hint
+    fails(capsys, lambda args: check(*args), tuple(silent),
+          "your push/pull/sync with the reference server", "deadlock",
+          "each request starts with its one-element header")
+
+
+def test_a_missing_learning_rate_is_named_as_such(capsys):
+    fails(capsys, lambda args: check(*args), learner(W.serve_without_lr),
+          "your serve with the reference workers",
+          "every update moved its parameter by -1, the gradient itself, not by -lr",
+          "params -= lr * gradient")
+
+
+def test_a_step_up_the_gradient_is_named_as_such(capsys):
+    fails(capsys, lambda args: check(*args), learner(W.serve_up_the_gradient),
+          "every update moved its parameter by +0.375, up the gradient",
+          "subtract lr * gradient")
+
+
+def test_a_server_that_stops_early_is_told_so(capsys):
+    fails(capsys, lambda args: check(*args), learner(W.serve_stops_early),
+          "rank 0: returned", "the server returned after 9 of the 12 pushes",
+          "count the pushes received per worker")
+
+
+def test_a_deadlock_names_the_request_the_bound_allowed(capsys):
+    fails(capsys, lambda args: check(*args), learner(W.serve_never_rechecks),
+          "worker 1's pull() at step 2 is 0 pushes ahead of the slowest, which the bound "
+          "allows, and was never answered", "look at all the waiting ones")
+
+
+def test_a_pull_without_its_header_is_blamed_on_the_workers(capsys):
+    answer = (R.serve, W.push, W.pull_without_header, W.sync)
+    fails(capsys, lambda args: check(*args), (W.serve_never_rechecks, *answer[1:]),
+          "your push/pull/sync with the reference server", "deadlock",
+          "each request starts with its one-element header")

@@ -496,6 +496,9 @@ RECOVERY_CASES = (
     # "give it to worker (dead + 1) % 4" picks a dead worker or one that does not exist
     (2, 4, [(3, ("worker", 0)), (5, ("worker", 3))]),
     (2, 3, [(4, ("worker", 2))]),
+    # two neighbours fail: worker 1 after worker 2, whose task went up to worker 3; "give
+    # them to worker (dead + 1) % len(plan['workers'])" picks worker 2, dead already
+    (2, 4, [(3, ("worker", 2)), (5, ("worker", 1))]),
 )
 
 

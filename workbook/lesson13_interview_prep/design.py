@@ -27,9 +27,9 @@ from dataclasses import dataclass, field, replace
 
 from simcluster import goodput, planner, scheduling
 from simcluster import spec as _spec
-from simcluster.faults import DEFAULT_RESTART_DELAY_S
 
 DAY = 86400.0
+HORIZON = 3 * DAY            # the day's runs are simulated until all end, or 3 days
 
 # A 50B-class GPT: 60 layers of hidden 8,192 (64 heads of 128), Llama 3's vocabulary of
 # 128,256 with an untied output layer, 4,096-token sequences: 50.4 B parameters.
@@ -47,9 +47,17 @@ REMOTE_BANDWIDTH = 2e12
 # momentum and variance (12); gradients are not saved.
 CHECKPOINT_BYTES_PER_PARAMETER = 14
 NODES_PER_SWITCH_GROUP = 32  # a DGX SuperPOD scalable unit: 32 nodes under 8 rail leaves
+# Rails are non-blocking inside a unit; the spine that joins units is assumed tapered 4:1
+# (few runs should need it): a run placed across units gets a quarter of the network.
+SPINE_OVERSUBSCRIPTION = 4
+# An H100 80GB shows 81,559 MiB (79.65 GiB) to CUDA, of the 80 GiB the planner counts, and
+# the CUDA context, NCCL's buffers and the caching allocator's fragmentation take more:
+# a plan keeps this share of the device free (72 GiB of 80 usable).
+MEMORY_HEADROOM = 0.10
 TIERS = ("memory", "nvme", "remote")
 PLACEMENTS = tuple(scheduling.PLACEMENTS)
 RUBRIC = {"topology": 40, "checkpoint": 30, "scheduling": 30}
+LAYOUT_POINTS = 25           # of topology's 40; a topology-aware placement earns the rest
 PASS_SCORE = 90              # of 100: what the lab's check calls a good answer
 
 
@@ -60,8 +68,10 @@ class Scenario:
     ``tokens_per_run`` is an assumption (the question gives none): 5 B tokens, a
     fine-tuning or ablation run, 1/200 of the 1 T a 50B model needs to be trained
     Chinchilla-optimally (20 tokens per parameter). ``repair_hours`` (a failed node
-    drained, diagnosed and swapped) and ``swap_minutes`` (a hot spare brought in) are
-    assumptions too.
+    drained, diagnosed and swapped), ``swap_minutes`` (a hot spare brought in) and
+    ``restart_minutes`` (a 64-GPU job relaunched: the failure detected, the gang
+    rescheduled, containers and NCCL started; 5 minutes, within lesson 10's 1 to 10, as
+    lesson 11 charges) are assumptions too; reading the checkpoint back comes on top.
     """
 
     nodes: int = 1000
@@ -71,6 +81,7 @@ class Scenario:
     tokens_per_run: float = 5e9
     repair_hours: float = 6.0
     swap_minutes: float = 10.0
+    restart_minutes: float = 5.0
     node: str = "dgx-h100"
     seed: int = 0
 
@@ -108,12 +119,18 @@ def tokens_per_second(est):
 # ----------------------------------------------------------------- 2. the layout
 
 
+def fits(est):
+    """Whether a layout leaves :data:`MEMORY_HEADROOM` of the device free (the planner's
+    own ``fits`` allows every byte of it)."""
+    return est.memory_per_gpu <= (1 - MEMORY_HEADROOM) * est.device_memory
+
+
 def best_layout(nodes, scenario=QUESTION, **constraints):
-    """The fastest layout of one run on ``nodes`` nodes (:func:`planner.search`), or None
-    if none fits."""
+    """The fastest layout of one run on ``nodes`` nodes (:func:`planner.search`) that
+    keeps the headroom (:func:`fits`), or None if none does."""
     found = planner.search(MODEL, scenario.spec(nodes), global_batch=GLOBAL_BATCH,
                            **constraints)
-    return found[0] if found else None
+    return next((est for est in found if fits(est)), None)
 
 
 def layout_of(design, scenario=QUESTION):
@@ -142,18 +159,19 @@ def traffic(est, per_node=8):
     twice in each layer's forward and twice in its backward; a ring all-reduce sends
     ``2(t-1)/t`` of the data from each GPU. The pipeline sends each micro-batch's
     activations forward and their gradients back, ``1/t`` per tensor-parallel rank.
-    Data parallelism reduce-scatters the 16-bit gradients and all-gathers the weights
-    (ZeRO 1-2; an all-reduce moves the same bytes): ``2 x 2(d-1)/d`` bytes per parameter
-    of the GPU's shard. A ring over ranks on ``k`` nodes crosses the network on ``k`` of
-    its hops: that share of its bytes goes over InfiniBand.
+    Data parallelism reduce-scatters the 16-bit gradients and all-gathers the 16-bit
+    weights (ZeRO 1-2; an all-reduce moves the same bytes): ``(d-1)/d`` of the shard's
+    bytes each, ``2(d-1)/d`` in all, of 2 bytes per parameter of the GPU's shard. A ring
+    over ranks on ``k`` nodes crosses the network on ``k`` of its hops: that share of its
+    bytes goes over InfiniBand.
     """
     t, p, d, b, m = est.tp, est.pp, est.dp, est.micro_batch, est.micro_batches
     act = b * MODEL.seq_len * MODEL.hidden * 2
     layers = MODEL.layers // p
     tp_bytes = m * layers * 4 * 2 * (t - 1) / t * act if t > 1 else 0.0
     pp_bytes = m * 2 * act / t if p > 1 else 0.0
-    shard = max(planner._stage_parameters(MODEL, p, t)) * 2
-    dp_bytes = 2 * 2 * (d - 1) / d * shard if d > 1 else 0.0
+    shard = max(planner._stage_parameters(MODEL, p, t)) * 2    # bytes, 16-bit
+    dp_bytes = 2 * (d - 1) / d * shard if d > 1 else 0.0
     # ranks: tensor-parallel fastest, then data, then pipeline (the planner's order)
     tp_nodes = _span(range(t), per_node)
     dp_nodes = _span([i * t for i in range(d)], per_node)
@@ -188,7 +206,7 @@ def failure_rates(nodes_per_run, scenario=QUESTION):
 def checkpoint_tiers(nodes_per_run, scenario=QUESTION):
     """``{tier: {"bytes", "delta", "restore"}}``: a run's checkpoint, the seconds training
     stops to write it, and the seconds a restart spends reading it back (plus the
-    restart itself, :data:`~simcluster.faults.DEFAULT_RESTART_DELAY_S`).
+    relaunch itself, the scenario's ``restart_minutes``).
 
     * ``memory``: each GPU copies its shard to host memory over PCIe (training stops for
       that only), then the host sends it to a peer node's memory over the node's NICs,
@@ -208,44 +226,88 @@ def checkpoint_tiers(nodes_per_run, scenario=QUESTION):
     nics = s.spec(1).network.nic
     network = node.nics * nics.bandwidth * nics.efficiency
     remote = REMOTE_BANDWIDTH / s.runs
+    relaunch = s.restart_minutes * 60.0
     return {
         "memory": {"bytes": total, "delta": per_gpu / pcie,
-                   "restore": DEFAULT_RESTART_DELAY_S + per_node / network},
+                   "restore": relaunch + per_node / network},
         "nvme": {"bytes": total, "delta": node.storage.write_seconds(per_node),
-                 "restore": DEFAULT_RESTART_DELAY_S + node.storage.read_seconds(per_node)},
+                 "restore": relaunch + node.storage.read_seconds(per_node)},
         "remote": {"bytes": total, "delta": total / remote,
-                   "restore": DEFAULT_RESTART_DELAY_S + total / remote},
+                   "restore": relaunch + total / remote},
     }
 
 
 # ------------------------------------------------------------- 4. the day's runs
 
 
-def run_day(design, scenario=QUESTION, compute_seconds=None, delta=0.0, restore=0.0):
+def run_day(design, scenario=QUESTION, compute_seconds=None, delta=0.0, restore=0.0,
+            crossing_slowdown=1.0):
     """The day's ``runs`` jobs on the scheduler: all submitted at midnight, each a gang of
     ``nodes_per_run`` whole nodes that needs ``compute_seconds`` of training plus a
-    checkpoint of ``delta`` every ``checkpoint_minutes``; nodes fail at the scenario's
-    rate (:func:`~simcluster.scheduling.node_failures`), the run on a failed node loses
-    the work since its last checkpoint and queues again (``restore`` seconds to restart);
-    ``spare_nodes`` are held outside the scheduler and swapped in for failed nodes.
-    Returns the :class:`~simcluster.scheduling.Result`."""
+    checkpoint of ``delta`` every ``checkpoint_minutes`` (``crossing_slowdown`` times
+    longer when it is placed across scalable units, on the tapered spine); nodes fail at
+    the scenario's rate (:func:`~simcluster.scheduling.node_failures`), the run on a failed
+    node loses the work since its last checkpoint and queues again (``restore`` seconds to
+    restart); ``spare_nodes`` are held outside the scheduler and swapped in for failed
+    nodes. Returns the :class:`~simcluster.scheduling.Result`."""
     s = scenario
     active = s.nodes - design["spare_nodes"]
     tau = design["checkpoint_minutes"] * 60.0
     wall = compute_seconds * (1 + delta / tau)       # checkpoints stop training too
     nodes = design["nodes_per_run"]
-    jobs = [scheduling.Job(f"run{i:03d}", nodes * s.gpus_per_node, round(wall),
+    switches = [list(range(i, min(i + NODES_PER_SWITCH_GROUP, active)))
+                for i in range(0, active, NODES_PER_SWITCH_GROUP)]
+
+    def duration(placement):
+        crosses = scheduling.spans(placement, switches)[1] > 1
+        return round(wall * (crossing_slowdown if crosses else 1.0))
+
+    jobs = [scheduling.Job(f"run{i:03d}", nodes * s.gpus_per_node, duration,
                            gpus_per_node=s.gpus_per_node, checkpoint_every=tau + delta,
                            restart_cost=restore)
             for i in range(s.runs)]
-    failures = scheduling.node_failures(active, s.failures_per_node_per_day, 3 * DAY,
+    failures = scheduling.node_failures(active, s.failures_per_node_per_day, HORIZON,
                                         s.repair_hours * 3600.0, spares=design["spare_nodes"],
                                         swap=s.swap_minutes * 60.0, seed=s.seed)
-    switches = [list(range(i, min(i + NODES_PER_SWITCH_GROUP, active)))
-                for i in range(0, active, NODES_PER_SWITCH_GROUP)]
     return scheduling.simulate(jobs, s.spec(active), policy="fifo",
                                placement=design["placement"], backfill=True,
-                               switches=switches, failures=failures, until=3 * DAY)
+                               switches=switches, failures=failures, until=HORIZON)
+
+
+def crossing_slowdown(est, scenario=QUESTION):
+    """How much longer a step of ``est``'s layout takes when its run spans scalable units:
+    the planner's step time with the network shared :data:`SPINE_OVERSUBSCRIPTION` ways,
+    over its step time inside one unit."""
+    spec = scenario.spec(est.gpus // scenario.gpus_per_node)
+    tapered = replace(spec, network=replace(spec.network,
+                                            oversubscription=SPINE_OVERSUBSCRIPTION))
+    slow = planner.estimate(MODEL, tapered, tp=est.tp, pp=est.pp, dp=est.dp,
+                            global_batch=est.global_batch, micro_batch=est.micro_batch,
+                            recompute=est.recompute, zero=est.zero)
+    return slow.step_time / est.step_time
+
+
+def keeps_units(placement, scenario=QUESTION):
+    """``(True, "")`` if the placement rule named ``placement`` puts a run inside one
+    scalable unit when one has room, else ``(False, what it did)``: a probe where the
+    lowest-numbered free nodes straddle two units and the next unit has room."""
+    per_node, nodes = scenario.gpus_per_node, 4 * NODES_PER_SWITCH_GROUP
+    gang = 8
+    free = [0] * nodes
+    straddle = range(NODES_PER_SWITCH_GROUP - gang // 2, NODES_PER_SWITCH_GROUP + gang // 2)
+    roomy = range(2 * NODES_PER_SWITCH_GROUP + 4, 2 * NODES_PER_SWITCH_GROUP + 4 + gang)
+    for n in (*straddle, *roomy):
+        free[n] = per_node
+    switches = [list(range(i, i + NODES_PER_SWITCH_GROUP))
+                for i in range(0, nodes, NODES_PER_SWITCH_GROUP)]
+    topo = scheduling.Topology([per_node] * nodes, switches)
+    taken = scheduling.PLACEMENTS[placement](free, gang * per_node, per_node, topo)
+    units = sorted({n // NODES_PER_SWITCH_GROUP for n in taken or ()})
+    if len(units) == 1:
+        return True, ""
+    return False, (f"with nodes {straddle[0]}-{straddle[-1]} (two units) and "
+                   f"{roomy[0]}-{roomy[-1]} (one unit) free, it placed an {gang}-node run "
+                   f"across units {', '.join(map(str, units))}")
 
 
 # ----------------------------------------------------------------- 5. grading
@@ -291,6 +353,10 @@ def validate(design, scenario=QUESTION):
     minutes = design["checkpoint_minutes"]
     if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not 0 < minutes < math.inf:
         raise ValueError(f"checkpoint_minutes must be a positive number, got {minutes!r}")
+    if minutes > HORIZON / 60:
+        raise ValueError(f"checkpoint_minutes must be at most {HORIZON / 60:,.0f} (the "
+                         f"{HORIZON / DAY:.0f} days the day's runs are simulated for), "
+                         f"got {minutes!r}")
     mb = design.get("micro_batch")
     if mb is not None and (not isinstance(mb, int) or isinstance(mb, bool) or mb < 1):
         raise ValueError(f"micro_batch must be a positive integer or absent, got {mb!r}")
@@ -326,11 +392,13 @@ def _h(seconds):
 def evaluate(design, scenario=QUESTION):
     """Grade ``design`` (see :data:`KEYS`) on ``scenario``: a :class:`Grade`.
 
-    * topology (40): 30 for the layout's MFU against the best layout on the same GPUs
-      (0 if it does not fit in memory), 10 for the share of the day's job placements
-      that stay inside one 32-node scalable unit (one hop on their rails);
+    * topology (40): 25 for the layout's MFU against the best layout on the same GPUs
+      (0 if it does not keep :data:`MEMORY_HEADROOM` free), 15 for a placement rule that
+      keeps a run inside one 32-node scalable unit when one has room
+      (:func:`keeps_units`; a run placed across units also runs slower in the day below,
+      :func:`crossing_slowdown`);
     * checkpoint (30): the expected goodput (Daly) of the tier and interval, against the
-      best tier at its Daly interval;
+      best tier at its Daly interval: 2 points of goodput below it are worth nothing;
     * scheduling (30): the share of the runs the scheduler finishes within the day, with
       the failures drawn for the day.
     """
@@ -349,19 +417,21 @@ def evaluate(design, scenario=QUESTION):
     layout_points = 0
     if est is None:
         notes.append(f"layout refused by the planner: {why}")
-    elif not est.fits:
-        notes.append(f"layout does not fit: {est.memory_per_gpu / 2**30:.0f} GiB per GPU "
-                     f"> {est.device_memory / 2**30:.0f} GiB")
+    elif not fits(est):
+        notes.append(f"layout does not fit: {est.memory_per_gpu / 2**30:.1f} GiB per GPU, "
+                     f"more than {1 - MEMORY_HEADROOM:.0%} of {est.device_memory / 2**30:.0f} "
+                     "GiB (the CUDA context, NCCL's buffers and fragmentation need the rest)")
     else:
-        # every 1 % of MFU below the best costs 2 % of the 30 points: 10 % slower is 24
-        layout_points = round(30 * max(0.0, 1 - 2 * (1 - min(1.0, est.mfu / best.mfu))))
+        # every 1 % of MFU below the best costs 2 % of the points: 10 % slower keeps 80 %
+        below = 1 - min(1.0, est.mfu / best.mfu)
+        layout_points = round(LAYOUT_POINTS * max(0.0, 1 - 2 * below))
         notes.append(f"layout tp={est.tp} pp={est.pp} dp={est.dp} zero={est.zero}: "
                      f"MFU {est.mfu:.1%}, {est.memory_per_gpu / 2**30:.0f} GiB/GPU; best "
                      f"{best.mfu:.1%} (tp={best.tp} pp={best.pp} dp={best.dp} zero={best.zero})")
         if est.tp > s.gpus_per_node:
             notes.append(f"tensor parallelism over {est.tp} GPUs crosses nodes: its "
                          "all-reduces run on InfiniBand, every layer")
-    run = est if est is not None and est.fits else best   # else schedule the best one
+    run = est if est is not None and fits(est) else best   # else schedule the best one
     if run is best and est is not best:
         notes.append("the day below is scheduled with the best layout instead")
     compute = s.tokens_per_run / tokens_per_second(run)
@@ -377,9 +447,9 @@ def evaluate(design, scenario=QUESTION):
     top = max(goodput.expected_goodput(goodput.daly_interval(t["delta"], mtbf), t["delta"],
                                        mtbf, t["restore"]) for t in tiers.values())
     daly = goodput.daly_interval(tier["delta"], mtbf)
-    # a point of goodput is 1 % of the cluster's day (80 GPUs): 5 points below the best
-    # tier at its best interval is worth nothing
-    g.points["checkpoint"] = round(30 * max(0.0, 1 - (top - mine) / 0.05))
+    # a point of goodput is 1 % of the cluster's day (80 GPUs): 2 points below the best
+    # tier at its best interval are worth nothing
+    g.points["checkpoint"] = round(30 * max(0.0, 1 - (top - mine) / 0.02))
     notes.append(f"job MTBF {mtbf / 3600:.0f} h ({nodes} nodes x "
                  f"{s.failures_per_node_per_day:.1%}/day); {design['checkpoint_tier']}: "
                  f"write {tier['delta']:.1f} s, restart {tier['restore']:.0f} s")
@@ -391,11 +461,12 @@ def evaluate(design, scenario=QUESTION):
     g.numbers.update(mtbf=mtbf, goodput=mine, best_goodput=top, tiers=tiers, rates=rates)
     # --- scheduling
     notes = g.notes["scheduling"] = []
-    result = run_day(design, s, compute, tier["delta"], tier["restore"])
+    slowdown = crossing_slowdown(run, s)
+    result = run_day(design, s, compute, tier["delta"], tier["restore"], slowdown)
     done = [j for j in result.jobs if j.finished and j.end <= DAY]
-    # the requirement is all the runs in a day: missing one costs a third of the points
-    g.points["scheduling"] = (30 if len(done) == s.runs
-                              else round(20 * len(done) / s.runs))
+    # the requirement is all the runs in a day: missing one costs half the points
+    g.points["scheduling"] = (RUBRIC["scheduling"] if len(done) == s.runs
+                              else round(RUBRIC["scheduling"] / 2 * len(done) / s.runs))
     active = s.nodes - design["spare_nodes"]
     at_once = active // nodes
     notes.append(f"{s.runs} runs of {nodes} nodes, {_h(compute)} of training each; "
@@ -412,12 +483,16 @@ def evaluate(design, scenario=QUESTION):
     placements = [a["placement"] for j in result.jobs for a in j.attempts]
     inside = sum(len({n // NODES_PER_SWITCH_GROUP for n, _ in p}) == 1 for p in placements)
     share = inside / len(placements) if placements else 0.0
-    g.points["topology"] = layout_points + round(10 * share)
-    g.notes["topology"].append(f"placement {design['placement']}: {inside} of "
-                               f"{len(placements)} job placements inside one "
-                               f"{NODES_PER_SWITCH_GROUP}-node unit (rails one hop apart)")
+    aware, why = keeps_units(design["placement"], s)
+    g.points["topology"] = layout_points + (RUBRIC["topology"] - LAYOUT_POINTS if aware else 0)
+    notes = g.notes["topology"]
+    notes.append(f"placement {design['placement']}: {inside} of {len(placements)} job "
+                 f"placements inside one {NODES_PER_SWITCH_GROUP}-node unit (rails one hop "
+                 f"apart); across units a step takes {slowdown:.3f}x as long")
+    if not aware:
+        notes.append(f"placement {design['placement']} is not topology-aware: {why}")
     g.numbers.update(schedule=result, finished_in_day=len(done), placement_share=share,
-                     stopped_in_day=in_day)
+                     stopped_in_day=in_day, topology_aware=aware, crossing_slowdown=slowdown)
     return g
 
 

@@ -1436,6 +1436,25 @@ def _close(value, answer, rel_tol):
     return abs(value - answer) <= rel_tol * abs(answer) + 1e-300
 
 
+def _other_unit(value, question):
+    """The binary unit (GiB for GB, GB for GiB, ...) in which ``value`` is closer to the
+    answer than it is in the question's own unit, or None. A tolerance cannot tell them
+    apart (GiB and GB differ by 7.4 %, TiB and TB by 10 %): the unit is checked instead."""
+    kind, _ = unit_kind(question.unit)
+    unit = question.unit.strip()
+    prefix = unit[:-len("B/s")] if kind == "bandwidth" else unit[:-1]
+    if kind not in ("bytes", "bandwidth") or prefix.rstrip("i") not in "KMGTP" or not prefix:
+        return None
+    power = "KMGTP".index(prefix[0]) + 1
+    ratio = 2 ** (10 * power) / 10 ** (3 * power)       # 1 GiB / 1 GB
+    binary = prefix.endswith("i")
+    mistaken = question.answer * ratio if binary else question.answer / ratio
+    if abs(value - mistaken) < abs(value - question.answer):
+        other = prefix[0] + ("" if binary else "i")
+        return unit.replace(prefix, other, 1)
+    return None
+
+
 def grade(question, response):
     """Grade ``response`` (a number in the question's unit, or text such as "1.5 GB",
     "about 3e9", "12%") against ``question``'s computed answer, within its tolerance.
@@ -1451,6 +1470,11 @@ def grade(question, response):
             and abs(value) <= 1 and _close(value / 100, question.answer, question.rel_tol):
         value /= 100        # a bare "0.5" for an answer of 0.5 %: read as a percentage
     explanation = f"**Worked answer.** {question.worked}\n\n**Takeaway.** {question.takeaway}"
+    other = _other_unit(value, question)
+    if other is not None:
+        return Grade("wrong", f"❌ {show(value, question.unit)} is the answer counted in "
+                     f"{other}, not in {question.unit.strip()} (1 GiB = 1.074 GB).", value,
+                     explanation)
     if _close(value, question.answer, question.rel_tol):
         return Grade("correct", f"✅ {show(value, question.unit)} is right (the computed answer "
                      f"is {question.answer_text}; ±{sig(question.rel_tol * 100)}% counts).",
@@ -1768,6 +1792,12 @@ def _unmarked(message):
     return message.split(" ", 1)[1] if message[:1] in ("❌", "⚠") else message
 
 
+def _plain(text):
+    """A learner's text as a plain ``str``: a subclass's own ``__str__`` or ``strip`` (an
+    endless loop, say) never runs inside a check."""
+    return str.__str__(text)
+
+
 def _learner_dict(answers_fn, what, keys):
     """The dict ``answers_fn()`` returns (run on a simulated rank, under a time limit)."""
     if isinstance(answers_fn, dict):
@@ -1805,7 +1835,8 @@ def check_drill_set(answers_fn):
         if number(response) is None and not isinstance(response, str):
             raise Failure(f"{name}: {response!r} is not a number or a text like '1.2 ms'",
                           hint)
-        result = grade(q, number(response) if number(response) is not None else response)
+        result = grade(q, number(response) if number(response) is not None
+                       else _plain(response))
         if not result.correct:
             raise Failure(f"{name}: {_unmarked(result.message)}", q.takeaway)
     return f"all {len(questions)} drills right (lessons " \
@@ -1902,7 +1933,7 @@ def check_estimate(estimate_fn):
         value = number(response)
         if value is None and not isinstance(response, str):
             raise Failure(f"{key}: {response!r} is not a number", hint)
-        result = grade(q, value if value is not None else response)
+        result = grade(q, value if value is not None else _plain(response))
         if not result.correct:
             raise Failure(f"{key}: {_unmarked(result.message)}", {
                 "flops": "6 FLOPs per parameter per token (2 forward, 4 backward).",
@@ -1912,7 +1943,10 @@ def check_estimate(estimate_fn):
                              "2(t−1)α + 2(t−1)/t · n/B on NVLink.",
                 "dp_comm_s": "ring over dp: 2(dp−1)α + 2(dp−1)/dp · shard/B on InfiniBand.",
             }[key])
-    dominant = str(got["dominant"]).strip().lower()
+    if not isinstance(got["dominant"], str):   # str() of another object runs its code
+        raise Failure(f"dominant: a {type(got['dominant']).__name__} is not a text",
+                      "name one term: 'tp', 'pp', 'dp' or 'bubble'")
+    dominant = _plain(got["dominant"]).strip().lower()
     if dominant not in TERMS:
         raise Failure(f"dominant: {got['dominant']!r} is not one of "
                       f"{', '.join(map(repr, TERMS))}", "name one term")

@@ -46,7 +46,9 @@ from workbook.checking import Failure, NotStarted, check, refuse_reference, simu
 
 SERVER = 0                 # the rank that holds the parameters
 PUSH, PULL, SYNC = 0, 1, 2  # what a worker's request header says it wants
-WORKERS, STEPS, BOUND, LR = 3, 4, 1, 0.5
+# lr 3/8: exact in binary, and 1/lr is no whole number, so a missing lr (a step of -1)
+# is not mistaken for an update applied k times (k·lr)
+WORKERS, STEPS, BOUND, LR = 3, 4, 1, 0.375
 SYNC_EVERY = 3             # the checker's workers call sync() at steps 3, 6, ... (not pull)
 SEEDS = range(60)          # the interleavings a check explores (besides round-robin)
 
@@ -63,7 +65,8 @@ class Program(NamedTuple):
 class Finding:
     """What went wrong under one interleaving: ``seed`` (None: round-robin) replays it."""
     seed: object
-    kind: str      # "lost update", "staleness", "deadlock", "never ends", "error"
+    kind: str      # "lost update", "wrong update", "staleness", "deadlock", "never ends",
+    #                "silent" (too few messages), "error"
     what: str
     hint: str
 
@@ -96,16 +99,24 @@ def missing(params, steps=STEPS):
 
 
 def run_program(program, schedule_seed=None, workers=WORKERS, steps=STEPS, bound=BOUND,
-                lr=LR, sync_every=SYNC_EVERY):
+                lr=LR, sync_every=SYNC_EVERY, state=None):
     """Run ``program`` once: rank 0 serves, ranks 1..``workers`` pull (every
     ``sync_every``-th step: sync) and push ``steps`` times. Returns
     ``(final parameters, [(worker, step, how, parameters it got)])``, in the order the
     pulls returned. A deadlock, an error on a rank or a run that never ends raises
     :class:`~workbook.checking.Failure` (:func:`~workbook.checking.simulate`). No
     accounting: only the order matters here (workers: 7 at most, one DGX node).
+
+    ``state`` (a dict), if given, is filled as the run goes, so that it tells what the
+    workers were doing when a run fails: ``pushed`` (pushes that returned, per worker),
+    ``asking`` (``worker: (step, "pull" or "sync")`` while a request is open) and, after
+    a run that ends, ``messages`` (point-to-point messages each rank sent).
     """
     size = workers * steps
     seen = []
+    state = {} if state is None else state
+    pushed = state.setdefault("pushed", {w: 0 for w in range(1, workers + 1)})
+    asking = state.setdefault("asking", {})
 
     def body():
         rank = dist.get_rank()
@@ -114,17 +125,21 @@ def run_program(program, schedule_seed=None, workers=WORKERS, steps=STEPS, bound
                                  list(range(1, workers + 1)), steps, bound)
         for step in range(steps):
             how = "sync" if sync_every and step and step % sync_every == 0 else "pull"
+            asking[rank] = (step, how)
             got = getattr(program, how)(torch.zeros(size, dtype=torch.float64))
+            del asking[rank]
             seen.append((rank, step, how, got.clone() if isinstance(got, torch.Tensor)
                          else got))
             gradient = torch.zeros(size, dtype=torch.float64)
             gradient[_position(rank - 1, step, steps)] = 1.0
             program.push(gradient)
+            pushed[rank] += 1
         return None
 
     run = simulate(sc.Cluster.preset("dgx-a100"), body, workers + 1,
                    lambda rank: _order(schedule_seed), accounting=False,
                    schedule_seed=schedule_seed)
+    state["messages"] = list(run.messages_sent)
     return run.results[SERVER], seen
 
 
@@ -141,10 +156,8 @@ def judge(final, seen, lr=LR, steps=STEPS, bound=BOUND, workers=WORKERS):
         if value == 0.0:
             return ("lost update", f"{update_name(position, steps)} was lost (its place "
                     "in the final parameters is still 0)", HINTS_PS["lost"])
-        if value != -lr:
-            times = value / -lr
-            return ("lost update", f"{update_name(position, steps)} was applied "
-                    f"{times:g} times, not once", HINTS_PS["twice"])
+    if any(value != -lr for value in final.tolist()):
+        return _misapplied(final, lr, steps)
     for worker, step, how, got in seen:
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != (size,):
             return ("error", f"worker {worker}'s {how}() returned {_describe(got)}",
@@ -164,6 +177,26 @@ def judge(final, seen, lr=LR, steps=STEPS, bound=BOUND, workers=WORKERS):
     return None
 
 
+def _misapplied(final, lr, steps):
+    """The finding for the first update that is in the parameters but not as ``-lr``
+    (each gradient is a 1): a missing learning rate or a wrong sign shows in every
+    update alike; one update applied k times, or mixed up with another, in that one."""
+    values = final.tolist()
+    if all(value == -1.0 for value in values):
+        return ("wrong update", "every update moved its parameter by -1, the gradient "
+                f"itself, not by -lr = {-lr:g}", HINTS_PS["lr"])
+    if all(value == lr for value in values):
+        return ("wrong update", f"every update moved its parameter by +{lr:g}, up the "
+                "gradient", HINTS_PS["sign"])
+    position, value = next((i, v) for i, v in enumerate(values) if v != -lr)
+    name, times = update_name(position, steps), value / -lr
+    if times == round(times) and times > 1:
+        return ("lost update", f"{name} was applied {times:g} times, not once",
+                HINTS_PS["twice"])
+    return ("lost update", f"{name} moved its parameter by {value:g}, not by -lr = {-lr:g}: "
+            "another update overwrote or undid it", HINTS_PS["lost"])
+
+
 def _describe(value):
     if isinstance(value, torch.Tensor):
         return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
@@ -175,6 +208,12 @@ HINTS_PS = {
             "to the parameters it holds now (params -= lr * grad), and receives each "
             "gradient from the worker whose header it just read (src=that worker).",
     "twice": "receive each gradient once, into its own buffer, and apply it once.",
+    "lr": "an update is the gradient times the learning rate serve was given: "
+          "params -= lr * gradient.",
+    "sign": "gradient descent goes down the gradient: subtract lr * gradient.",
+    "silent": "on a cluster the ranks share no memory: push, pull and sync must carry the "
+              "requests, gradients and parameters as messages (dist.send / dist.recv), "
+              "and the server must answer with messages too.",
     "own": "a worker's pull must see its own earlier pushes: wait for a push to be "
            "received before asking for the parameters.",
     "pull": "answer a pull only while clock[worker] - min(clock) <= bound; keep the other "
@@ -183,32 +222,80 @@ HINTS_PS = {
             "pushed as often as this one.",
     "deadlock": "every request the server puts aside must be answered as soon as the "
                 "bound allows it: after every push, look at all the waiting ones (not only "
-                "the oldest), and stop serving only after the last push.",
+                "the oldest or the newest).",
+    "returned": "serve may return only when every worker of workers has pushed steps "
+                "gradients: count the pushes received per worker, not the messages.",
     "timeout": "the server learns something new only by receiving a message: a loop that "
                "waits for the clocks to change without calling dist.recv never ends.",
+}
+# What a finding means when the learner's workers run with the reference server.
+_PUSH_AS_GIVEN = ("push sends the gradient it was given, unchanged: the server applies the "
+                  "learning rate and keeps the parameters.")
+WORKER_HINTS = {
+    "deadlock": "each request starts with its one-element header (PUSH, PULL or SYNC) sent "
+                "to SERVER; a push then sends its gradient, a pull or a sync then receives "
+                "the parameters from SERVER into params.",
+    "lost update": _PUSH_AS_GIVEN,
+    "wrong update": _PUSH_AS_GIVEN,
+    "staleness": "pull and sync receive the parameters from SERVER into params and "
+                 "return params.",
 }
 
 
 def run_once(program, schedule_seed=None, **options):
     """:func:`run_program` then :func:`judge`: a :class:`Finding`, or None if the run was
-    right. A deadlock, an error, or a run that never ends is a finding too; an exercise
-    still raising the lab's ``NotImplementedError`` raises :class:`NotStarted`."""
+    right. A deadlock, an error, a run that never ends, or a run whose ranks exchanged
+    too few messages to carry the protocol is a finding too; an exercise still raising
+    the lab's ``NotImplementedError`` raises :class:`NotStarted`."""
+    state = {}
     try:
-        final, seen = run_program(program, schedule_seed, **options)
+        final, seen = run_program(program, schedule_seed, state=state, **options)
     except NotStarted:
         raise
     except Failure as failure:
         text = str(failure.what)
         if text.startswith(_order(schedule_seed) + ": "):
             text = text[len(_order(schedule_seed)) + 2:]
-        kind = ("deadlock" if text.startswith("deadlock") else
-                "never ends" if "still running" in text else "error")
-        hint = {"deadlock": HINTS_PS["deadlock"], "never ends": HINTS_PS["timeout"]}.get(
-            kind, failure.hint)
-        return Finding(schedule_seed, kind, text, hint)
+        if text.startswith("deadlock"):
+            return Finding(schedule_seed, "deadlock", *_deadlock(text, state, options))
+        if "still running" in text:
+            return Finding(schedule_seed, "never ends", text, HINTS_PS["timeout"])
+        return Finding(schedule_seed, "error", text, failure.hint)
     keys = {k: options[k] for k in ("lr", "steps", "bound", "workers") if k in options}
-    verdict = judge(final, seen, **keys)
+    verdict = judge(final, seen, **keys) or _silent(state["messages"], **keys)
     return None if verdict is None else Finding(schedule_seed, *verdict)
+
+
+def _deadlock(text, state, options):
+    """``(what, hint)`` for a deadlock: the server returned too early, or a request the
+    bound allows was never answered (which worker, at which step)."""
+    steps, bound = options.get("steps", STEPS), options.get("bound", BOUND)
+    pushed = state["pushed"]
+    done, total = sum(pushed.values()), steps * len(pushed)
+    if "rank 0: returned" in text:
+        return (f"{text}: the server returned after {done} of the {total} pushes",
+                HINTS_PS["returned"])
+    slowest = min(pushed.values())
+    for worker, (step, how) in sorted(state["asking"].items()):
+        lead = pushed[worker] - slowest
+        if lead <= (bound if how == "pull" else 0):
+            return (f"{text}: worker {worker}'s {how}() at step {step} is {lead} "
+                    f"push{'es' if lead != 1 else ''} ahead of the slowest, which the "
+                    "bound allows, and was never answered", HINTS_PS["deadlock"])
+    return text, HINTS_PS["deadlock"]
+
+
+def _silent(messages, steps=STEPS, workers=WORKERS, **_):
+    """A finding if a rank sent fewer messages than the protocol needs: a worker at least
+    a request and a gradient per step, the server a reply per request."""
+    for rank, sent in enumerate(messages):
+        need = workers * steps if rank == SERVER else 2 * steps
+        if sent < need:
+            who = "the server" if rank == SERVER else f"worker {rank}"
+            return ("silent", f"{who} sent {sent} message{'s' if sent != 1 else ''} in "
+                    f"{steps} steps, fewer than the {need} the protocol needs",
+                    HINTS_PS["silent"])
+    return None
 
 
 def explore(program, seeds=SEEDS, round_robin=True, quiet=False, progress=False,
@@ -263,13 +350,26 @@ def _span(seeds, round_robin):
 
 @check("race-free parameter server")
 def check_parameter_server(serve, push, pull, sync):
-    """The lab's check: the learner's four functions, run under round-robin order and
-    every seed of :data:`SEEDS`, with 3 workers, 4 steps, staleness bound 1 (and a sync
-    at step 3); ✅ if no interleaving loses an update, breaks the bound or deadlocks."""
+    """The lab's check: first the learner's workers with the reference server and the
+    learner's server with the reference workers (round-robin order: which side is wrong),
+    then the learner's four functions under round-robin order and every seed of
+    :data:`SEEDS`, with 3 workers, 4 steps, staleness bound 1 (and a sync at step 3); ✅
+    if no interleaving loses an update, breaks the bound, deadlocks or passes no
+    messages."""
     reference = _reference_ps()
     for mine, theirs in ((serve, reference.serve), (push, reference.push),
                          (pull, reference.pull), (sync, reference.sync)):
         refuse_reference(mine, theirs)
+    for side, program in (
+            ("your push/pull/sync with the reference server",
+             Program(reference.serve, push, pull, sync)),
+            ("your serve with the reference workers",
+             Program(serve, reference.push, reference.pull, reference.sync))):
+        finding = run_once(program)
+        if finding is not None:
+            hint = (WORKER_HINTS.get(finding.kind, finding.hint)
+                    if program.serve is reference.serve else finding.hint)
+            raise Failure(f"{side}: {finding}", hint)
     program = Program(serve, push, pull, sync)
     finding = explore(program, quiet=True, progress=True)
     if finding is not None:
