@@ -170,8 +170,8 @@ def test_a_plain_function_that_never_returns_is_stopped_after_the_timeout(monkey
             x += 1
 
     failure = _plain_failure(forever, 1)
-    assert failure.what == ("f(1): your function was still running after 0.5 s of "
-                            "wall-clock time (an infinite loop?)")
+    assert failure.what == ("f(1): your function was still running after 0.5 s of work: "
+                            "it used 0.5 s of CPU time (an endless loop?)")
     assert failure.hint == checking.HINTS["timeout"]
 
 
@@ -231,7 +231,7 @@ def test_an_endless_loop_in_a_run_with_accounting_is_stopped_after_the_same_limi
 
     with pytest.raises(Failure) as info:
         checking.simulate(Case(2, 1).cluster(), forever, 2, lambda rank: "case", accounting=True)
-    assert "still running after 1 s" in info.value.what
+    assert "still running after 1 s of work: the ranks used 1 s of CPU time" in info.value.what
 
 
 @pytest.mark.parametrize("code", [None, 2])
