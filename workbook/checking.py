@@ -863,17 +863,20 @@ def _on_one_rank(fn, args, where, name, who, hint):
         except (Exception, SystemExit, KeyboardInterrupt) as error:  # noqa: BLE001
             return False, error     # the learner's mistake, reported below
 
-    _warm_up()
-    try:
-        returned, value = sc.Cluster.preset("dgx-a100").run(
-            body, world_size=1, accounting=False, **_limits(TIMEOUT)).results[0]
-    except sc.SimulationTimeout as error:
-        raise Failure(f"{where}: {who} was still running "
-                      f"{_timeout_text(error, TIMEOUT, 'it')}", HINTS["timeout"]) from None
-    except sc.RankError as error:       # a BaseException no learner should raise
-        raise raised(name, error.original, hint) from None
-    except sc.SimulationError as error:  # a collective in a plain function, say
-        raise Failure(f"{where}: {short(error)}", hint) from None
+    if current_rank() is not None:   # on a rank already: its run's limits guard this too
+        returned, value = body()
+    else:
+        _warm_up()
+        try:
+            returned, value = sc.Cluster.preset("dgx-a100").run(
+                body, world_size=1, accounting=False, **_limits(TIMEOUT)).results[0]
+        except sc.SimulationTimeout as error:
+            raise Failure(f"{where}: {who} was still running "
+                          f"{_timeout_text(error, TIMEOUT, 'it')}", HINTS["timeout"]) from None
+        except sc.RankError as error:       # a BaseException no learner should raise
+            raise raised(name, error.original, hint) from None
+        except sc.SimulationError as error:  # a collective in a plain function, say
+            raise Failure(f"{where}: {short(error)}", hint) from None
     if isinstance(value, Failure):
         raise value
     if not returned:
