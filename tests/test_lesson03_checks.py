@@ -33,8 +33,8 @@ def learner_copy(*references):
     return learner_namespace(R, *references)
 
 
-MINE = learner_copy(R.average_gradients, R.allreduce_in_buckets, R.OverlappedDDP,
-                    R.train_with_accumulation, R.DistributedTrainer)
+MINE = learner_copy(R.average_gradients, R.bucket_parameters, R.allreduce_in_buckets,
+                    R.OverlappedDDP, R.train_with_accumulation, R.DistributedTrainer)
 OverlappedDDP, DistributedTrainer = MINE["OverlappedDDP"], MINE["DistributedTrainer"]
 
 
