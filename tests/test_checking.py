@@ -505,7 +505,8 @@ def test_the_reference_reached_around_its_name_is_refused(capsys, reference_modu
     mine = write_learner(EVASIONS[evasion], {})["mine"]
     assert _check_ring(reference_module)(mine) is False
     assert capsys.readouterr().out.startswith(
-        "❌ ring: this function is the workbook's own reference answer, not yours")
+        "❌ ring: your function called fake_reference_answers.ring, which the exercise asks "
+        "you to write yourself — Hint: " + checking.HINTS["reference"])
 
 
 def test_own_code_passes_and_the_watch_ends_with_the_check(capsys, reference_module):

@@ -105,10 +105,8 @@ def check(name):
         def run_check(*args, **kwargs):
             try:
                 with _exit_refused(), _references_watched() as refused:
-                    try:
-                        passed = body(*args, **kwargs)
-                    finally:
-                        refused.raise_if_called()
+                    passed = body(*args, **kwargs)     # (its own ❌ comes first)
+                    refused.raise_if_called()
             except NotStarted as failure:
                 print(not_started_text(name, failure.hint))
                 return False
@@ -177,7 +175,8 @@ def refuse_reference(candidate, reference, what="function"):
     Inside a check, the learner's code is also watched while the check runs it: a call of
     the reference from the learner's code, however it was reached (an import inside the
     function, ``importlib.import_module``, ``__import__``, ``getattr`` on a module), makes
-    the check ❌ with the same words when the check ends (see :class:`_Watch`)."""
+    the check ❌ when it ends, naming what was called (see :class:`_Watch`), unless the
+    check failed on its own first."""
     if inspect.isclass(candidate) and inspect.isclass(reference):
         same = issubclass(candidate, reference) or any(
             _uses(getattr(candidate, name, None), getattr(reference, name))
@@ -185,14 +184,10 @@ def refuse_reference(candidate, reference, what="function"):
     else:
         same = _uses(candidate, reference)
     if same:
-        raise _reference_failure(what)
+        raise Failure(f"this {what} is the workbook's own reference answer, not yours",
+                      HINTS["reference"])
     if _WATCHES:
         _WATCHES[-1].watch(candidate, reference, what)
-
-
-def _reference_failure(what):
-    return Failure(f"this {what} is the workbook's own reference answer, not yours",
-                   HINTS["reference"])
 
 
 def _uses(candidate, reference):
@@ -215,16 +210,22 @@ def _uses(candidate, reference):
 
 
 def _codes(obj):
-    """The code objects that run when ``obj`` is called: a function's, a class's methods'
-    (its bases' too, but not ``object``'s), a callable object's ``__call__``."""
+    """The code objects that run when ``obj`` is called: a function's, a class's methods
+    (its bases' too, those written in the same module: not torch's ``Function`` or
+    ``Module``), a callable object's ``__call__``."""
     obj = inspect.unwrap(obj) if callable(obj) else obj
     if isinstance(obj, functools.partial):
         return _codes(obj.func)
     if not inspect.isclass(obj):
         code = getattr(obj, "__code__", None)
-        return {code} if code is not None else _codes(type(obj).__call__)
+        if code is not None:
+            return {code}
+        call = getattr(type(obj), "__call__", None)
+        return _codes(call) if inspect.isfunction(call) else set()
     found = set()
-    for klass in inspect.getmro(obj)[:-1]:
+    for klass in inspect.getmro(obj):
+        if klass.__module__ != obj.__module__:
+            continue
         for value in vars(klass).values():
             if isinstance(value, (staticmethod, classmethod)):
                 value = value.__func__
@@ -255,7 +256,7 @@ class _Watch:
     learner's frame under them."""
 
     def __init__(self):
-        self.references = {}     # code -> "function" / "class"
+        self.references = {}     # code -> ("function" / "class", the reference's name)
         self.learner = set()
         self.called = None       # what the learner's code called, once it has
         self.saved = None        # the profile functions in force before
@@ -263,7 +264,8 @@ class _Watch:
     def watch(self, candidate, reference, what):
         """Watch ``candidate``'s code for calls of ``reference``'s from now on."""
         self.learner |= _codes(candidate)
-        self.references.update(dict.fromkeys(_codes(reference), what))
+        name = f"{reference.__module__}.{getattr(reference, '__qualname__', reference)}"
+        self.references.update(dict.fromkeys(_codes(reference), (what, name)))
         if self.saved is None:
             self.saved = sys.getprofile(), threading.getprofile()
             sys.setprofile(self.profile)
@@ -289,9 +291,11 @@ class _Watch:
             threading.setprofile(self.saved[1])
 
     def raise_if_called(self):
-        """The reference ❌ if the learner's code called a reference."""
+        """The ❌ naming the reference the learner's code called, if it did."""
         if self.called:
-            raise _reference_failure(self.called)
+            what, name = self.called
+            raise Failure(f"your {what} called {name}, which the exercise asks you to "
+                          "write yourself", HINTS["reference"])
 
 
 @contextlib.contextmanager
