@@ -268,12 +268,19 @@ class _Watch:
         self.references.update(dict.fromkeys(_codes(reference), (what, name)))
         if self.saved is None:
             self.saved = sys.getprofile(), threading.getprofile()
-            sys.setprofile(self.profile)
-            threading.setprofile(self.profile)
+            references = self.references
 
-    def profile(self, frame, event, arg):
-        """The profile function: notes the first call of a reference by learner code."""
-        if event != "call" or frame.f_code not in self.references or self.called:
+            def profile(frame, event, arg):
+                # called for every function of the check that starts or ends: cheap first
+                if event == "call" and frame.f_code in references:
+                    self.note(frame)
+
+            sys.setprofile(profile)
+            threading.setprofile(profile)
+
+    def note(self, frame):
+        """A reference's code starts in ``frame``: note it if the learner's code called it."""
+        if self.called:
             return
         caller = frame.f_back
         if caller is None or caller.f_code.co_filename.startswith(_LIBRARY):
