@@ -517,3 +517,17 @@ def test_own_code_passes_and_the_watch_ends_with_the_check(capsys, reference_mod
     assert _check_ring(reference_module)(mine) is True
     assert (sys.getprofile(), threading.getprofile()) == before
     capsys.readouterr()
+
+
+def test_a_process_forked_during_a_check_still_exits_with_os_exit():
+    import os
+
+    @checking.check("thing")
+    def check_forks():
+        pid = os.fork()
+        if pid == 0:          # the child: multiprocessing's fork start ends it so
+            os._exit(7)
+        assert os.waitpid(pid, 0)[1] >> 8 == 7
+        return "passed"
+
+    assert check_forks() is True

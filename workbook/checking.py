@@ -326,11 +326,13 @@ class ExitCalled(SystemExit):
 @contextlib.contextmanager
 def _exit_refused():
     """A ``with`` block in which ``os._exit`` raises :class:`ExitCalled` on the check's
-    thread and on the ranks of a simulated run (any other thread still exits)."""
-    original, checking_thread = os._exit, threading.get_ident()
+    thread and on the ranks of a simulated run (any other thread still exits, and so does
+    a child process forked meanwhile: multiprocessing's end with ``os._exit``)."""
+    original, checking_thread, pid = os._exit, threading.get_ident(), os.getpid()
 
     def _exit(status):
-        if threading.get_ident() == checking_thread or current_rank() is not None:
+        mine = threading.get_ident() == checking_thread or current_rank() is not None
+        if mine and os.getpid() == pid:
             raise ExitCalled(status)
         original(status)
 
