@@ -13,7 +13,8 @@ A lesson package imports only its own modules and the shared ones below, never a
 lesson's package. Shared, because several lessons use them:
 
 - :mod:`workbook.checking`: the check protocol (and :mod:`workbook.restart`, the kernel
-  extension that answers a check cell run before the setup cell); :mod:`workbook.quiz`: quizzes;
+  extension that answers a check cell run before the setup cell);
+  :mod:`workbook.quiz`: quizzes;
   :mod:`workbook.labs`: the lab builder; :mod:`workbook.progress`: the progress report;
 - :mod:`workbook.models`: the models and optimizer several lessons train;
   :mod:`workbook.pipeline`: stages and bubbles (lessons 04, 05, 09);
