@@ -372,7 +372,6 @@ class RankScheduler:
             f"rank {stuck} was still running {when} (the run's timeout), so the run was "
             "stopped. Is there an infinite loop, or a loop that waits for something no "
             "other rank will do?")
-        self._own_timeout.rank = stuck
         self._record(self._own_timeout)
         self._stop(stuck)
 
@@ -506,8 +505,9 @@ class RankScheduler:
         finally:
             _end_of_dead_rank()
             # its last reading: an ended thread's clock id may name another thread later
-            self._cpu_used[rank] = _cpu_time(self._cpu_clocks[rank]) or 0.0
-            self._cpu_clocks[rank] = None
+            clock, self._cpu_clocks[rank] = self._cpu_clocks[rank], None
+            if clock is not None:
+                self._cpu_used[rank] = _cpu_time(clock) or self._cpu_used[rank]
             self._state[rank] = DONE
             self._waiting_for[rank] = None
             self._hand_over(rank)
