@@ -468,7 +468,8 @@ def _timeout_text(error, limit, who):
     endless loop?)"`` (``who``: "the ranks")."""
     text = str(error)
     if "CPU time" in text:
-        return f"after {limit:g} s of work: {who} used {limit:g} s of CPU time (an endless loop?)"
+        return (f"after {limit:g} s of work: {who} used {limit:g} s of CPU time (an endless "
+                "loop?)")
     if "wall-clock" in text:
         return (f"after {limit * WALL_CEILING:g} s of wall-clock time, without using "
                 f"{limit:g} s of CPU time (blocked? or a machine far too busy)")
