@@ -214,6 +214,19 @@ def test_number_accepts_every_real_and_nothing_else(value, expected):
     assert checking.number(value) == expected
 
 
+def test_number_of_a_learner_s_real_that_raises_or_loops_is_a_cross(monkeypatch):
+    monkeypatch.setattr(checking, "TIMEOUT", 0.5)
+    with pytest.raises(Failure) as info:
+        checking.number(_Raising(), "f(1)")
+    assert info.value.what == "f(1): using it as a number raised ValueError: no float for you"
+
+    class Endless(float):
+        __float__ = _Hostile._forever
+
+    with pytest.raises(Failure, match="used 0.5 s of CPU time"):
+        checking.number(Endless(), "f(1)")
+
+
 def test_every_learner_run_has_one_limit_well_under_progress_cell_timeout():
     # A runaway function must show the check's own ❌, not `make progress`'s cell timeout
     # (120 s): plain and accounting runs alike, with room for the rest of the check.

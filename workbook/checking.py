@@ -898,11 +898,15 @@ def _on_one_rank(fn, args, where, name, who, hint):
     return value
 
 
-def number(value):
+def number(value, where="your function's answer"):
     """``value`` as a float if it is a real number (an int, a float, a numpy number, a
-    ``Fraction``, a one-element tensor), else None; a bool is not a number here."""
+    ``Fraction``, a one-element tensor), else None; a bool is not a number here. A type
+    other than int and float is converted by :func:`touch` (a learner's ``__float__``
+    may loop or raise: a :class:`Failure` naming ``where``)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
-    return float(value)
+    if type(value) in (int, float):
+        return float(value)
+    return touch(lambda: float(value), where, "it as a number")
