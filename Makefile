@@ -59,11 +59,14 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e .
+	$(BIN)/python -m workbook.restart
 	@touch $@
 
 setup: $(STAMP)
 
+# (workbook.restart again: a clone set up before it existed gets it without a reinstall)
 lab: $(STAMP)
+	$(BIN)/python -m workbook.restart
 	JUPYTER=$(BIN)/jupyter scripts/lab.sh $(LAB_ARGS)
 
 # Every step runs even when an earlier one fails, so one CI run reports everything. The

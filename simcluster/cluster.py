@@ -74,7 +74,8 @@ class Cluster:
     def run(self, fn, world_size=None, args=(), kwargs=None, timeout=None,
             accounting=True, algorithms=None, speed_factor=None, link_factor=None,
             faults=None, max_restarts=0, min_world_size=None,
-            restart_delay=_faults.DEFAULT_RESTART_DELAY_S, schedule_seed=None):
+            restart_delay=_faults.DEFAULT_RESTART_DELAY_S, schedule_seed=None,
+            cpu_timeout=None):
         """Run ``fn(*args, **kwargs)`` on ranks ``0 .. world_size-1`` and return a :class:`Run`.
 
         Args:
@@ -88,6 +89,11 @@ class Cluster:
                 Without one, a run is stopped only when it makes no progress for
                 :data:`simcluster.scheduler.STALL_LIMIT_S` (a rank blocked on a lock that
                 another rank holds); a rank that computes is never stopped.
+            cpu_timeout: CPU seconds the ranks' threads may use together before the rank
+                still running is stopped with :class:`~simcluster.SimulationTimeout`:
+                the run's own work, which a busy machine does not stretch as it does
+                wall-clock time (the workbook's checks use it, with a far larger
+                ``timeout`` as a last resort).
             accounting: charge simulated time and memory (turn off for raw speed).
             algorithms: force collective algorithms, e.g. ``{"all_reduce": "ring"}``
                 (see :data:`simcluster.costmodel.ALGORITHMS`); default: the fastest of
@@ -131,6 +137,7 @@ class Cluster:
         """
         world_size = validation.run_arguments(self, fn, world_size, args, kwargs, timeout,
                                               speed_factor, link_factor)
+        validation.check_timeout(cpu_timeout, "cpu_timeout")
         faults = _faults.check(faults, world_size, len(self.spec.nodes))
         _faults.check_restarts(max_restarts, min_world_size, restart_delay, world_size)
         schedule_seed = validation.check_schedule_seed(schedule_seed)
@@ -143,7 +150,7 @@ class Cluster:
         try:
             return self._run(fn, world_size, args, kwargs, timeout, accounting, algorithms,
                              speed_factor, link_factor, faults, max_restarts, min_world_size,
-                             float(restart_delay), schedule_seed)
+                             float(restart_delay), schedule_seed, cpu_timeout)
         finally:
             for name, value in saved_env.items():
                 if value is None:
@@ -154,7 +161,7 @@ class Cluster:
 
     def _run(self, fn, world_size, args, kwargs, timeout, accounting, algorithms,
              speed_factor, link_factor, faults, max_restarts, min_world_size,
-             restart_delay, schedule_seed=None):
+             restart_delay, schedule_seed=None, cpu_timeout=None):
         """:meth:`run`, once its arguments are checked and no other run is active: one
         attempt, and after each crash (as long as restarts are left) another."""
         kwargs = dict(kwargs or {})
@@ -178,7 +185,7 @@ class Cluster:
             world, results, scheduled = cluster._attempt(
                 fn, world_size, args, kwargs, timeout, recorder, faults, start, alive_nodes,
                 restart_delay if attempt < max_restarts else None,
-                _attempt_seed(schedule_seed, attempt))
+                _attempt_seed(schedule_seed, attempt), cpu_timeout)
             run = Run(cluster, world_size, results, world)
             run.restarts = list(restarts)
             if not world.faults.deaths:
@@ -217,7 +224,7 @@ class Cluster:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _attempt(self, fn, world_size, args, kwargs, timeout, recorder, faults, start,
-                 alive_nodes, stop_after_crash, schedule_seed=None):
+                 alive_nodes, stop_after_crash, schedule_seed=None, cpu_timeout=None):
         """One attempt of a run on this cluster, from simulated time ``start``: returns
         the world, the results, and ``{rank: fault}`` for the crashes scheduled.
         ``stop_after_crash``: with a restart to come, the survivors stop this many seconds
@@ -225,7 +232,7 @@ class Cluster:
         :class:`~simcluster.scheduler.RankScheduler`."""
         results = [None] * world_size
         scheduler = RankScheduler(world_size, lambda: world.explain_deadlock(), timeout,
-                                  schedule_seed)
+                                  schedule_seed, cpu_timeout)
         world = backend.SimWorld(scheduler, world_size, recorder, stop_after_crash)
         scheduled = _faults.crashes(faults, start, world_size, self.spec, alive_nodes)
         for rank, fault in scheduled.items():

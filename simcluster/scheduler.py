@@ -155,11 +155,15 @@ class RankScheduler:
     must return the :class:`SimulationError` to raise from :meth:`run`.
     ``schedule_seed``: None for round-robin, or a seed of ``random.Random`` (an int, or
     a str for a restarted attempt) that picks one interleaving.
+    ``timeout``: wall-clock seconds the run may take; ``cpu_timeout``: CPU seconds its
+    rank threads may use together (work, which a busy machine does not stretch).
     """
 
-    def __init__(self, world_size, on_deadlock, timeout=None, schedule_seed=None):
+    def __init__(self, world_size, on_deadlock, timeout=None, schedule_seed=None,
+                 cpu_timeout=None):
         self.world_size = world_size
         self.timeout = timeout
+        self.cpu_timeout = cpu_timeout
         # The only source of scheduling choices under a seed: one rank runs at a time, so
         # the draws happen in the same order on every run with the same seed.
         self._choices = None if schedule_seed is None else random.Random(schedule_seed)
@@ -180,6 +184,7 @@ class RankScheduler:
         self._idle_polls = 0
         self._switches = 0  # scheduling points so far: the watchdog's measure of progress
         self._cpu_clocks = [None] * world_size  # each rank thread's CPU-time clock
+        self._cpu_used = [0.0] * world_size  # each rank's CPU seconds, last read
         self._in_learner_code = [False] * world_size  # may a stop be raised in it now?
         self._stop_lock = threading.Lock()
 
@@ -301,6 +306,7 @@ class RankScheduler:
         live_numpy = [None]
         self._process = [_ProcessState(live_numpy) for _ in range(self.world_size)]
         notebook_state = _ProcessState.capture()
+        self._cpu_at_start = time.process_time()
         self._threads = [
             threading.Thread(target=self._rank_main, args=(rank, target),
                              name=f"sim-rank-{rank}", daemon=True)
@@ -343,14 +349,11 @@ class RankScheduler:
                     self._stop(self.current)
                     return
             if self.timeout is not None and now - start >= self.timeout:
-                stuck = self.current
-                self._own_timeout = SimulationTimeout(
-                    f"rank {stuck} was still running after {self.timeout:g} s of "
-                    "wall-clock time (the run's timeout), so the run was stopped. Is there "
-                    "an infinite loop, or a loop that waits for something no other rank "
-                    "will do?")
-                self._record(self._own_timeout)
-                self._stop(stuck)
+                self._time_out(f"after {self.timeout:g} s of wall-clock time")
+                return
+            if self.cpu_timeout is not None and self.cpu_used() >= self.cpu_timeout:
+                self._time_out(f"when the ranks had used {self.cpu_timeout:g} s of CPU "
+                               "time")
                 return
             if self._progress() != progress:
                 progress, progress_at = self._progress(), now
@@ -361,6 +364,28 @@ class RankScheduler:
                     "no scheduling point and used no CPU time, so the run was stopped. "
                     f"{_stuck_where(stuck, self._threads)}"))
                 return
+
+    def _time_out(self, when):
+        """Stop the rank holding the baton: the run went past one of its limits."""
+        stuck = self.current
+        self._own_timeout = SimulationTimeout(
+            f"rank {stuck} was still running {when} (the run's timeout), so the run was "
+            "stopped. Is there an infinite loop, or a loop that waits for something no "
+            "other rank will do?")
+        self._record(self._own_timeout)
+        self._stop(stuck)
+
+    def cpu_used(self):
+        """CPU seconds the run's rank threads have used so far, together: only one runs
+        at a time, so this is the run's own work, however busy the machine is (threads
+        torch starts for its parallel ops are not counted)."""
+        if not _THREAD_CLOCKS:   # (macOS) the whole process's, since the run began
+            return time.process_time() - self._cpu_at_start
+        for rank, clock in enumerate(self._cpu_clocks):
+            used = None if clock is None else _cpu_time(clock)
+            if used is not None:   # (None: not started, or ended: keep its last reading)
+                self._cpu_used[rank] = used
+        return sum(self._cpu_used)
 
     def _progress(self):
         """What changes while a run makes progress: scheduling points, and CPU time used
@@ -479,6 +504,10 @@ class RankScheduler:
                 self.aborting = True
         finally:
             _end_of_dead_rank()
+            # its last reading: an ended thread's clock id may name another thread later
+            clock, self._cpu_clocks[rank] = self._cpu_clocks[rank], None
+            if clock is not None:
+                self._cpu_used[rank] = _cpu_time(clock) or self._cpu_used[rank]
             self._state[rank] = DONE
             self._waiting_for[rank] = None
             self._hand_over(rank)
@@ -606,6 +635,9 @@ def _simulation_error_in(exc):
         seen.add(id(exc))
         exc = exc.__cause__
     return None
+
+
+_THREAD_CLOCKS = hasattr(time, "pthread_getcpuclockid")
 
 
 def _thread_cpu_clock():

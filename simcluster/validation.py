@@ -257,16 +257,16 @@ def check_function(fn):
                         "with a plain def (ranks are threads; they need no event loop).")
 
 
-def check_timeout(timeout):
-    """``timeout`` is None or a finite positive number of seconds."""
+def check_timeout(timeout, name="timeout"):
+    """``timeout`` (the argument ``name``) is None or a finite positive number of seconds."""
     if timeout is None:
         return
     if not _number(timeout):
-        raise TypeError(f"timeout must be a positive number of seconds (or None), got "
+        raise TypeError(f"{name} must be a positive number of seconds (or None), got "
                         f"{timeout!r}")
     if not (timeout > 0 and math.isfinite(timeout)):
-        raise ValueError(f"timeout must be a positive number of seconds (and finite), got "
-                         f"{timeout!r}; for no limit leave it out (timeout=None)")
+        raise ValueError(f"{name} must be a positive number of seconds (and finite), got "
+                         f"{timeout!r}; for no limit leave it out ({name}=None)")
 
 
 def check_schedule_seed(seed):

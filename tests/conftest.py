@@ -59,3 +59,14 @@ def pytest_collection_modifyitems(config, items):
 
     order = sorted(range(len(items)), key=key)
     items[:] = [items[index] for index in order]
+
+
+@pytest.fixture
+def short_timeout(monkeypatch):
+    """The checks' loop guards, short: a learner's endless loop in a test is stopped after
+    2 CPU seconds (5 with accounting, where a correct answer of lab 08 needs a few),
+    not after the 15 a learner gets. CPU seconds: a busy machine does not stretch them."""
+    from workbook import checking
+
+    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
+    monkeypatch.setattr(checking, "ACCOUNTING_TIMEOUT", 5.0)

@@ -1,9 +1,14 @@
 """workbook.checking: the protocol every lab's checks share — the one-line verdict, runs
 whose failures become that line, budgets, and refusing the workbook's own answers."""
 
+import sys
+import threading
+
 import pytest
 import torch
 import torch.distributed as dist
+
+import simcluster as sc
 
 from workbook import checking
 from workbook.checking import Case, Failure
@@ -170,8 +175,8 @@ def test_a_plain_function_that_never_returns_is_stopped_after_the_timeout(monkey
             x += 1
 
     failure = _plain_failure(forever, 1)
-    assert failure.what == ("f(1): your function was still running after 0.5 s of "
-                            "wall-clock time (an infinite loop?)")
+    assert failure.what == ("f(1): your function was still running after 0.5 s of work: "
+                            "it used 0.5 s of CPU time (an endless loop?)")
     assert failure.hint == checking.HINTS["timeout"]
 
 
@@ -209,6 +214,19 @@ def test_number_accepts_every_real_and_nothing_else(value, expected):
     assert checking.number(value) == expected
 
 
+def test_number_of_a_learner_s_real_that_raises_or_loops_is_a_cross(monkeypatch):
+    monkeypatch.setattr(checking, "TIMEOUT", 0.5)
+    with pytest.raises(Failure) as info:
+        checking.number(_Raising(), "f(1)")
+    assert info.value.what == "f(1): using it as a number raised ValueError: no float for you"
+
+    class Endless(float):
+        __float__ = _Hostile._forever
+
+    with pytest.raises(Failure, match="used 0.5 s of CPU time"):
+        checking.number(Endless(), "f(1)")
+
+
 def test_every_learner_run_has_one_limit_well_under_progress_cell_timeout():
     # A runaway function must show the check's own ❌, not `make progress`'s cell timeout
     # (120 s): plain and accounting runs alike, with room for the rest of the check.
@@ -231,7 +249,7 @@ def test_an_endless_loop_in_a_run_with_accounting_is_stopped_after_the_same_limi
 
     with pytest.raises(Failure) as info:
         checking.simulate(Case(2, 1).cluster(), forever, 2, lambda rank: "case", accounting=True)
-    assert "still running after 1 s" in info.value.what
+    assert "still running after 1 s of work: the ranks used 1 s of CPU time" in info.value.what
 
 
 @pytest.mark.parametrize("code", [None, 2])
@@ -264,3 +282,265 @@ def test_ctrl_c_is_not_swallowed_by_a_check():
 
     with pytest.raises(KeyboardInterrupt):
         check_thing()
+
+
+# ------------------------------------- loop guards count CPU time (issue 43, item 1)
+
+
+def test_a_run_that_waits_longer_than_the_limit_but_computes_little_passes(monkeypatch):
+    # What a busy machine does to a correct answer: the run takes longer on the wall
+    # clock than the limit, while its ranks use little CPU. A wall-clock guard failed it.
+    import time
+
+    monkeypatch.setattr(checking, "TIMEOUT", 0.5)
+
+    def waits(x):
+        for _ in range(8):
+            time.sleep(0.1)     # off the CPU, as a rank waiting for a core is
+        return x
+
+    assert checking.on_a_rank(waits, (3,), "f(3)") == 3
+    run = checking.simulate(Case(2, 1).cluster(), lambda: waits(1), 2, lambda rank: "case")
+    assert run.results == [1, 1]
+
+
+def test_the_cpu_limit_sums_the_ranks_and_the_wall_clock_is_only_a_far_ceiling(monkeypatch):
+    monkeypatch.setattr(checking, "TIMEOUT", 0.5)
+    assert checking._limits(0.5) == {"cpu_timeout": 0.5, "timeout": 0.5 * checking.WALL_CEILING}
+    assert checking.WALL_CEILING >= 20
+
+    def spins_in_turn():
+        while True:            # every rank computes a little, then lets the others go
+            sum(range(1000))
+            dist.barrier()
+
+    with pytest.raises(Failure) as info:
+        checking.simulate(Case(4, 1).cluster(), spins_in_turn, 4, lambda rank: "case")
+    assert "after 0.5 s of work: the ranks used 0.5 s of CPU time (an endless loop?)" in (
+        info.value.what)
+
+
+def test_cluster_run_refuses_a_cpu_timeout_that_is_not_a_positive_number():
+    cluster = Case(1, 1).cluster()
+    for bad, error in (("1", TypeError), (0, ValueError), (float("inf"), ValueError)):
+        with pytest.raises(error, match="cpu_timeout"):
+            cluster.run(lambda: None, world_size=1, cpu_timeout=bad)
+
+
+def test_a_run_stopped_by_its_cpu_timeout_says_so_and_how_much_it_used():
+    def forever():
+        x = 0
+        while True:
+            x += 1
+
+    cluster = Case(1, 1).cluster()
+    with pytest.raises(sc.SimulationTimeout, match="when the ranks had used 0.3 s of CPU"):
+        cluster.run(forever, world_size=1, accounting=False, cpu_timeout=0.3, timeout=60)
+
+
+# ------------------------------ what a learner's function returned, touched safely
+
+
+class _Hostile:
+    """A returned object whose every method a check might call loops for ever."""
+
+    def _forever(self, *args):
+        while True:
+            pass
+
+    __eq__ = __hash__ = __float__ = __len__ = __str__ = __repr__ = _forever
+    __iter__ = items = _forever
+
+
+class _Raising(float):
+    """A 'number' whose conversions raise."""
+
+    def __float__(self):
+        raise ValueError("no float for you")
+
+    def __eq__(self, other):
+        raise RuntimeError("no comparing either")
+
+    __hash__ = float.__hash__
+
+
+@pytest.mark.parametrize("use", [
+    lambda v: v == 1, lambda v: hash(v), lambda v: float(v), lambda v: len(v),
+    lambda v: str(v), lambda v: list(v.items()),
+    lambda v: checking.plain(type("Endless", (list,), {"__iter__": _Hostile._forever})(), "f"),
+], ids=["eq", "hash", "float", "len", "str", "items", "plain"])
+def test_touching_a_returned_object_that_loops_is_a_cross_within_the_cpu_limit(monkeypatch,
+                                                                              use):
+    import time
+
+    monkeypatch.setattr(checking, "TIMEOUT", 0.5)
+    start = time.monotonic()
+    with pytest.raises(Failure) as info:
+        checking.touch(lambda: use(_Hostile()), "f(1)")
+    assert time.monotonic() - start < 0.5 * checking.WALL_CEILING
+    assert info.value.what == ("f(1): using what your function returned was still running "
+                               "after 0.5 s of work: it used 0.5 s of CPU time (an endless "
+                               "loop?)")
+    assert info.value.hint == checking.HINTS["timeout"]
+
+
+def test_touching_a_returned_object_that_raises_or_exits_is_a_cross_naming_it():
+    import sys
+
+    with pytest.raises(Failure) as info:
+        checking.plain([1, _Raising()], "f(1)", "the list your function returned")
+    assert info.value.what == ("f(1): using the list your function returned raised "
+                               "ValueError: no float for you")
+    assert info.value.hint == checking.HINTS["returned"]
+    with pytest.raises(Failure, match="raised RuntimeError: no comparing either"):
+        checking.touch(lambda: _Raising() == 1, "f(1)")
+
+    class Exits:
+        def __len__(self):
+            sys.exit(4)
+
+    with pytest.raises(Failure, match=r"^f\(1\): using what your function returned called "
+                                      r"sys\.exit\(4\)"):
+        checking.touch(lambda: len(Exits()), "f(1)")
+
+
+def test_plain_copies_into_built_in_types_and_names_anything_else():
+    import fractions
+
+    import numpy as np
+
+    class Name(str):
+        def __eq__(self, other):
+            raise RuntimeError("never called once plain")
+
+        __hash__ = str.__hash__
+
+    value = {"a": [1, np.float32(0.5), fractions.Fraction(1, 4), (Name("j"), None)],
+             "t": torch.ones(2), "s": {3}}
+    copied = checking.plain(value, "f")
+    assert copied == {"a": [1, 0.5, 0.25, ("j", None)], "t": copied["t"], "s": {3}}
+    assert type(copied["a"][3][0]) is str and type(copied["t"]) is torch.Tensor
+    assert torch.equal(copied["t"], torch.ones(2)) and copied["t"] is not value["t"]
+
+    class Running:
+        pass
+
+    with pytest.raises(Failure) as info:
+        checking.plain([Running()], "f(1)", "the list your function returned")
+    assert info.value.what == ("f(1): the list your function returned is a Running, not a "
+                               "number, a string, a tensor, or a list, tuple or dict of those")
+
+
+# -------------------------------------- os._exit in learner code (issue 43, item 4)
+
+
+def _exits():
+    import os
+    os._exit(3)
+
+
+def test_os_exit_on_a_rank_in_a_plain_call_or_in_the_check_itself_is_a_cross(capsys):
+    import os
+
+    original = os._exit
+
+    @checking.check("thing")
+    def check_on_ranks(fn):
+        checking.simulate(Case(2, 1).cluster(), fn, 2, lambda rank: "case 1")
+
+    @checking.check("thing")
+    def check_plain(fn):
+        checking.on_a_rank(fn, (), "f()")
+
+    @checking.check("thing")
+    def check_direct(fn):
+        fn()
+
+    assert not check_on_ranks(_exits)
+    assert capsys.readouterr().out.startswith(
+        "❌ thing: case 1: rank 0 called os._exit(3) — Hint: " + checking.HINTS["exit"])
+    assert not check_plain(_exits)
+    assert capsys.readouterr().out.startswith("❌ thing: f() called os._exit(3)")
+    assert not check_direct(_exits)
+    assert capsys.readouterr().out.startswith("❌ thing: your code called os._exit(3)")
+    assert os._exit is original     # put back after each check
+
+
+# ------------------------ the reference reached around the names (issue 43, item 5)
+
+
+_REFERENCE_SOURCE = '''
+def ring(tensor):
+    tensor += 1
+'''
+
+
+@pytest.fixture
+def reference_module(monkeypatch):
+    """A module of reference answers, importable by name, as workbook.*._reference is."""
+    import types
+
+    module = types.ModuleType("fake_reference_answers")
+    exec(compile(_REFERENCE_SOURCE, __file__, "exec"), vars(module))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return module
+
+
+EVASIONS = {
+    "import inside": "def mine(t):\n    from fake_reference_answers import ring\n    ring(t)\n",
+    "importlib": "def mine(t):\n    import importlib\n"
+                 "    importlib.import_module('fake_reference_answers').ring(t)\n",
+    "__import__": "def mine(t):\n    __import__('fake_reference_answers').ring(t)\n",
+    "getattr": "import sys\ndef mine(t):\n"
+               "    getattr(sys.modules['fake_reference_' + 'answers'], 'r' + 'ing')(t)\n",
+    "own helper": "def helper(t):\n    import fake_reference_answers as a\n    a.ring(t)\n"
+                  "def mine(t):\n    helper(t)\n",
+}
+
+
+def _check_ring(reference_module):
+    @checking.check("ring")
+    def check_ring(fn):
+        checking.refuse_reference(fn, reference_module.ring)
+        t = torch.zeros(1)
+        reference_module.ring(t)          # the check's own expected answer: allowed
+        checking.simulate(Case(2, 1).cluster(), lambda: fn(torch.zeros(1)), 2,
+                          lambda rank: "case")
+        return "passed"
+
+    return check_ring
+
+
+@pytest.mark.parametrize("evasion", EVASIONS)
+def test_the_reference_reached_around_its_name_is_refused(capsys, reference_module, evasion):
+    from _check_helpers import write_learner
+
+    mine = write_learner(EVASIONS[evasion], {})["mine"]
+    assert _check_ring(reference_module)(mine) is False
+    assert capsys.readouterr().out.startswith(
+        "❌ ring: your function called fake_reference_answers.ring, which the exercise asks "
+        "you to write yourself — Hint: " + checking.HINTS["reference"])
+
+
+def test_own_code_passes_and_the_watch_ends_with_the_check(capsys, reference_module):
+    from _check_helpers import write_learner
+
+    mine = write_learner("def mine(t):\n    t += 1\n", {})["mine"]
+    before = sys.getprofile(), threading.getprofile()
+    assert _check_ring(reference_module)(mine) is True
+    assert (sys.getprofile(), threading.getprofile()) == before
+    capsys.readouterr()
+
+
+def test_a_process_forked_during_a_check_still_exits_with_os_exit():
+    import os
+
+    @checking.check("thing")
+    def check_forks():
+        pid = os.fork()
+        if pid == 0:          # the child: multiprocessing's fork start ends it so
+            os._exit(7)
+        assert os.waitpid(pid, 0)[1] >> 8 == 7
+        return "passed"
+
+    assert check_forks() is True

@@ -28,11 +28,6 @@ def expect(capsys, check, args, message):
     return result
 
 
-@pytest.fixture
-def short_timeout(monkeypatch):
-    monkeypatch.setattr(checking, "TIMEOUT", 1.0)
-
-
 def learner_copy(reference):
     """The reference answer as a learner would type it: the same source, its own code."""
     return learner_namespace(R, reference)[reference.__name__]
@@ -228,8 +223,8 @@ def test_ring_mistakes(capsys, short_timeout):
            "group WORLD: the shape/dtype differs (rank 0: receives (32,) torch.float32, rank 1: "
            "sends (32,) torch.float64) — Hint: " + simulator_hint(float32_buffer_ring, 2, 64, dtype=torch.float64))
     expect(capsys, ring, (forever_ring,),
-           "❌ ring all-reduce: world size 2, size 1: rank 0 was still running after 1 s of "
-           "wall-clock time (an infinite loop?) — Hint: " + HINTS["timeout"])
+           "❌ ring all-reduce: world size 2, size 1: rank 0 was still running after 2 s of "
+           "work: the ranks used 2 s of CPU time (an endless loop?) — Hint: " + HINTS["timeout"])
     expect(capsys, ring, (returns_sum,),
            "❌ ring all-reduce: world size 1, size 1: rank 0 called all_reduce, a collective "
            "— Hint: " + HINTS["collective"])
@@ -956,7 +951,8 @@ def test_a_timeout_names_the_time_the_run_was_given(capsys, monkeypatch):
 
     result, text = line(capsys, checks.check_ring_allreduce, loops_when_large)
     assert re.fullmatch(r"❌ ring all-reduce: world size 8, size 16384: rank \d was still "
-                        r"running after 1\.5 s of wall-clock time \(an infinite loop\?\) — "
+                        r"running after 1\.5 s of work: the ranks used 1\.5 s of CPU time \(an endless "
+                        r"loop\?\) — "
                         "Hint: " + re.escape(HINTS["timeout"]), text), text
 
 
@@ -1114,8 +1110,8 @@ class WaitingServer(MyServer):
 
 def test_a_parameter_server_that_waits_forever_is_stopped(capsys, short_timeout):
     expect(capsys, checks.check_parameter_server, (WaitingServer,),
-           "❌ parameter server: the scripted calls: rank 0 was still running after 1 s of "
-           "wall-clock time (an infinite loop?) — Hint: " + checks_02.PS_TIMEOUT_HINT)
+           "❌ parameter server: the scripted calls: rank 0 was still running after 2 s of "
+           "work: the ranks used 2 s of CPU time (an endless loop?) — Hint: " + checks_02.PS_TIMEOUT_HINT)
 
 
 @pytest.mark.parametrize("check, references", [
@@ -1170,15 +1166,15 @@ def test_int8_and_topk_stop_an_endless_loop_and_catch_sys_exit(capsys, short_tim
     int8, topk = checks.check_int8_quantization, checks.check_topk_error_feedback
     expect(capsys, int8, (forever, my_dequantize),
            "❌ int8 quantization: size 1: quantize: your function was still running after "
-           f"1 s of wall-clock time (an infinite loop?) — Hint: {HINTS['timeout']}")
+           f"2 s of work: it used 2 s of CPU time (an endless loop?) — Hint: {HINTS['timeout']}")
     expect(capsys, int8, (my_quantize, forever),
            "❌ int8 quantization: size 1: dequantize: your function was still running after "
-           f"1 s of wall-clock time (an infinite loop?) — Hint: {HINTS['timeout']}")
+           f"2 s of work: it used 2 s of CPU time (an endless loop?) — Hint: {HINTS['timeout']}")
     expect(capsys, int8, (my_quantize, exits),
            f"❌ int8 quantization: size 1: dequantize called sys.exit(1) — Hint: {HINTS['exit']}")
     expect(capsys, topk, (forever,),
            "❌ top-k with error feedback: size 1, k = 1, call 1: your function: your function "
-           "was still running after 1 s of wall-clock time (an infinite loop?) — Hint: "
+           "was still running after 2 s of work: it used 2 s of CPU time (an endless loop?) — Hint: "
            f"{HINTS['timeout']}")
     text = expect_fail(capsys, topk, (exits,), "called sys.exit(1)")
     assert "cluster.run" not in text
@@ -1218,7 +1214,7 @@ def test_parameter_server_stops_a_looping_constructor_or_method(capsys, short_ti
             exits()
 
     expect_fail(capsys, checks.check_parameter_server, (LoopsInInit,),
-                "the scripted calls: rank 0 was still running after 1 s")
+                "the scripted calls: rank 0 was still running after 2 s")
     text = expect_fail(capsys, checks.check_parameter_server, (ExitsInPull,),
                        "the scripted calls: rank 0 called sys.exit(1)")
     assert HINTS["exit"] in text

@@ -46,11 +46,6 @@ def expect(capsys, check, answers, message):
     assert line(capsys, check, *answers)[1] == message
 
 
-@pytest.fixture
-def short_timeout(monkeypatch):
-    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
-
-
 # ------------------------------------------------------------ the reference passes
 
 

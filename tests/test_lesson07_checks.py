@@ -11,7 +11,6 @@ import torch
 
 import simcluster as sc
 from _check_helpers import fails, learner_namespace, line, not_started, write_learner
-from workbook import checking
 from workbook.lesson07_zero_fsdp import checks
 from workbook.lesson07_zero_fsdp import _reference as R
 from workbook.lesson07_zero_fsdp.checks import FIT_CASES
@@ -20,11 +19,6 @@ from workbook.lesson07_zero_fsdp.lab import (_fit_step, fit_memory, fit_psi, fit
 
 MINE = learner_namespace(R, R.ZeRO1Adam, R.ZeRO2Adam, R.ZeRO3Linear, R.zero_memory_gb,
                          R.fit_settings)
-
-
-@pytest.fixture
-def short_timeout(monkeypatch):
-    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
 
 
 def learner(source, **extra):
@@ -717,7 +711,6 @@ def test_the_shard_layout_pads_the_last_chunk():
     run = sc.Cluster.preset("dgx-a100").run(body, world_size=4)
     assert run.results == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [0.0, 0.0]]
     assert shard_size(6, 4) == 2 and shard_size(197, 3) == 66
-
 
 
 def test_the_memory_table_accepts_numpy_numbers_and_fractions(capsys):

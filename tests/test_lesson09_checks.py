@@ -9,7 +9,6 @@ import torch.distributed as dist
 
 from _check_helpers import fails, learner_namespace, line, not_started
 from simcluster import planner
-from workbook import checking
 from workbook.lesson09_3d_parallelism import checks
 from workbook.lesson09_3d_parallelism import _reference as R
 from workbook.lesson09_3d_parallelism.checks import _fastest, eq3
@@ -36,11 +35,6 @@ def seeded_layout_caps():
 
 MINE = learner_namespace(R, R.build_groups, R.model_flops, R.choose_layout,
                          R.pipeline_bubble)
-
-
-@pytest.fixture
-def short_timeout(monkeypatch):
-    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
 
 
 # ------------------------------------------------------------ the reference passes

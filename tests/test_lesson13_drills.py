@@ -14,7 +14,7 @@ import sys
 import nbformat
 import pytest
 
-from workbook import checking, progress
+from workbook import progress
 from workbook.lesson13_interview_prep import _reference_drills as reference
 from workbook.lesson13_interview_prep import drills
 
@@ -266,11 +266,6 @@ def test_timed_widget_keeps_answers_out_until_answered():
 
 
 # ------------------------------------------------------------------ the lab's checks
-
-
-@pytest.fixture
-def short_timeout(monkeypatch):
-    monkeypatch.setattr(checking, "TIMEOUT", 1.0)     # a learner's endless loop, stopped
 
 
 REF = reference.drill_answers()

@@ -12,7 +12,9 @@ everything that lesson and its lab need:
 A lesson package imports only its own modules and the shared ones below, never another
 lesson's package. Shared, because several lessons use them:
 
-- :mod:`workbook.checking`: the check protocol; :mod:`workbook.quiz`: quizzes;
+- :mod:`workbook.checking`: the check protocol (and :mod:`workbook.restart`, the kernel
+  extension that answers a check cell run before the setup cell);
+  :mod:`workbook.quiz`: quizzes;
   :mod:`workbook.labs`: the lab builder; :mod:`workbook.progress`: the progress report;
 - :mod:`workbook.models`: the models and optimizer several lessons train;
   :mod:`workbook.pipeline`: stages and bubbles (lessons 04, 05, 09);

@@ -18,7 +18,8 @@ prints the exercise's hint (the ``NotImplementedError``'s message) in full, wrap
 A learner's mistake never reaches the kernel as an exception: :func:`simulate` runs a
 case on the cluster and turns an exception on a rank, a deadlock or mismatch (with the
 simulator's own hint, which names what the ranks were doing), an infinite loop (stopped
-after ``TIMEOUT`` wall-clock seconds) into a :class:`Failure` naming the case.
+once the ranks used ``TIMEOUT`` seconds of CPU time) into a :class:`Failure` naming the
+case.
 
 The rest is shared by the checks of every lesson: :class:`Case` (world size, tensor size
 and dtype, ranks per node) and its inputs; :func:`run_in_place`, which runs a function that
@@ -26,15 +27,22 @@ works on a tensor in place on every rank; the correctness tests of such runs
 (:func:`check_outputs`, :func:`check_p2p_only`, :func:`check_messages_sent`); and budgets
 (:func:`budget` for bytes, messages and memory per rank; :func:`cross_node_budget`;
 :func:`time_budget`), judged only once the results are correct. :func:`refuse_reference`
-answers ❌ when a check is handed the workbook's own answer; :func:`on_a_rank` calls a
-learner's plain function on one simulated rank, so that one that never returns is stopped.
+answers ❌ when a check is handed the workbook's own answer, or when the learner's code
+calls it while the check runs; :func:`on_a_rank` calls a learner's plain function on one
+simulated rank, so that one that never returns is stopped; :func:`touch` and :func:`plain`
+do the same for the check's own use of what a learner's function returned (an object
+whose ``__eq__``, ``__float__`` or ``items()`` loops or raises).
 """
 
+import contextlib
 import functools
 import importlib
 import inspect
 import math
 import numbers
+import os
+import sys
+import sysconfig
 import textwrap
 import threading
 
@@ -42,14 +50,23 @@ import torch
 import torch.distributed as dist
 
 import simcluster as sc
+from simcluster.context import current as current_rank
 
-# Wall-clock seconds a learner's run may take before it counts as an endless loop: every
-# run, plain or with accounting, and a plain function on one rank (on_a_rank). The first
-# run in a process is slow (torch warms up, ~3 s): _warm_up() pays that off the learner's
-# clock. Well under `make progress`'s 120 s per cell (workbook/progress.py), so a runaway
-# function shows the check's own ❌ line, not progress's timeout (tests/test_checking.py).
+# CPU seconds a learner's run may use before it counts as an endless loop: every run, plain
+# or with accounting, a plain function on one rank (on_a_rank) and the check's handling of
+# what a function returned (touch). CPU time, the ranks' own work, not wall-clock time:
+# on a busy machine (thirty learners on one server, load 10 on two cores) correct code
+# waits for a core far longer than it computes, and a wall-clock limit would call it an
+# endless loop. The first run in a process is slow (torch warms up, ~3 s): _warm_up()
+# pays that off the learner's clock. Well under `make progress`'s 120 s per cell
+# (workbook/progress.py), so on an idle machine a runaway function shows the check's own
+# ❌ line, not progress's timeout (tests/test_checking.py).
 TIMEOUT = 15.0
 ACCOUNTING_TIMEOUT = TIMEOUT   # the same limit; kept apart so tests can shorten each
+# The last resort, in wall-clock time, for a run that neither finishes nor uses CPU time
+# (its threads blocked outside the simulator, where the stall watchdog would also stop it)
+# or a machine so busy that the CPU limit takes this long to be reached: far above it.
+WALL_CEILING = 20   # × the CPU limit
 WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 SIZES = (1, 6, 13, 64)
 # How far above a budget a learner's answer may go before it counts as another algorithm.
@@ -87,7 +104,9 @@ def check(name):
         @functools.wraps(body)
         def run_check(*args, **kwargs):
             try:
-                passed = body(*args, **kwargs)
+                with _exit_refused(), _references_watched() as refused:
+                    passed = body(*args, **kwargs)     # (its own ❌ comes first)
+                    refused.raise_if_called()
             except NotStarted as failure:
                 print(not_started_text(name, failure.hint))
                 return False
@@ -123,9 +142,13 @@ HINTS = {
     "called": "read the message above; call your function yourself, in a cell, with the "
               "arguments named there to see the whole traceback.",
     "exit": "a check calls your function and reads what it returns: sys.exit() (or exit()) "
-            "would end the whole cell; return a value, or raise an exception.",
+            "would end the whole cell, os._exit() the kernel; return a value, or raise an "
+            "exception.",
     "timeout": "look for a loop whose condition never changes (a step counter that is "
                "never incremented?).",
+    "returned": "a check compares, converts and prints what your function returns: "
+                "return plain values (numbers, strings, lists, dicts, tensors), or make "
+                "sure your object's methods (__eq__, __float__, __len__, ...) return.",
     "collective": "build it from point-to-point operations only: dist.send, dist.recv, "
                   "dist.isend, dist.irecv, dist.batch_isend_irecv.",
     "no_messages": "ranks are threads here, but on a real cluster they share no memory: "
@@ -145,9 +168,15 @@ HINTS = {
 
 
 def refuse_reference(candidate, reference, what="function"):
-    """Fail if ``candidate`` is ``reference`` (the workbook's own answer) or calls it:
-    the same function or its code, a function whose code names it (``lambda t:
-    _reference.ring_allreduce(t)``), or a subclass of the reference class."""
+    """Fail if ``candidate`` is ``reference`` (the workbook's own answer, or the library's
+    own rule) or calls it: the same function or its code, a function whose code names it
+    (``lambda t: _reference.ring_allreduce(t)``), or a subclass of the reference class.
+
+    Inside a check, the learner's code is also watched while the check runs it: a call of
+    the reference from the learner's code, however it was reached (an import inside the
+    function, ``importlib.import_module``, ``__import__``, ``getattr`` on a module), makes
+    the check ❌ when it ends, naming what was called (see :class:`_Watch`), unless the
+    check failed on its own first."""
     if inspect.isclass(candidate) and inspect.isclass(reference):
         same = issubclass(candidate, reference) or any(
             _uses(getattr(candidate, name, None), getattr(reference, name))
@@ -157,6 +186,8 @@ def refuse_reference(candidate, reference, what="function"):
     if same:
         raise Failure(f"this {what} is the workbook's own reference answer, not yours",
                       HINTS["reference"])
+    if _WATCHES:
+        _WATCHES[-1].watch(candidate, reference, what)
 
 
 def _uses(candidate, reference):
@@ -176,6 +207,140 @@ def _uses(candidate, reference):
     modules = [v for v in named if inspect.ismodule(v)]
     return any(v is reference for v in named) or any(
         getattr(m, name, None) is reference for m in modules for name in code.co_names)
+
+
+def _codes(obj):
+    """The code objects that run when ``obj`` is called: a function's, a class's methods
+    (its bases' too, those written in the same module: not torch's ``Function`` or
+    ``Module``), a callable object's ``__call__``."""
+    obj = inspect.unwrap(obj) if callable(obj) else obj
+    if isinstance(obj, functools.partial):
+        return _codes(obj.func)
+    if not inspect.isclass(obj):
+        code = getattr(obj, "__code__", None)
+        if code is not None:
+            return {code}
+        call = getattr(type(obj), "__call__", None)
+        return _codes(call) if inspect.isfunction(call) else set()
+    found = set()
+    for klass in inspect.getmro(obj):
+        if klass.__module__ != obj.__module__:
+            continue
+        for value in vars(klass).values():
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            parts = (value.fget, value.fset) if isinstance(value, property) else (value,)
+            found |= {p.__code__ for p in parts if inspect.isfunction(p)}
+    return found
+
+
+# Where the workbook, the simulator, the standard library and installed packages live: a
+# reference called from there was called by them (a check, the scheduler), not by the
+# learner's own lines.
+_LIBRARY = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+                  + name + os.sep for name in ("workbook", "simcluster")}
+                 | {sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib")})
+_WATCHES = []   # one _Watch per check that is running (a check may call another)
+
+
+class _Watch:
+    """What :func:`refuse_reference` asked to watch while one check runs: the code of the
+    references, the learner's code, and whether the one called the other.
+
+    A profile function (``sys.setprofile`` on the check's thread, ``threading.setprofile``
+    for the rank threads of the runs it starts) sees every Python function that starts.
+    A reference's code starting from a line of the learner's own (not the workbook's, the
+    simulator's or a library's) while the learner's function is on the stack is a call
+    of the reference however its name was found, so nothing in the learner's source can
+    hide it. The check's own calls of the reference (its expected answers) have no
+    learner's frame under them."""
+
+    def __init__(self):
+        self.references = {}     # code -> ("function" / "class", the reference's name)
+        self.learner = set()
+        self.called = None       # what the learner's code called, once it has
+        self.saved = None        # the profile functions in force before
+
+    def watch(self, candidate, reference, what):
+        """Watch ``candidate``'s code for calls of ``reference``'s from now on."""
+        self.learner |= _codes(candidate)
+        name = f"{reference.__module__}.{getattr(reference, '__qualname__', reference)}"
+        self.references.update(dict.fromkeys(_codes(reference), (what, name)))
+        if self.saved is None:
+            self.saved = sys.getprofile(), threading.getprofile()
+            references = self.references
+
+            def profile(frame, event, arg):
+                # called for every function of the check that starts or ends: cheap first
+                if event == "call" and frame.f_code in references:
+                    self.note(frame)
+
+            sys.setprofile(profile)
+            threading.setprofile(profile)
+
+    def note(self, frame):
+        """A reference's code starts in ``frame``: note it if the learner's code called it."""
+        if self.called:
+            return
+        caller = frame.f_back
+        if caller is None or caller.f_code.co_filename.startswith(_LIBRARY):
+            return
+        while caller is not None:
+            if caller.f_code in self.learner:
+                self.called = self.references[frame.f_code]
+                return
+            caller = caller.f_back
+
+    def stop(self):
+        """Put back the profile functions that were in force before."""
+        if self.saved is not None:
+            sys.setprofile(self.saved[0])
+            threading.setprofile(self.saved[1])
+
+    def raise_if_called(self):
+        """The ❌ naming the reference the learner's code called, if it did."""
+        if self.called:
+            what, name = self.called
+            raise Failure(f"your {what} called {name}, which the exercise asks you to "
+                          "write yourself", HINTS["reference"])
+
+
+@contextlib.contextmanager
+def _references_watched():
+    """A ``with`` block for one check's body: :func:`refuse_reference` inside it watches
+    the learner's code until the block ends; yields the :class:`_Watch`."""
+    watch = _Watch()
+    _WATCHES.append(watch)
+    try:
+        yield watch
+    finally:
+        _WATCHES.remove(watch)
+        watch.stop()
+
+
+class ExitCalled(SystemExit):
+    """Raised in place of ``os._exit(status)`` called by learner code during a check:
+    ``os._exit`` ends the process at once, the notebook's kernel with it."""
+
+
+@contextlib.contextmanager
+def _exit_refused():
+    """A ``with`` block in which ``os._exit`` raises :class:`ExitCalled` on the check's
+    thread and on the ranks of a simulated run (any other thread still exits, and so does
+    a child process forked meanwhile: multiprocessing's end with ``os._exit``)."""
+    original, checking_thread, pid = os._exit, threading.get_ident(), os.getpid()
+
+    def _exit(status):
+        mine = threading.get_ident() == checking_thread or current_rank() is not None
+        if mine and os.getpid() == pid:
+            raise ExitCalled(status)
+        original(status)
+
+    os._exit = _exit
+    try:
+        yield
+    finally:
+        os._exit = original
 
 
 # ----------------------------------------------------------------- formatting
@@ -248,6 +413,8 @@ def raised(who, error, hint=None):
     lab's ``NotImplementedError``, whose message is the exercise's hint."""
     if isinstance(error, NotImplementedError):
         return NotStarted(f"{who}: not started", str(error).strip())
+    if isinstance(error, ExitCalled):
+        return Failure(f"{who} called os._exit({error.code!r})", HINTS["exit"])
     if isinstance(error, SystemExit):
         return Failure(f"{who} called sys.exit({error.code!r})", HINTS["exit"])
     return Failure(f"{who} raised {type(error).__name__}: {short(error)}",
@@ -261,15 +428,15 @@ def simulate(cluster, body, world_size, where, hints=None, accounting=False, arg
     ``where(rank)`` (the case a rank was in; rank None: the first failing one).
 
     A deadlock or mismatch carries the simulator's own hint, which knows what the ranks
-    were doing; ``hints`` may override the others (keys of :data:`HINTS`). Runs with
-    accounting get a longer timeout: the first one in a process is slow to start.
+    were doing; ``hints`` may override the others (keys of :data:`HINTS`). The ranks may
+    use ``TIMEOUT`` seconds of CPU time together (``ACCOUNTING_TIMEOUT`` with accounting).
     """
     hints = {**HINTS, **(hints or {})}
-    timeout = ACCOUNTING_TIMEOUT if accounting else TIMEOUT
+    limit = ACCOUNTING_TIMEOUT if accounting else TIMEOUT
     _warm_up()
     try:
         return cluster.run(body, world_size=world_size, args=args, accounting=accounting,
-                           timeout=timeout, **options)
+                           **_limits(limit), **options)
     except sc.RankError as error:
         if isinstance(error.original, Failure):   # a check that runs inside the ranks
             raise error.original from None
@@ -283,10 +450,30 @@ def simulate(cluster, body, world_size, where, hints=None, accounting=False, arg
     except sc.SimulationTimeout as error:
         rank = short(error).split(" ")[:2]
         rank = " ".join(rank) if rank[0] == "rank" else "a rank"
-        raise Failure(f"{where(None)}: {rank} was still running after {timeout:g} s of "
-                      "wall-clock time (an infinite loop?)", hints["timeout"]) from None
+        raise Failure(f"{where(None)}: {rank} was still running "
+                      f"{_timeout_text(error, limit, 'the ranks')}", hints["timeout"]) from None
     except sc.SimulationError as error:
         raise Failure(f"{where(None)}: {short(error)}", hints["exception"]) from None
+
+
+def _limits(limit):
+    """``cluster.run``'s limits for a learner's run: ``limit`` seconds of CPU time, and
+    :data:`WALL_CEILING` times that of wall-clock time as the last resort."""
+    return {"cpu_timeout": limit, "timeout": limit * WALL_CEILING}
+
+
+def _timeout_text(error, limit, who):
+    """When a learner's run was stopped (``error``, a SimulationTimeout) and why, after
+    "was still running": ``"after 15 s of work: the ranks used 15 s of CPU time (an
+    endless loop?)"`` (``who``: "the ranks")."""
+    text = str(error)
+    if "CPU time" in text:
+        return (f"after {limit:g} s of work: {who} used {limit:g} s of CPU time (an endless "
+                "loop?)")
+    if "wall-clock" in text:
+        return (f"after {limit * WALL_CEILING:g} s of wall-clock time, without using "
+                f"{limit:g} s of CPU time (blocked? or a machine far too busy)")
+    return "when it was stopped: " + short(text, 200)   # it made no progress (a stall)
 
 
 _WARM = []
@@ -613,43 +800,113 @@ class RecordingLock:
 #
 # A check that calls a learner's plain function (a formula, a search, a constructor) runs
 # it on a one-rank simulated run: the scheduler that stops an infinite loop on the ranks
-# of a cluster stops this one too, within the same TIMEOUT, and no thread is left running.
-# sys.exit() is caught there as well: in the notebook it would end the cell unjudged.
+# of a cluster stops this one too, within the same CPU-time limit, and no thread is left
+# running. sys.exit() is caught there as well: in the notebook it would end the cell
+# unjudged. So is the check's own use of what such a function returned (touch, plain):
+# comparing, hashing, converting or printing a learner's object runs its methods.
 
 
 def on_a_rank(fn, args, where, hint=None):
     """``fn(*args)`` for a learner's function that runs outside the cluster: on one
-    simulated rank (no accounting), so that one that never returns is stopped after
-    ``TIMEOUT`` seconds. An exception, ``sys.exit()`` or the timeout becomes a
-    :class:`Failure` naming ``where``; ``hint`` replaces :data:`HINTS` ``"called"``."""
+    simulated rank (no accounting), so that one that never returns is stopped once it
+    used ``TIMEOUT`` seconds of CPU time. An exception, ``sys.exit()`` or the timeout
+    becomes a :class:`Failure` naming ``where``; ``hint`` replaces :data:`HINTS`
+    ``"called"``."""
+    return _on_one_rank(fn, args, where, where, "your function", hint or HINTS["called"])
+
+
+def touch(operation, where, what="what your function returned"):
+    """``operation()``, the check's own use of a learner's object (``lambda:
+    float(returned)``, ``lambda: sorted(returned.items())``), run as :func:`on_a_rank`
+    runs a learner's function: an object whose ``__eq__``, ``__hash__``, ``__float__``,
+    ``__len__``, ``__str__`` or ``items()`` loops, raises or exits gives a :class:`Failure`
+    ``"{where}: using {what} ..."`` within the CPU-time limit, never a hang or a
+    traceback from the workbook. Touch each learner object through it once, keeping
+    what it returns in built-in types (see :func:`plain`)."""
+    return _on_one_rank(operation, (), where, f"{where}: using {what}", f"using {what}",
+                        HINTS["returned"])
+
+
+def plain(value, where, what="what your function returned"):
+    """A copy of ``value`` in built-in types only, made by :func:`touch`: ``None``,
+    ``bool``, ``int``, ``float`` (from any real number), ``str``, tensors (detached
+    copies), and ``list``, ``tuple``, ``dict``, ``set`` of those. A check that reads a
+    learner's returned value through it runs none of the learner's methods afterwards.
+    Any other object is a :class:`Failure` naming its type."""
+    return touch(lambda: _plain_copy(value, where, what), where, what)
+
+
+_BUILT_IN = (bool, int, float, str, type(None))
+
+
+def _plain_copy(value, where, what):
+    """:func:`plain`'s copy, run on a rank: each learner's method it calls is guarded."""
+    if type(value) in _BUILT_IN:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().as_subclass(torch.Tensor)
+    if isinstance(value, str):
+        return str.__str__(value)     # an exact str, whatever the subclass does
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, list):
+        return [_plain_copy(v, where, what) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain_copy(v, where, what) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return {_plain_copy(v, where, what) for v in value}
+    if isinstance(value, dict):
+        return {_plain_copy(k, where, what): _plain_copy(v, where, what)
+                for k, v in value.items()}
+    raise Failure(f"{where}: {what} is a {type(value).__name__}, not a number, a string, "
+                  "a tensor, or a list, tuple or dict of those", HINTS["returned"])
+
+
+def _on_one_rank(fn, args, where, name, who, hint):
+    """``fn(*args)`` on one simulated rank, under the CPU-time limit. A failure starts
+    with ``name`` (``"f(1)"``) when the code raised, ``where`` when it was stopped, and
+    ``who`` says whose code used the time (``"your function"``)."""
 
     def body():
         try:
             return True, fn(*args)
+        except Failure as failure:      # the check's own verdict, from inside (plain)
+            return False, failure
         except (Exception, SystemExit, KeyboardInterrupt) as error:  # noqa: BLE001
             return False, error     # the learner's mistake, reported below
 
-    _warm_up()
-    try:
-        returned, value = sc.Cluster.preset("dgx-a100").run(
-            body, world_size=1, accounting=False, timeout=TIMEOUT).results[0]
-    except sc.SimulationTimeout:
-        raise Failure(f"{where}: your function was still running after {TIMEOUT:g} s of "
-                      "wall-clock time (an infinite loop?)", HINTS["timeout"]) from None
-    except sc.RankError as error:       # a BaseException no learner should raise
-        raise raised(where, error.original, hint or HINTS["called"]) from None
-    except sc.SimulationError as error:  # a collective in a plain function, say
-        raise Failure(f"{where}: {short(error)}", hint or HINTS["called"]) from None
+    if current_rank() is not None:   # on a rank already: its run's limits guard this too
+        returned, value = body()
+    else:
+        _warm_up()
+        try:
+            returned, value = sc.Cluster.preset("dgx-a100").run(
+                body, world_size=1, accounting=False, **_limits(TIMEOUT)).results[0]
+        except sc.SimulationTimeout as error:
+            raise Failure(f"{where}: {who} was still running "
+                          f"{_timeout_text(error, TIMEOUT, 'it')}", HINTS["timeout"]) from None
+        except sc.RankError as error:       # a BaseException no learner should raise
+            raise raised(name, error.original, hint) from None
+        except sc.SimulationError as error:  # a collective in a plain function, say
+            raise Failure(f"{where}: {short(error)}", hint) from None
+    if isinstance(value, Failure):
+        raise value
     if not returned:
-        raise raised(where, value, hint or HINTS["called"])
+        raise raised(name, value, hint)
     return value
 
 
-def number(value):
+def number(value, where="your function's answer"):
     """``value`` as a float if it is a real number (an int, a float, a numpy number, a
-    ``Fraction``, a one-element tensor), else None; a bool is not a number here."""
+    ``Fraction``, a one-element tensor), else None; a bool is not a number here. A type
+    other than int and float is converted by :func:`touch` (a learner's ``__float__``
+    may loop or raise: a :class:`Failure` naming ``where``)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
-    return float(value)
+    if type(value) in (int, float):
+        return float(value)
+    return touch(lambda: float(value), where, "it as a number")
