@@ -26,11 +26,6 @@ MINE = learner_namespace(R, R.bytes_per_parameter, R.LossScaler, R.peak_activati
                          R.choose_checkpoints, R.fit)
 
 
-@pytest.fixture
-def short_timeout(monkeypatch):
-    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
-    monkeypatch.setattr(checking, "ACCOUNTING_TIMEOUT", 5.0)
-
 
 def learner(source, **extra):
     """A learner's class or function, written from ``source`` in MINE's namespace."""

@@ -484,18 +484,14 @@ def test_resume_accepts_another_right_answer(capsys):
     assert line(capsys, checks.check_resume, rng_file_per_rank)[0]
 
 
-def test_a_detector_that_never_returns_is_stopped(capsys, monkeypatch):
-    from workbook import checking
-
-    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
-
+def test_a_detector_that_never_returns_is_stopped(capsys, short_timeout):
     def waits_for_a_spike(step_times):
         while True:
             pass
 
     starts(capsys, checks.check_find_straggler, waits_for_a_spike,
            f"{STRAGGLER}4 ranks × 20 steps, noise only: find_straggler: your function was "
-           "still running after 2 s of wall-clock time (an infinite loop?) — Hint: ")
+           "still running after 2 s of work: it used 2 s of CPU time (an endless loop?) — Hint: ")
 
 
 # ------------------------------------------- malformed plans are a ❌ (issue 24, item 9)

@@ -23,10 +23,6 @@ def good():
     return R.my_design()
 
 
-@pytest.fixture
-def short_timeout(monkeypatch):
-    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
-
 
 def test_the_reference_design_passes(capsys):
     result, text = line(capsys, checks.check_design, MINE)

@@ -2,6 +2,7 @@
 says to run the setup cell, not a NameError's traceback (workbook/restart.py)."""
 
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -28,8 +29,9 @@ def _run(cells, ipython_dir):
 
 def _check_cells(lab):
     nb = nbformat.read(ROOT / "labs" / lab, as_version=4)
+    # a check cell is `checks.check_x(...)`, or `ok_x = checks.check_x(...)` (lab 11)
     return [c.source for c in nb.cells if c.cell_type == "code"
-            and c.source.startswith("checks.check_")]
+            and re.match(r"(\w+ = )?checks\.check_", c.source)]
 
 
 def test_a_check_cell_before_the_setup_cell_says_to_run_the_setup_cell(tmp_path):
