@@ -18,9 +18,12 @@ its GPUs are free. At every event (a submission, an end, a preemption) it runs o
 scheduling pass: the queue in the policy's order (``fifo``, ``sjf``, ``priority``,
 ``fair``), each job placed by the placement rule (:func:`first_fit`, :func:`best_fit`,
 :func:`spread`, :func:`topology`, or your own function with their signature). Without
-backfill the first job that does not fit blocks the queue; with ``backfill=True`` (EASY
-backfill, as Slurm's ``sched/backfill``) a later job may start if it does not delay the
-head's reservation. With ``preemption=True`` a job that does not fit may stop
+backfill the first job that does not fit blocks the queue; with ``backfill="easy"`` (or
+``True``: EASY backfill, Lifka 1995) a later job may start if it does not delay the head's
+reservation; with ``backfill="conservative"`` (what Slurm's ``sched/backfill`` does) every
+queued job it looks at gets a reservation, and a later job may start only if it delays
+none of them. Backfill plans with each job's ``time_limit`` (the user's estimate) if it
+has one. With ``preemption=True`` a job that does not fit may stop
 lower-priority preemptible jobs, chosen gang-aware (:func:`choose_victims`): only if the
 job can then start, losing the fewest GPU-seconds. A stopped job goes back to the queue and
 later restarts from its last checkpoint; each run is one of its ``attempts`` (as in
@@ -43,6 +46,7 @@ from collections import namedtuple
 from dataclasses import dataclass, field
 
 POLICIES = ("fifo", "sjf", "priority", "fair")
+BACKFILLS = ("easy", "conservative")
 KINDS = ("train", "inference", "data")
 BACKFILL_DEPTH = 100   # queued jobs a backfill pass looks at (Slurm's bf_max_job_test)
 _EPS = 1e-9
@@ -63,6 +67,10 @@ class Job:
     ``checkpoint_every``: seconds of progress between checkpoints (``None``: none, a
     preempted job starts over); ``restart_cost``: seconds a restart spends loading its
     checkpoint. ``queue`` names the tenant's queue for ``policy="fair"``.
+    ``time_limit``: the seconds the user asks for (Slurm's ``--time``), which backfill
+    plans with; ``None`` plans with the true run time, a perfect prediction. The job
+    still runs for its ``duration``: over-estimates (``dataclasses.replace(job,
+    time_limit=2 * job.duration)``) only change the plans.
     """
 
     name: str
@@ -76,8 +84,14 @@ class Job:
     queue: str = "default"
     checkpoint_every: float = None
     restart_cost: float = 0.0
+    time_limit: float = None
 
     def __post_init__(self):
+        self.validate()
+
+    def validate(self):
+        """Raise ``ValueError`` naming the first field that is not valid; :func:`simulate`
+        calls it again, since a job's fields may have changed since it was made."""
         what = f"job {self.name!r}"
         if not _is_int(self.gpus) or self.gpus < 1:
             raise ValueError(f"{what}: gpus must be a positive integer, got {self.gpus!r}")
@@ -101,6 +115,9 @@ class Job:
         if not _positive_number(self.restart_cost, zero=True):
             raise ValueError(f"{what}: restart_cost must be >= 0 seconds, "
                              f"got {self.restart_cost!r}")
+        if self.time_limit is not None and not _positive_number(self.time_limit):
+            raise ValueError(f"{what}: time_limit must be None or a positive number of "
+                             f"seconds, got {self.time_limit!r}")
 
 
 def _is_int(x):
@@ -141,8 +158,20 @@ Topology.__doc__ = """What a placement rule may know of the cluster besides the 
 def topology_of(cluster, switches=None):
     """The :class:`Topology` of ``cluster``: its node sizes, and ``switches`` or
     :func:`leaf_switches`."""
-    switches = leaf_switches(cluster) if switches is None else [list(s) for s in switches]
-    return Topology(node_sizes(cluster), switches)
+    sizes = node_sizes(cluster)
+    if switches is None:
+        return Topology(sizes, leaf_switches(cluster))
+    switches, seen = [list(members) for members in switches], set()
+    for i, members in enumerate(switches):
+        for node in members:
+            if not (_is_int(node) and 0 <= node < len(sizes)):
+                raise ValueError(f"switches[{i}] names node {node!r}; the cluster's nodes "
+                                 f"are 0 to {len(sizes) - 1}")
+            if node in seen:
+                raise ValueError(f"node {node} is under two leaf switches (switches[{i}] "
+                                 "and an earlier one); a node has one leaf switch")
+            seen.add(node)
+    return Topology(sizes, switches)
 
 
 def spans(placement, switches):
@@ -232,21 +261,25 @@ def spread(free, gpus, gpus_per_node=None, topo=None):
 def topology(free, gpus, gpus_per_node=None, topo=None):
     """Topology-aware (Slurm's ``topology/tree``): the lowest level of the tree that can
     hold the job — one node, then one leaf switch, then the whole cluster — choosing the
-    fullest node or switch that fits (best fit), then best fit on the nodes beneath it."""
+    fullest node or switch that fits (best fit), then best fit on the nodes beneath it.
+
+    A switch's room is what the gang could take beneath it: every free GPU, or with
+    ``gpus_per_node=k`` ``k`` from each node that has ``k`` free and nothing from the
+    others (a node with 8 free gives a 4-per-node gang 4, one with 3 free gives it 0).
+    Counted so, best fit beneath a switch whose room suffices always succeeds."""
     k = gpus_per_node
     if k is None or k == gpus:                       # one node, if one can hold it
         node = _fullest(free, [n for n in range(len(free)) if free[n] >= gpus])
         if node is not None:
             return {node: gpus}
     switches = topo.switches if topo is not None else []
-    room = [sum(free[n] if k is None else free[n] // k * k for n in members)
+    room = [sum(free[n] if k is None else (k if free[n] >= k else 0) for n in members)
             for members in switches]
     fits = [i for i, r in enumerate(room) if r >= gpus]
     if fits:                                         # one leaf switch: the fullest that fits
         leaf = min(fits, key=lambda i: (room[i], i))
         members = set(switches[leaf])
-        only = [f if n in members else 0 for n, f in enumerate(free)]
-        return best_fit(only, gpus, k)
+        return best_fit([f if n in members else 0 for n, f in enumerate(free)], gpus, k)
     return best_fit(free, gpus, k)
 
 
@@ -281,8 +314,9 @@ def reservation(free, running, head, place=first_fit, topo=None):
 
 
 def easy_backfill(now, free, running, queue, place=first_fit, topo=None, duration=None):
-    """EASY backfill (Lifka 1995; Slurm's ``sched/backfill``): which of the jobs behind
-    the blocked head ``queue[0]`` start now.
+    """EASY backfill (Lifka 1995, the "Extensible Argonne Scheduling sYstem"): which of the
+    jobs behind the blocked head ``queue[0]`` start now. Only the head is protected; Slurm's
+    backfill protects every job it examines (:func:`conservative_backfill`).
 
     ``free``: free GPUs per node; ``running``: ``[(end, {node: count}), ...]``;
     ``queue``: jobs (``.gpus``, ``.gpus_per_node``, ``.duration``), head first.
@@ -319,6 +353,78 @@ def easy_backfill(now, free, running, queue, place=first_fit, topo=None, duratio
         total -= job.gpus
         started.append((job, taken))
     return started
+
+
+def conservative_backfill(now, free, running, queue, place=first_fit, topo=None,
+                          duration=None):
+    """Conservative backfill (Mu'alem & Feitelson 2001), what Slurm's ``sched/backfill``
+    does for the jobs it examines: which jobs of ``queue`` start now.
+
+    Every job, in queue order, gets a reservation: the earliest time it fits for its whole
+    expected run beside the running jobs (``[(expected end, {node: count}), ...]``) and the
+    reservations of the jobs before it. A job whose reservation is ``now`` starts. So no
+    job is delayed by a job behind it, not only the head as under :func:`easy_backfill`.
+    Same arguments and answer as :func:`easy_backfill`; ``queue[0]`` need not be blocked.
+    """
+    times, frees = _profile(now, free, running)
+    started = []
+    for job in queue:
+        found = _earliest(times, frees, job, place, topo, duration)
+        if found is None:
+            continue                 # never fits beside the running jobs: reserve nothing
+        i, taken, seconds = found
+        _reserve(times, frees, i, times[i] + seconds, taken)
+        if i == 0:
+            started.append((job, taken))
+    return started
+
+
+def _profile(now, free, running):
+    """The free GPUs per node from ``now`` on, as running jobs end when expected:
+    ``times`` (ascending, from ``now``) and ``frees[i]``, free GPUs from ``times[i]`` on."""
+    times, frees = [now], [list(free)]
+    for end, taken in sorted(running, key=lambda r: r[0]):
+        if end > times[-1]:
+            times.append(end)
+            frees.append(list(frees[-1]))
+        for node, n in taken.items():
+            frees[-1][node] += n
+    return times, frees
+
+
+def _earliest(times, frees, job, place, topo, duration):
+    """``(index into times, {node: count}, seconds)``: the earliest step of the profile
+    from which ``job`` fits for its whole run, or None."""
+    for i, free in enumerate(frees):
+        if sum(free) < job.gpus or (i and all(a <= b for a, b in zip(free, frees[i - 1]))):
+            continue                 # too few, or nothing freed since the step before
+        taken = place(list(free), job.gpus, job.gpus_per_node, topo)
+        if taken is None:
+            continue
+        seconds = duration(job, taken) if duration is not None else job.duration
+        window = frees[i:bisect.bisect_left(times, times[i] + seconds - _EPS, i + 1)]
+        if any(free[node] < n for free in window for node, n in taken.items()):
+            low = [min(gpus) for gpus in zip(*window)]      # per node, over the run
+            taken = place(low, job.gpus, job.gpus_per_node, topo)
+            if taken is None:
+                continue
+            longer = duration(job, taken) if duration is not None else job.duration
+            if longer > seconds:     # a longer run may meet a later reservation: go on
+                continue
+            seconds = longer
+        return i, taken, seconds
+    return None
+
+
+def _reserve(times, frees, i, end, taken):
+    """Take ``taken`` out of the profile from ``times[i]`` until ``end``."""
+    j = max(i + 1, bisect.bisect_left(times, end - _EPS))
+    if j == len(times) or times[j] > end + _EPS:      # a new step where the job ends
+        times.insert(j, end)
+        frees.insert(j, list(frees[j - 1]))
+    for k in range(i, j):
+        for node, n in taken.items():
+            frees[k][node] -= n
 
 
 # ------------------------------------------------------------------------ victims
@@ -375,7 +481,8 @@ class JobResult:
     """What happened to one job. ``wait``: seconds it spent not running between submission
     and its end; ``jct``: job completion time, ``end - submit``. ``attempts`` (Philly's
     format): one dict per run, ``start``, ``end``, ``placement``, ``outcome``
-    (``"finished"`` or ``"preempted"``)."""
+    (``"finished"``, ``"preempted"``, ``"failed"`` (its node failed), or ``"running"``: still
+    running when ``until`` stopped the simulation, its ``end`` is ``until``)."""
 
     name: str
     gpus: int
@@ -416,7 +523,7 @@ class Result:
 
     def __init__(self, jobs, sizes, switches, free_series, frag_series, busy_gpu_seconds,
                  offered_load, policy, placement, backfill, preemption, unfinished,
-                 node_failures=None):
+                 node_failures=None, until=None):
         self.jobs = jobs
         self.by_name = {j.name: j for j in jobs}
         self.sizes, self.switches = sizes, switches
@@ -429,7 +536,9 @@ class Result:
         self.unfinished = unfinished              # names still queued or running at `until`
         done = [j for j in jobs if j.finished]
         first = min((j.submit for j in jobs), default=0.0)
-        self.makespan = max((j.end for j in done), default=first) - first
+        # stopped by `until` with jobs left: the books close at `until`, not at the last end
+        last = until if unfinished else max((j.end for j in done), default=first)
+        self.makespan = max(0.0, last - first)
         gpu_total = sum(sizes)
         self.utilization = (busy_gpu_seconds / (gpu_total * self.makespan)
                             if self.makespan > 0 else 0.0)
@@ -439,9 +548,9 @@ class Result:
         self.median_jct = quantile(jcts, 0.5)
         self.mean_wait = sum(waits) / len(waits) if waits else float("nan")
         self.p99_wait = quantile(waits, 0.99)
-        # restarts after a node failure are not preemptions
-        self.failures = sum(a["outcome"] == "failed" for j in jobs for a in j.attempts)
-        self.preemptions = sum(len(j.attempts) - 1 for j in jobs if j.attempts) - self.failures
+        outcomes = [a["outcome"] for j in jobs for a in j.attempts]
+        self.failures = outcomes.count("failed")      # attempts a node failure stopped
+        self.preemptions = outcomes.count("preempted")
         self.node_failures = node_failures        # failures passed to simulate(), or None
 
     @property
@@ -490,7 +599,10 @@ class Result:
         if self.node_failures is not None:
             lines.append(f"  {self.node_failures} node failures stopped {self.failures} "
                          "job attempt(s)")
-        if self.overloaded:
+        if self.offered_load == math.inf:
+            lines.append("  OVERLOADED: the jobs all arrive at the same time; the queue "
+                         "only drains after them")
+        elif self.overloaded:
             lines.append(f"  OVERLOADED: the jobs ask for {self.offered_load:.0%} of the "
                          "cluster while they arrive; the queue grows without bound")
         if self.unfinished:
@@ -562,7 +674,7 @@ class _State:
     """A queued or running job inside the simulator."""
 
     __slots__ = ("job", "index", "result", "done", "taken", "gpus_of", "start", "end",
-                 "duration_here", "overhead", "estimate", "version", "gpus", "gpus_per_node")
+                 "duration_here", "overhead", "estimate", "planned_end", "version", "gpus", "gpus_per_node")
 
     def __init__(self, job, index, estimate):
         self.job, self.index = job, index
@@ -571,6 +683,7 @@ class _State:
         self.taken = None          # {node: count} while running
         self.gpus_of = None        # [(node, gpu)] while running
         self.start = self.end = self.duration_here = self.overhead = None
+        self.planned_end = None    # the end backfill expects, by time_limit if there is one
         self.estimate = estimate   # seconds on the most compact placement, for SJF/backfill
         self.version = 0           # bumped when preempted: stale end events are skipped
         self.gpus, self.gpus_per_node = job.gpus, job.gpus_per_node
@@ -617,8 +730,12 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
         placement: ``"first_fit"``, ``"best_fit"``, ``"spread"``, ``"topology"`` or a
             function ``(free, gpus, gpus_per_node, topo) -> {node: count} | None``
             (``topo``: the cluster's :class:`Topology`).
-        backfill: EASY backfill: when the queue's head does not fit, later jobs may start
-            if they end before the head's reserved start or leave it room.
+        backfill: ``False``; ``"easy"`` (or ``True``): when the queue's head does not fit,
+            later jobs may start if they end before the head's reserved start or leave it
+            room (:func:`easy_backfill`); ``"conservative"``: each of the first
+            ``BACKFILL_DEPTH`` queued jobs gets a reservation in queue order, and a job
+            starts early only if that delays none of them (:func:`conservative_backfill`,
+            Slurm's ``sched/backfill``). Both plan with ``Job.time_limit`` when set.
         preemption: a job that does not fit may preempt running ``preemptible`` jobs of
             lower priority (:func:`choose_victims`).
         weights: ``{queue: weight}`` for ``policy="fair"`` (default 1 each).
@@ -635,10 +752,15 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if backfill is True:
+        backfill = "easy"
+    if backfill not in (False, None, *BACKFILLS):
+        raise ValueError(f"unknown backfill {backfill!r}; choose False, True (easy) or one "
+                         f"of {', '.join(BACKFILLS)}")
+    backfill = backfill or False
     place, place_name = _resolve_placement(placement)
     topo = topology_of(cluster, switches)
     sizes, switches = topo.sizes, topo.switches
-    weights = dict(weights or {})
     if until is not None and not _positive_number(until):
         raise ValueError(f"until must be a positive number of seconds, got {until!r}")
     jobs = list(jobs)
@@ -647,6 +769,7 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
     for index, job in enumerate(jobs):
         if not isinstance(job, Job):
             raise ValueError(f"jobs[{index}] is {job!r}, not a scheduling.Job")
+        job.validate()                  # its fields may have changed since it was made
         if job.name in names:
             raise ValueError(f"two jobs are called {job.name!r}; names must be unique")
         names.add(job.name)
@@ -658,25 +781,44 @@ def simulate(jobs, cluster, policy="fifo", placement="first_fit", backfill=False
                 f"{getattr(getattr(cluster, 'spec', cluster), 'name', 'the cluster')} "
                 f"(nodes of {', '.join(map(str, sorted(set(sizes))))} GPUs, "
                 f"{sum(sizes)} in all): refused at submission")
-        if policy == "fair" and job.queue not in weights:
-            weights[job.queue] = 1.0
         estimate = _seconds(job, _compact(sizes, job.gpus, job.gpus_per_node))
         states.append(_State(job, index, estimate))
-    for queue, weight in weights.items():
-        if not _positive_number(weight):
-            raise ValueError(f"weights[{queue!r}] must be a positive number, got {weight!r}")
+    weights = _check_weights(weights, policy, {s.job.queue for s in states})
 
     failures = _check_failures(failures, len(sizes))
     sim = _Simulation(states, topo, place, policy, backfill, preemption, weights, failures)
     sim.run(until)
-    arrivals = [s.job.submit for s in states]
-    span = (max(arrivals) - min(arrivals)) if arrivals else 0.0
-    demand = sum(s.job.gpus * s.estimate for s in states)
-    offered = demand / (sum(sizes) * span) if span > 0 else 0.0
+    offered = _offered_load(states, sum(sizes))
     unfinished = [s.job.name for s in states if s.result.end is None]
     return Result([s.result for s in states], sizes, switches, sim.free_series,
                   sim.frag_series, sim.busy, offered, policy, place_name, backfill,
-                  preemption, unfinished, None if failures is None else len(failures))
+                  preemption, unfinished, None if failures is None else len(failures), until)
+
+
+def _offered_load(states, gpus):
+    """GPU-seconds asked for per GPU-second of the cluster while the jobs arrive: infinite
+    when two or more jobs all arrive at the same time, 0 for fewer than two jobs."""
+    arrivals = [s.job.submit for s in states]
+    if len(arrivals) < 2:
+        return 0.0
+    span = max(arrivals) - min(arrivals)
+    demand = sum(s.job.gpus * s.estimate for s in states)
+    return demand / (gpus * span) if span > 0 else math.inf
+
+
+def _check_weights(weights, policy, queues):
+    """``{queue: weight}`` for every queue of the jobs (default 1); a weight for a queue
+    no job uses, or weights under another policy than ``"fair"``, is refused."""
+    weights = dict(weights or {})
+    if weights and policy != "fair":
+        raise ValueError(f"weights= applies to policy='fair' only, not {policy!r}")
+    for queue, weight in weights.items():
+        if queue not in queues:
+            raise ValueError(f"weights names queue {queue!r}, which no job uses (queues: "
+                             f"{', '.join(map(repr, sorted(queues, key=str)))})")
+        if not _positive_number(weight):
+            raise ValueError(f"weights[{queue!r}] must be a positive number, got {weight!r}")
+    return {queue: weights.get(queue, 1.0) for queue in queues}
 
 
 def _check_failures(failures, nodes):
@@ -716,6 +858,7 @@ class _Simulation:
         self.now = 0.0
         self.free_series, self.frag_series = [], []
         self.alloc_by_queue = {}
+        self.tenants = {}             # fair: {queue: (keys, states)}, each sorted by _key
 
     # -- the loop
     def run(self, until):
@@ -747,8 +890,11 @@ class _Simulation:
             self._record()
         if until is not None:
             self.now = min(self.now, until)
-            for state in list(self.running.values()):   # close the open attempts' books
-                self.busy += state.job.gpus * (until - state.start)
+            for state in self.running.values():         # close the open attempts' books
+                self.busy += state.job.gpus * (self.now - state.start)
+                state.result.attempts.append({"start": state.start, "end": self.now,
+                                              "placement": state.gpus_of,
+                                              "outcome": "running"})
 
     def _record(self):
         free = sum(self.free)
@@ -776,32 +922,50 @@ class _Simulation:
         at = bisect.bisect(self.keys, key)
         self.keys.insert(at, key)
         self.queue.insert(at, state)
+        if self.policy == "fair":
+            keys, states = self.tenants.setdefault(state.job.queue, ([], []))
+            at = bisect.bisect(keys, key)
+            keys.insert(at, key)
+            states.insert(at, state)
 
-    def _order(self):
+    def _dequeue(self, state):
+        key = self._key(state)
+        at = bisect.bisect_left(self.keys, key)
+        del self.keys[at], self.queue[at]
+        if self.policy == "fair":
+            keys, states = self.tenants[state.job.queue]
+            at = bisect.bisect_left(keys, key)
+            del keys[at], states[at]
+            if not states:
+                del self.tenants[state.job.queue]
+
+    def _order(self, limit):
+        """The first ``limit`` queued jobs in the policy's order."""
         if self.policy != "fair":
-            return self.queue
+            return self.queue[:limit]
         # fair: merge the tenants' FIFO queues, always taking from the one whose running
         # GPUs (plus those already handed out in this order) per weight is the smallest
-        queue, per_queue = self.queue, {}
-        for s in queue:
-            per_queue.setdefault(s.job.queue, []).append(s)
-        share = {q: self.alloc_by_queue.get(q, 0) for q in per_queue}
-        heads = {q: 0 for q in per_queue}
+        share = {q: self.alloc_by_queue.get(q, 0) for q in self.tenants}
+        heads = dict.fromkeys(self.tenants, 0)
+        heap = [(share[q] / self.weights[q], q) for q in self.tenants]
+        heapq.heapify(heap)
         order = []
-        while len(order) < len(queue):
-            q = min((q for q in per_queue if heads[q] < len(per_queue[q])),
-                    key=lambda q: (share[q] / self.weights[q], q))
-            state = per_queue[q][heads[q]]
+        while heap and len(order) < limit:
+            _, q = heapq.heappop(heap)
+            states = self.tenants[q][1]
+            state = states[heads[q]]
             heads[q] += 1
             share[q] += state.job.gpus
             order.append(state)
+            if heads[q] < len(states):
+                heapq.heappush(heap, (share[q] / self.weights[q], q))
         return order
 
     # -- one scheduling pass
     def _schedule(self):
         self.head = None
         while self.queue:
-            order = self._order()
+            order = self._order(BACKFILL_DEPTH + 1)
             head = order[0]
             taken = (self._fits(head, self.free) if head.job.gpus <= sum(self.free)
                      else None)
@@ -821,16 +985,20 @@ class _Simulation:
         return taken
 
     def _backfill(self, head, later):
-        running = [(s.end, s.taken) for s in self.running.values()]
-        for state, taken in easy_backfill(self.now, self.free, running, [head, *later],
-                                          self.place, self.topo, self._expected):
+        running = [(s.planned_end, s.taken) for s in self.running.values()]
+        plan = conservative_backfill if self.backfill == "conservative" else easy_backfill
+        for state, taken in plan(self.now, self.free, running, [head, *later], self.place,
+                                 self.topo, self._expected):
             self._start(state, taken)
 
     def _expected(self, state, taken):
-        """Seconds ``state`` would run on ``taken``: what backfill plans with."""
-        placement = _gpu_list(taken, self.free_ids)
+        """Seconds ``state`` would run on ``taken`` by its ``time_limit`` (else its true
+        run time): what backfill plans with."""
+        limit = state.job.time_limit
+        seconds = (limit if limit is not None
+                   else _seconds(state.job, _gpu_list(taken, self.free_ids)))
         overhead = state.job.restart_cost if state.result.attempts else 0.0
-        return overhead + (1.0 - state.done) * _seconds(state.job, placement)
+        return overhead + (1.0 - state.done) * seconds
 
     def _preempt_for(self, head):
         """Preempt lower-priority jobs if that lets ``head`` start; True if it did."""
@@ -866,8 +1034,7 @@ class _Simulation:
     # -- starting and stopping
     def _start(self, state, taken):
         _check_taken(taken, self.free, state.job, self.place)   # a custom rule may err
-        at = bisect.bisect_left(self.keys, self._key(state))
-        del self.keys[at], self.queue[at]
+        self._dequeue(state)
         gpus = []
         for node, n in sorted(taken.items()):
             ids = self.free_ids[node]
@@ -879,6 +1046,9 @@ class _Simulation:
         state.overhead = state.job.restart_cost if state.result.attempts else 0.0
         state.start = self.now
         state.end = self.now + state.overhead + (1.0 - state.done) * state.duration_here
+        limit = state.job.time_limit
+        state.planned_end = (state.end if limit is None
+                             else self.now + state.overhead + (1.0 - state.done) * limit)
         if state.result.start is None:
             state.result.start = self.now
         state.result.placement = gpus
@@ -971,8 +1141,10 @@ def synthetic_trace(n, cluster, seed=0, rate=None, load=0.8, sizes=SIZES,
     Durations follow Philly's median and 90th percentile (its 99th, 287,239 s, has an
     even heavier tail; ``max_duration`` caps a week). ``rate`` is jobs per second; without
     it the rate is chosen so that the jobs ask for ``load`` of the cluster's GPU-seconds.
-    Times are whole seconds, so that every CPU adds them up exactly. Deterministic for a
-    given ``seed``.
+    Run times are whole seconds; gaps between arrivals are whole seconds too when they
+    average 100 s or more, else multiples of a power of two below a hundredth of the mean
+    gap (a big cluster's jobs arrive many a second), so every CPU adds them up exactly.
+    Deterministic for a given ``seed``.
     """
     if not _is_int(n) or n < 0:
         raise ValueError(f"n must be a non-negative integer, got {n!r}")
@@ -1002,9 +1174,10 @@ def synthetic_trace(n, cluster, seed=0, rate=None, load=0.8, sizes=SIZES,
         rate = load * sum(node) / mean_demand if mean_demand else 1.0
     elif not _positive_number(rate):
         raise ValueError(f"rate must be a positive number of jobs per second, got {rate!r}")
+    tick = min(1.0, 2.0 ** math.floor(math.log2(1 / (100 * rate))))
     jobs, t = [], 0.0
     for i, (gpus, k, duration) in enumerate(drawn):
-        t += round(rng.expovariate(rate))
+        t += round(rng.expovariate(rate) / tick) * tick
         jobs.append(Job(f"job{i}", gpus, duration, submit=t, gpus_per_node=k))
     return jobs
 

@@ -91,6 +91,11 @@ class Model:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 \
                     or not math.isfinite(value):
                 raise ValueError(f"Model.{what} must be a non-negative number, got {value!r}")
+        # a forward that costs nothing would finish every request at its arrival (and
+        # every rate over a zero duration would divide by zero)
+        if not self.flops > 0:
+            raise ValueError(f"Model.flops must be positive: a forward pass computes "
+                             f"something, got {self.flops!r}")
 
 
 # ResNet-50 at 224 x 224: 4.1 G multiply-adds (He et al. 2016, Table 1) = 8.2 GFLOPs;
@@ -319,7 +324,8 @@ def piecewise_poisson(phases, n=None, prompt_tokens=512, output_tokens=64, seed=
                       start=0.0):
     """Requests from a Poisson process whose rate changes: ``phases`` is a list of
     ``(seconds, rate)``; a bursty trace is ``[(60, 2), (20, 20), (60, 2)]``. Stops after
-    the phases, or after ``n`` requests (the last phase may have ``seconds=None``)."""
+    the phases, or after ``n`` requests (the last phase may last for ever, ``seconds=None``
+    or ``math.inf``, when ``n`` is given)."""
     if not isinstance(phases, (list, tuple)) or not phases:
         raise ValueError(f"phases must be a non-empty list of (seconds, rate), got {phases!r}")
     for i, phase in enumerate(phases):
@@ -328,14 +334,16 @@ def piecewise_poisson(phases, n=None, prompt_tokens=512, output_tokens=64, seed=
         seconds, rate = phase
         if not isinstance(rate, (int, float)) or not rate > 0 or not math.isfinite(rate):
             raise ValueError(f"rate must be a positive number, got {rate!r} in phase {i}")
-        if seconds is None and i != len(phases) - 1:
-            raise ValueError("only the last phase may last forever (seconds=None)")
-        if seconds is not None and (not isinstance(seconds, (int, float)) or seconds <= 0):
-            raise ValueError(f"phase {i} seconds must be positive, got {seconds!r}")
+        if seconds is None or seconds == math.inf:
+            if i != len(phases) - 1:
+                raise ValueError("only the last phase may last for ever (seconds=None)")
+        elif not isinstance(seconds, (int, float)) or isinstance(seconds, bool) \
+                or not 0 < seconds < math.inf:     # NaN too: the phase would never end
+            raise ValueError(f"phase {i} seconds must be a positive number, got {seconds!r}")
     if n is not None:
         _planner._positive_int(n, "n")
-    elif phases[-1][0] is None:
-        raise ValueError("give n, or a duration to the last phase")
+    elif phases[-1][0] is None or phases[-1][0] == math.inf:
+        raise ValueError("give n, or a duration to the last phase: it lasts for ever")
     prompt, output = (_token_sampler(prompt_tokens, "prompt_tokens"),
                       _token_sampler(output_tokens, "output_tokens"))
     rng = random.Random(seed)
@@ -413,8 +421,10 @@ class Autoscaler:
             if not isinstance(value, (int, float)) or isinstance(value, bool) \
                     or not value > 0 or not math.isfinite(value):
                 raise ValueError(f"Autoscaler.{what} must be a positive number, got {value!r}")
-        if not isinstance(self.startup, (int, float)) or self.startup < 0:
-            raise ValueError(f"Autoscaler.startup must be >= 0 seconds, got {self.startup!r}")
+        if not isinstance(self.startup, (int, float)) or isinstance(self.startup, bool) \
+                or not 0 <= self.startup < math.inf:
+            raise ValueError(f"Autoscaler.startup must be a finite number of seconds >= 0, "
+                             f"got {self.startup!r}")
         _planner._positive_int(self.min_replicas, "min_replicas")
         if self.max_replicas is not None:
             _planner._positive_int(self.max_replicas, "max_replicas")
@@ -452,9 +462,11 @@ class Deployment:
     ``"least_outstanding"``), optionally scaled by an :class:`Autoscaler`.
 
     ``max_batch`` and ``max_queue_delay`` (seconds) are Triton's dynamic-batching knobs;
-    ``max_num_seqs``, ``max_num_batched_tokens`` and ``block_size`` vLLM's (defaults
-    vLLM's); ``gpu_memory_utilization`` the share of each GPU's memory the engine takes
-    (vLLM's 0.9). The KV cache gets that share minus the weights and an activation
+    ``max_num_seqs``, ``max_num_batched_tokens`` and ``block_size`` vLLM's: 256 and 16
+    are V0's defaults; 8,192 tokens is a set value (V0 without chunked prefill defaults to
+    ``max(max_model_len, 2048)``, 2,048 for OPT-13B; 8,192 is a V1 default, and V1 always
+    chunks prefill). ``gpu_memory_utilization`` the share of each GPU's memory the engine
+    takes (vLLM's 0.9). The KV cache gets that share minus the weights and an activation
     margin (:attr:`kv_cache_tokens`). ``efficiency``: the planner's
     (:data:`simcluster.planner.MEGATRON_A100`).
     """
@@ -699,7 +711,9 @@ class _Replica:
             self.free_at = end
             return True
         costs, n = self.costs, len(batch)
-        first = start + costs.prefill([s.prompt for s in batch])
+        # a prefilled request's KV cache (and first token) came from a prefill instance
+        prompts = [s.prompt for s in batch if not s.prefilled]
+        first = start + (costs.prefill(prompts) if prompts else 0.0)
         fixed, per = costs.decode_fixed(n), costs.per_context_token
         context = sum(s.prompt for s in batch)
 
@@ -707,11 +721,12 @@ class _Replica:
             return j * fixed + per * (j * context + n * j * (j - 1) / 2)
 
         for s in batch:   # each streams its tokens, and is done after output - 1 steps
-            sim.first[s.i] = first
+            sim.first[s.i] = start if s.prefilled else first
             self._finish(s, first + elapsed(s.output - 1))
         longest = max(s.output for s in batch) - 1
         end = first + elapsed(longest)
-        sim.record(self, start, first, "prefill", n, 1)
+        if prompts:
+            sim.record(self, start, first, "prefill", len(prompts), 1)
         if longest:
             sim.record(self, first, end, "decode", n, longest)
         self.free_at = end
@@ -859,12 +874,14 @@ def simulate(requests, deployment):
                 raise ValueError(
                     f"requests[{i}] needs {r.prompt_tokens + r.output_tokens} tokens of KV "
                     f"cache, more than a replica's {room} (less vLLM's 1 % watermark)")
-            if not r.prefilled and r.prompt_tokens + r.output_tokens \
-                    > dep.max_num_batched_tokens:
+            # refused up front, as vLLM V0 without chunked prefill ignores a prompt over
+            # min(max_model_len, max_num_batched_tokens); a sequence whose KV cache came
+            # prefilled is recomputed too when it is preempted
+            if r.prompt_tokens + r.output_tokens > dep.max_num_batched_tokens:
                 raise ValueError(
                     f"requests[{i}] has {r.prompt_tokens} prompt and {r.output_tokens} output "
                     f"tokens, more than max_num_batched_tokens={dep.max_num_batched_tokens}:"
-                    " a preempted sequence could never be prefilled again")
+                    " a preempted sequence (prefilled or not) could never be prefilled again")
     sim = _Sim(len(requests))
     seqs = [_Seq(i, r) for i, r in enumerate(requests)]
     replicas = [_Replica(i, dep, sim) for i in range(dep.replicas)]
@@ -891,7 +908,7 @@ def _balance(seqs, dep, replicas, history):
     turn = 0
     samples = deque()                  # (time, requests in flight)
     panicking_since = None
-    next_sample = next_tick = 0.0
+    taken = decided = 0                # samples taken (sample k at k * SAMPLE_INTERVAL)
     cold = dep.cold_start() if auto else 0.0
     limit = dep.max_replicas if auto is None or auto.max_replicas is None \
         else min(auto.max_replicas, dep.max_replicas)
@@ -917,7 +934,9 @@ def _balance(seqs, dep, replicas, history):
         want = max(low, min(limit, want))
         while len(active) < want:                  # a cold replica on free GPUs
             used = {r.index for r in everyone if not (r.draining and r.idle())}
-            index = next(i for i in range(dep.max_replicas) if i not in used)
+            index = next((i for i in range(dep.max_replicas) if i not in used), None)
+            if index is None:   # draining replicas still hold the GPUs: pending till then
+                break
             fresh = _Replica(index, dep, replicas[0].sim, ready_at=now + cold)
             everyone.append(fresh)
             active.append(fresh)
@@ -928,16 +947,47 @@ def _balance(seqs, dep, replicas, history):
         if n_now != history[-1][1]:
             history.append((now, n_now))
 
+    def at_rest(now):
+        """Whether every decision from ``now`` on changes nothing while no request comes:
+        nothing in flight or starting, no panic, and the fleet at its minimum."""
+        return (panicking_since is None and len(active) == low == history[-1][1]
+                and all(r.ready_at <= now for r in active)
+                and all(r.idle() and r.free_at <= now for r in everyone)
+                and not any(c for _, c in samples))
+
+    def skip_to(k):
+        """``(samples, decisions)`` once sample ``k - 1`` is taken, every sample since
+        ``taken`` at rest: a decision at each sample a tick or more after the last."""
+        if auto.tick <= SAMPLE_INTERVAL:
+            return k, decided + k - taken
+        last = (k - 1) * SAMPLE_INTERVAL
+        d = max(decided, math.floor(last / auto.tick) + 1)
+        while d * auto.tick <= last:                # the rounding of the division
+            d += 1
+        while d > decided and (d - 1) * auto.tick > last:
+            d -= 1
+        return k, d
+
+    def sample_until(now):
+        """Take the autoscaler's samples (and decisions) up to ``now``; an idle stretch
+        is skipped to its last stable window, so idle time costs nothing."""
+        nonlocal taken, decided
+        rest = auto.stable_window + auto.tick + 2 * SAMPLE_INTERVAL
+        while taken * SAMPLE_INTERVAL <= now:
+            t = taken * SAMPLE_INTERVAL
+            if now - t > rest and at_rest(t):
+                taken, decided = skip_to(math.floor((now - rest) / SAMPLE_INTERVAL))
+                t = taken * SAMPLE_INTERVAL
+            decide = t >= decided * auto.tick
+            autoscale(t, decide)
+            decided += decide
+            taken += 1
+
     for s in seqs:
         now = s.arrival
-        while auto and next_sample <= now:
-            decide = next_sample >= next_tick
-            autoscale(next_sample, decide)
-            if decide:
-                next_tick += auto.tick
-            next_sample += SAMPLE_INTERVAL
-            # replicas that finished cold starts since: record when they became ready
         if auto:
+            sample_until(now)
+            # replicas that finished cold starts since: record when they became ready
             n_now = len(ready(now))
             if n_now != history[-1][1]:
                 first_ready = max(r.ready_at for r in ready(now))
@@ -954,11 +1004,7 @@ def _balance(seqs, dep, replicas, history):
         replica.enqueue(s, now)
     if auto:   # keep deciding until the last request is served, so the fleet shrinks
         while any(not r.idle() for r in everyone):
-            decide = next_sample >= next_tick
-            autoscale(next_sample, decide)
-            if decide:
-                next_tick += auto.tick
-            next_sample += SAMPLE_INTERVAL
+            sample_until(taken * SAMPLE_INTERVAL)
     return everyone
 
 

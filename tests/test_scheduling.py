@@ -1,6 +1,7 @@
 """simcluster.scheduling: invariants on random job sets, each placement rule on hand-made
 cases, backfill, preemption, fair share, and the edge cases (refused jobs, overload)."""
 
+import dataclasses
 import random
 
 import pytest
@@ -32,7 +33,7 @@ def random_jobs(seed, n=60, preemptible=False):
 CONFIGS = [dict(policy=p, placement=pl, backfill=b)
            for p in ("fifo", "sjf", "priority", "fair")
            for pl in ("first_fit", "best_fit", "spread", "topology")
-           for b in (False, True)]
+           for b in (False, True, "conservative")]
 
 
 def intervals(result):
@@ -186,6 +187,46 @@ def test_topology_prefers_one_node_then_one_switch():
     assert sched.topology([2, 2, 4, 4], 8, None, switches) == {2: 4, 3: 4}
 
 
+def test_topology_counts_only_what_a_per_node_gang_can_take():
+    # switch 1's node has 8 free, but a 4-per-node gang takes 4 there: its room is 4,
+    # so the gang goes under switch 0 (issue 43: the old rule counted 8 and gave up)
+    topo = sched.Topology([4, 4, 4, 4, 8], [[0, 1, 2], [3, 4]])
+    assert sched.topology([4, 4, 4, 0, 8], 8, 4, topo) == {0: 4, 1: 4}
+    # k per node: a node with 3 free offers nothing (not 3)
+    assert sched.topology([4, 3, 3, 4, 4], 8, 4, sched.Topology([4] * 5, [[0, 1, 2], [3, 4]])) \
+        == {3: 4, 4: 4}
+
+
+def test_topology_places_whatever_fits_and_stays_under_a_switch_when_one_can_hold_it():
+    # on random free GPUs: the rule never keeps a gang waiting that fits the cluster, and
+    # it uses one leaf switch whenever some switch has k free on enough of its nodes
+    rng = random.Random(3)
+    topo = sched.Topology(SIZES, SWITCHES)
+    for _ in range(2000):
+        free = [rng.randint(0, s) for s in SIZES]
+        gpus, k = rng.choice([(2, None), (6, None), (8, 4), (8, 2), (12, 4), (16, 4)])
+        taken = sched.topology(list(free), gpus, k, topo)
+        assert (taken is None) == (sched.best_fit(list(free), gpus, k) is None), (free, gpus, k)
+        one_switch = any(sum(1 for n in members if free[n] >= k) >= gpus // k
+                         for members in SWITCHES) if k else False
+        if one_switch:
+            assert sched.spans([(n, 0) for n in taken], SWITCHES)[1] == 1, (free, gpus, k)
+
+
+def test_topology_does_not_keep_a_per_node_gang_waiting_beside_free_nodes():
+    """Issue 43's scenario on hetero-11: nodes 1-3 (switch 0) have 4 GPUs free each, node 7
+    (switch 1) has 8; an 8-GPU gang of 4 per node waited 99,990 s for the long jobs."""
+    long, short = 100_000.0, 10.0
+    jobs = [sched.Job(f"b{i}", 4, short if i in (1, 2, 3) else long, gpus_per_node=4)
+            for i in range(10)]                       # one per 4-GPU node, in node order
+    jobs.append(sched.Job("big", 8, 100.0, submit=20.0, gpus_per_node=4))
+    result = sched.simulate(jobs, HETERO, placement="topology")
+    assert [n for n, _ in result.jobs[1].placement][:1] == [1]   # blockers as planned
+    big = result.by_name["big"]
+    assert big.start == 20.0 and big.wait == 0.0
+    assert {n for n, _ in big.placement} <= {1, 2, 3}      # one leaf switch
+
+
 def test_an_8_gpu_nvlink_job_only_fits_node_7():
     job = sched.Job("big", 8, 100.0, gpus_per_node=8)
     for placement in sched.PLACEMENTS:
@@ -236,6 +277,76 @@ def test_backfill_may_use_gpus_the_head_does_not_need():
     easy = sched.simulate(jobs, cluster, backfill=True, placement="best_fit")
     assert easy.by_name["side"].start == 2.0
     assert easy.by_name["head"].start == 1000.0
+
+
+THREE = sc.ClusterSpec("three", (sc.NodeSpec("a", 4), sc.NodeSpec("b", 4),
+                                  sc.NodeSpec("c", 4)))
+
+
+def test_easy_may_delay_the_second_job_and_conservative_does_not():
+    jobs = [sched.Job("long", 8, 1000.0),                 # nodes 0 and 1 until 1000
+            sched.Job("head", 8, 100.0, submit=1.0),      # reserved at 1000
+            sched.Job("second", 12, 100.0, submit=2.0),   # the whole cluster, after head
+            sched.Job("side", 4, 5000.0, submit=3.0)]     # node 2 now: head still fits
+    easy = sched.simulate(jobs, THREE, backfill="easy")
+    assert easy.backfill == "easy" == sched.simulate(jobs, THREE, backfill=True).backfill
+    assert [easy.by_name[n].start for n in ("head", "side", "second")] == [1000, 3, 5003]
+    cons = sched.simulate(jobs, THREE, backfill="conservative")
+    assert [cons.by_name[n].start for n in ("head", "second", "side")] == [1000, 1100, 1200]
+
+
+def test_conservative_backfill_still_starts_what_delays_nobody():
+    jobs = [sched.Job("long", 8, 1000.0), sched.Job("head", 12, 100.0, submit=1.0),
+            sched.Job("short", 4, 500.0, submit=2.0),     # ends before anyone needs it
+            sched.Job("too_long", 4, 5000.0, submit=3.0)]
+    cons = sched.simulate(jobs, THREE, backfill="conservative")
+    assert cons.by_name["short"].start == 2.0 and cons.by_name["head"].start == 1000.0
+    assert cons.by_name["too_long"].start == 1100.0
+    with pytest.raises(ValueError, match="unknown backfill 'lazy'"):
+        sched.simulate(jobs, THREE, backfill="lazy")
+
+
+@pytest.mark.parametrize("placement", ["first_fit", "best_fit"])
+def test_conservative_backfill_never_delays_a_job_past_its_first_reservation(
+        placement, monkeypatch):
+    """Exact run times, FIFO: each job starts no later than the first reservation that
+    conservative backfill gave it (later jobs never push it back)."""
+    first, earliest = {}, sched._earliest
+
+    def spy(times, frees, job, *args):
+        found = earliest(times, frees, job, *args)
+        if found is not None:
+            first.setdefault(job.job.name, times[found[0]])
+        return found
+
+    monkeypatch.setattr(sched, "_earliest", spy)
+    for seed in range(8):
+        first.clear()
+        jobs = [dataclasses.replace(j, submit=j.submit / 3) for j in random_jobs(seed)]
+        result = sched.simulate(jobs, HETERO, placement=placement, backfill="conservative")
+        assert len(first) > 20
+        late = [(j.name, j.start, first[j.name]) for j in result.jobs
+                if j.name in first and j.start > first[j.name] + 1e-6]
+        assert not late, late
+
+
+def test_backfill_plans_with_the_users_time_limits():
+    cluster = sc.ClusterSpec("two", (sc.NodeSpec("a", 4), sc.NodeSpec("b", 4)))
+    jobs = [sched.Job("long", 6, 1000.0), sched.Job("head", 8, 100.0, submit=1.0),
+            sched.Job("mid", 2, 1500.0, submit=2.0)]
+    for backfill in ("easy", "conservative"):
+        exact = sched.simulate(jobs, cluster, backfill=backfill)
+        assert exact.by_name["mid"].start == 1100.0        # would delay the head
+        # "long" asks for 3,000 s: the head's reservation is planned at 3,000, "mid"
+        # backfills, and the head really starts when "mid" ends (the classic effect)
+        over = [dataclasses.replace(jobs[0], time_limit=3000.0), *jobs[1:]]
+        late = sched.simulate(over, cluster, backfill=backfill)
+        assert late.by_name["mid"].start == 2.0 and late.by_name["head"].start == 1502.0
+        assert late.by_name["long"].end == 1000.0           # it runs its real duration
+        # a candidate that over-estimates itself no longer fits before the reservation
+        cautious = [*jobs[:2], sched.Job("short", 2, 500.0, submit=2.0, time_limit=2000.0)]
+        assert sched.simulate(cautious, cluster, backfill=backfill).by_name[
+            "short"].start == 1100.0
 
 
 def test_gang_aware_preemption_frees_a_whole_node():

@@ -245,3 +245,103 @@ def test_bad_input_is_named(a100):
                          serving.Deployment(a100, OPT_13B, max_num_batched_tokens=100_000))
     with pytest.raises(ValueError, match="rate must be a positive number"):
         serving.poisson(rate=0, n=3)
+
+
+# ------------------------------------------------------------------ under attack
+def test_admission_keeps_vllms_free_block_watermark(a100):
+    # 399 blocks, a 1 % watermark of 3: the second prompt would leave 1 block free, so
+    # it waits until the first request is done; without the watermark both would start
+    dep = serving.Deployment(a100, OPT_13B, gpu_memory_utilization=0.37)
+    blocks = dep.kv_cache_tokens // dep.block_size
+    assert (blocks, int(serving.WATERMARK * blocks)) == (399, 3)
+    requests = [serving.Request(0.0, 200 * 16, 2), serving.Request(0.0, 198 * 16, 2)]
+    res = serving.simulate(requests, dep)
+    assert res.ttft[1] > res.latency[0] > res.ttft[0]
+    assert [b.size for b in res.timeline() if b.kind == "prefill"] == [1, 1]
+
+
+def test_littles_law_column_uses_the_measured_throughput(a100):
+    # past saturation (one request at a time at 2 req/s) the offered rate is not the
+    # throughput: only throughput x mean latency is the time-average in the system
+    sweep = demos.load_sweep(a100, OPT_13B, [0.5, 2.0], "none", n=150)
+    for rate, row in sweep.items():
+        assert row["in_system"] == pytest.approx(row["little"], rel=0.03), rate
+    saturated = sweep[2.0]
+    mean_latency = saturated["little"] / saturated["throughput"]
+    assert saturated["throughput"] < 0.5 * 2.0
+    assert 2.0 * mean_latency > 1.5 * saturated["in_system"]   # the offered rate: wrong
+
+
+def test_a_prefilled_sequence_too_long_to_recompute_is_refused_up_front(a100):
+    # preempted, it would have to be prefilled again in one iteration of at most
+    # max_num_batched_tokens tokens: vLLM V0 ignores such a prompt; we refuse it
+    dep = serving.Deployment(a100, OPT_13B, max_num_batched_tokens=2048,
+                             gpu_memory_utilization=0.4)
+    requests = [serving.Request(0.01 * i, 1800, 600, prefilled=True) for i in range(40)]
+    with pytest.raises(ValueError, match="prefilled or not"):
+        serving.simulate(requests, dep)
+
+
+def test_scaling_up_while_drained_replicas_still_decode(a100):
+    # the fleet shrinks while the replicas it drains still decode 4,000-token answers,
+    # then a second burst wants all 8 GPUs back: the new ones wait for free GPUs
+    trace = serving.piecewise_poisson([(10, 20.0), (100, 0.3), (20, 30.0), (60, 0.3)],
+                                      prompt_tokens=64, output_tokens=[4] * 5 + [4000],
+                                      seed=0)
+    auto = serving.Autoscaler(target=2, utilization=1.0, stable_window=20, panic_window=4)
+    dep = serving.Deployment(a100, OPT_13B, autoscaler=auto, max_num_batched_tokens=4096,
+                             load_balancer="least_outstanding")
+    res = serving.simulate(trace, dep)
+    assert all(math.isfinite(x) for x in res.latency)
+    assert max(n for _, n in res.replicas) == dep.max_replicas == 8
+
+
+def test_idle_time_costs_no_cpu_and_changes_nothing(a100):
+    import time
+    auto = serving.Autoscaler(target=5, startup=10.0)
+    dep = serving.Deployment(a100, OPT_13B, autoscaler=auto, load_balancer="least_outstanding")
+    began = time.process_time()
+    res = serving.simulate([serving.Request(0.0), serving.Request(1e6)], dep)
+    assert time.process_time() - began < 1.0          # 6.4 CPU s when every second was sampled
+    assert res.ttft[0] == pytest.approx(res.ttft[1])
+    # a burst, a long quiet stretch, the same burst again: moved by a whole number of
+    # ticks, the second burst is served exactly as before
+    burst = serving.piecewise_poisson([(20, 25.0)], output_tokens=[16, 64], seed=3)
+
+    def twice(gap):
+        late = [serving.Request(r.arrival + gap, r.prompt_tokens, r.output_tokens)
+                for r in burst]
+        res = serving.simulate(burst + late, dep)
+        return res.ttft[len(burst):], [(t - gap, n) for t, n in res.replicas if t >= gap]
+    near, far = twice(1000.0), twice(100_000.0)
+    assert near[0] == pytest.approx(far[0], abs=1e-6) and len(near[1]) == len(far[1])
+    assert all(a == pytest.approx(b, abs=1e-6) for a, b in zip(near[1], far[1]))
+
+
+def test_prefilled_requests_are_not_prefilled_again_by_static_batching(a100):
+    # a prefilled request's KV cache came from a prefill instance: no prefill charged
+    for batching in serving.BATCHING:
+        res = serving.simulate([serving.Request(0.0, 512, 4, prefilled=True)],
+                               serving.Deployment(a100, OPT_13B, batching=batching))
+        assert res.ttft[0] == 0.0, batching
+        assert res.latency[0] < serving.prefill_time(OPT_13B, a100, 512), batching
+        assert not [b for b in res.timeline() if b.kind == "prefill"], batching
+
+
+def test_hostile_configurations_are_refused(a100):
+    with pytest.raises(ValueError, match="Model.flops must be positive"):
+        serving.Model("nothing", 0, 0, 0)
+    for startup in (math.nan, math.inf, -1.0, True):
+        with pytest.raises(ValueError, match="Autoscaler.startup"):
+            serving.Autoscaler(startup=startup)
+    with pytest.raises(ValueError, match="phase 0 seconds"):
+        serving.piecewise_poisson([(math.nan, 2.0)])
+    with pytest.raises(ValueError, match="phase 0 seconds"):
+        serving.piecewise_poisson([(math.nan, 2.0)], n=5)
+    with pytest.raises(ValueError, match="give n"):
+        serving.piecewise_poisson([(10, 1.0), (math.inf, 2.0)])
+    with pytest.raises(ValueError, match="only the last phase"):
+        serving.piecewise_poisson([(math.inf, 2.0), (10, 1.0)], n=5)
+    # a last phase of inf with n is the same trace as seconds=None
+    assert serving.piecewise_poisson([(10, 1.0), (math.inf, 2.0)], n=30) == \
+        serving.piecewise_poisson([(10, 1.0), (None, 2.0)], n=30)

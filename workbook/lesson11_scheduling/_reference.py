@@ -13,7 +13,8 @@ def best_fit(free, gpus, gpus_per_node=None):
 
 
 def topology_placer(free, gpus, gpus_per_node, switches):
-    """One node, else the fullest leaf switch that fits, else the tree; best fit beneath."""
+    """One node, else the leaf switch with the least room that fits, else the tree; best
+    fit beneath."""
     return sched.topology(free, gpus, gpus_per_node,
                           sched.Topology([max(free)] * len(free), switches))
 

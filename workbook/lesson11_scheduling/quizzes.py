@@ -17,8 +17,10 @@ def check_yourself():
                      ("spread", "It does the opposite: every job on the emptiest node."),
                      ("random", "Random fragments as much as spread.")],
                     answer="best fit",
-                    explain="Best fit puts a job where the fewest free GPUs are left, so small jobs "
-                            "fill partial nodes and empty nodes stay empty (Kubernetes' MostAllocated)."),
+                    explain="Best fit puts a job where the fewest free GPUs are left, so small "
+                            "jobs fill partial nodes and empty nodes stay empty (Kubernetes' "
+                            "MostAllocated, once nvidia.com/gpu is among its scored resources: "
+                            "by default it scores only CPU and memory)."),
         quiz.choice("EASY backfill starts a later job early only if ...",
                     ["it does not delay the reservation of the job at the head of the queue",
                      ("it is shorter than the head", "Length alone is not the rule: a long job "

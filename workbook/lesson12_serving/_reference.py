@@ -6,12 +6,18 @@ import math
 from simcluster import planner, serving
 
 
-def max_batch(cfg, memory, context, dtype_bytes=2, utilization=0.9):
+def kv_room(cfg, memory, context, dtype_bytes=2, utilization=0.9):
     """Sequences of ``context`` tokens whose KV cache fits beside the weights in
-    ``utilization`` of ``memory`` bytes."""
+    ``utilization`` of ``memory`` bytes, before rounding (negative: the weights do not
+    fit)."""
     kv_per_token = 2 * cfg.layers * cfg.kv * cfg.head_dim * dtype_bytes
     free = utilization * memory - planner.parameter_count(cfg) * dtype_bytes
-    return max(0, math.floor(free / (kv_per_token * context)))
+    return free / (kv_per_token * context)
+
+
+def max_batch(cfg, memory, context, dtype_bytes=2, utilization=0.9):
+    """Whole sequences of ``context`` tokens whose KV cache fits (:func:`kv_room`)."""
+    return max(0, math.floor(kv_room(cfg, memory, context, dtype_bytes, utilization)))
 
 
 def dynamic_batches(arrivals, max_batch, max_queue_delay, service):
