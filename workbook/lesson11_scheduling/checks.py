@@ -35,9 +35,10 @@ hint = Hints({
         "Sketch [4, 2, 3, 8] and a 2-GPU job, then a 10-GPU one: which node(s) would you "
         "pick so that the 8-GPU node stays whole? Then ask the same with gpus_per_node=4.",
         "Three situations, in this order: gpus_per_node given (only nodes with k free "
-        "count, and they give exactly k); one node can hold it all; it must be split. For "
-        "the split, think about which nodes you fill completely and where the remainder "
-        "goes so that as little as possible is left over. Ties: the lower index.",
+        "count, and they give exactly k); one node can hold it all; it must be split. To "
+        "split over few nodes, fill the nodes with the most free GPUs completely, one "
+        "after another, until the rest fits on one node; put that rest where the least "
+        "is left over. In every choice, a tie goes to the lower index.",
     ],
     "topology": [
         "Three levels: a node, a leaf switch, the whole tree. Which is the lowest level "
@@ -51,7 +52,8 @@ hint = Hints({
     "backfill": [
         "Two questions, in order: when could the head start at the earliest, and with "
         "which GPUs? Then, for each later job: does starting it now change that answer?",
-        "The running jobs end in time order, whatever order the list is in. A later job "
+        "The running jobs end in time order, whatever order the list is in, and all the "
+        "jobs that end at one instant free their GPUs together. A later job "
         "that fits now is safe if it is over by the head's start (careful with when it "
         "starts), or if the head still fits at its start with this job's GPUs still "
         "taken; the jobs you start use up both what is free now and, if they run past "
@@ -62,7 +64,8 @@ hint = Hints({
         "Victims free GPUs all at once, and only a placement of the whole gang counts. "
         "Which jobs may you stop at all, and when is stopping nobody the answer? When "
         "is it None?",
-        "Grow a set of victims, cheapest first, until the gang fits (test the placement "
+        "The check's bar, a heuristic: grow a set of victims, cheapest first, until the "
+        "gang fits (test the placement "
         "each time), then shrink it: try to spare the most expensive first, and once one "
         "is spared its GPUs are no longer freed for the next test.",
     ],
