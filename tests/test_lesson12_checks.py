@@ -110,7 +110,8 @@ def max_batch(cfg, memory, context, dtype_bytes=2, utilization=0.9):
     fails(capsys, checks.check_max_batch, wrong("""
 def max_batch(cfg, memory, context, dtype_bytes=2, utilization=0.9):
     return cfg.kv_heads * 2
-"""), "raised TypeError")
+"""), "OPT-13B, fp16, 80 GiB, 512 tokens, max_batch(lab.OPT_13B, 80 * 2**30, 512, 2, 0.9) "
+          "raised TypeError")
 
 
 def test_max_batch_not_started(capsys):
@@ -592,7 +593,8 @@ def test_kpa_returning_a_time_whose_eq_raises(capsys):
     fails(capsys, checks.check_kpa_desired, wrong(HOSTILE + """
 def kpa_desired(stable, panic, ready, panicking_since, now, target):
     return 1, Raising(now)
-"""), "raised RuntimeError")
+"""), "stable, 25 in flight, target 10, kpa_desired(25, 25, 2, None, 0.0, 10) raised "
+          "RuntimeError")
 
 
 def test_the_lab_gives_nudges_and_progressive_hints():

@@ -344,6 +344,14 @@ def _whole(got, args):
     return got
 
 
+def _max_batch_call(case):
+    """The call of ``case``, to paste into a cell of the lab."""
+    cfg, memory, context, dtype_bytes, utilization = case
+    model = next(name for name in ("OPT_13B", "LLAMA2_70B") if getattr(lab, name) is cfg)
+    return (f"max_batch(lab.{model}, {memory // GiB} * 2**30, {context}, {dtype_bytes}, "
+            f"{utilization})")
+
+
 @check("max_batch")
 def check_max_batch(fn):
     """``fn(cfg, memory, context, dtype_bytes, utilization)`` returns the reference's
@@ -354,7 +362,8 @@ def check_max_batch(fn):
                     "write the KV-cache formula yourself.")
     cases = [c[1:] for c in MAX_BATCH_CASES]
     wants = [ref.max_batch(*case) for case in cases]
-    results = _calls(fn, [(c[0], c[1:]) for c in MAX_BATCH_CASES], _whole)
+    results = _calls(fn, [(f"{c[0]}, {_max_batch_call(c[1:])}", c[1:])
+                          for c in MAX_BATCH_CASES], _whole)
     for (name, *_), got, want in zip(MAX_BATCH_CASES, results, wants):
         if got != want:
             cause = _diagnose(results, cases, _max_batch_slips(ref),
@@ -781,7 +790,8 @@ def check_kpa_desired(fn):
     refuse_reference(fn, ref.kpa_desired)
     _refuse_library(fn, ("Autoscaler",), "write the rule yourself.")
     wants = [ref.kpa_desired(*args) for _, args in KPA_CASES]
-    results = _calls(fn, KPA_CASES, _decision)
+    results = _calls(fn, [(f"{name}, kpa_desired{args}", args) for name, args in KPA_CASES],
+                     _decision)
     for (name, args), got, want in zip(KPA_CASES, results, wants):
         if got != want:
             raise Failure(f"{name} {args}: returned {got}, expected {want}",
