@@ -49,11 +49,12 @@ def easy_backfill(now, free, running, queue):
     head = queue[0]
     then, shadow = list(free), float("inf")
     for end, taken in sorted(running, key=lambda r: r[0]):
+        if end > shadow:
+            break
         for node, n in taken.items():
             then[node] += n
         if first_fit(then, head.gpus, head.gpus_per_node) is not None:
             shadow = end
-            break
     free, started = list(free), []
     for job in queue[1:]:
         taken = first_fit(free, job.gpus, job.gpus_per_node)
@@ -210,6 +211,11 @@ def best_fit(free, gpus, gpus_per_node=None):
      ["best_fit([2, 2], 5, None) returned {0: 5}, but the job does not fit"]),
     (lambda: mutant("best_fit", ("if sum(free) < gpus:", "if sum(free) <= gpus:")),
      ["best_fit([1, 1, 1, 1], 4, None) returned None, but the job fits"]),
+    # the trial's hole: with gpus_per_node, each chosen node gives ALL its free GPUs
+    (lambda: mutant("best_fit", ("{n: gpus_per_node for n in fit[:need]}",
+                                 "{n: free[n] for n in fit[:need]}")),
+     ["best_fit([8, 8], 8, 4) takes 8 GPUs on node 0, but the job asked for "
+      "gpus_per_node=4"]),
 ])
 def test_best_fit_wrong_answers(capsys, short_timeout, wrong, parts):
     fails(capsys, checks.check_best_fit, wrong(), *parts)
@@ -335,6 +341,30 @@ def best_fit(free, gpus, gpus_per_node=None):
                                         "key=lambda n: (-free[n], n)")),
      ["topology_placer([4, 2, 4, 4], 2, None, [[0, 1], [2, 3]]) returned {0: 2}",
       "FEWEST free"]),
+    # the trial's hole: the room miscounted, hidden by a fall-back to the whole tree
+    (lambda: mutant("topology_placer",
+                    ("free[n] if k is None else (k if free[n] >= k else 0)", "free[n]"),
+                    ("        return best_fit([f if n in members else 0 for n, f in "
+                     "enumerate(free)], gpus, k)\n",
+                     "        placed = best_fit([f if n in members else 0 for n, f in "
+                     "enumerate(free)], gpus, k)\n        if placed is not None:\n"
+                     "            return placed\n")),
+     ["topology_placer([5, 3, 4, 5], 8, 4, [[0, 1], [2, 3]]) returned {2: 4, 0: 4}",
+      "count a switch's room as what this gang could take there"]),
+    # ... and without the fall-back, a crash in the learner's code: one line, the cause
+    (lambda: mutant("topology_placer",
+                    ("free[n] if k is None else (k if free[n] >= k else 0)", "free[n]"),
+                    ("        return best_fit([f if n in members else 0 for n, f in "
+                     "enumerate(free)], gpus, k)\n",
+                     "        placed = best_fit([f if n in members else 0 for n, f in "
+                     "enumerate(free)], gpus, k)\n"
+                     "        return {n: c for n, c in placed.items()}\n")),
+     ["topology_placer([8, 0, 4, 4], 8, 4, [[0, 1], [2, 3]]) raised AttributeError",
+      "switch 0 has 8 free GPUs but room for 4 of this gang"]),
+    # gpus_per_node == gpus: the one-node level skipped (was told about ties)
+    (lambda: mutant("topology_placer", ("if k is None or k == gpus:", "if k is None:")),
+     ["topology_placer([4, 4, 2, 4], 4, 4, [[0, 1], [2, 3]]) returned {3: 4}",
+      "the one-node level comes first"]),
     (lambda: learner("def topology_placer(free, gpus, gpus_per_node, switches):\n"
                      "    return switches[gpus]\n", "topology_placer"),
      ["raised IndexError"]),
@@ -363,6 +393,10 @@ def test_a_slip_in_best_fit_names_exercise_1_not_the_topology_placer(capsys):
     (lambda: mutant("easy_backfill", ("if now + job.duration > shadow:",
                                       "if now + job.duration >= shadow:")),
      ["started nothing, EASY backfill starts exact", "ending AT the reservation"]),
+    # jobs that end at the same instant released one by one
+    (lambda: mutant("easy_backfill", ("            shadow = end\n",
+                                      "            shadow = end\n            break\n")),
+     ["started nothing, EASY backfill starts long", "at the same instant"]),
     # running jobs released in the given order, not by end time
     (lambda: mutant("easy_backfill", ("sorted(running, key=lambda r: r[0])", "running")),
      ["started mid, EASY backfill starts quick", "in the order they END"]),
@@ -378,8 +412,9 @@ def test_a_slip_in_best_fit_names_exercise_1_not_the_topology_placer(capsys):
     (lambda: mutant("easy_backfill", ("                continue", "                break")),
      ["started nothing, EASY backfill starts early", "you stopped looking"]),
     # a shadow time of `now` when nothing frees enough
-    (lambda: mutant("easy_backfill", ('then, shadow = list(free), float("inf")',
-                                      "then, shadow = list(free), now")),
+    (lambda: mutant("easy_backfill", ("    free, started = list(free), []\n",
+                                      "    shadow = now if shadow == float(\"inf\") else shadow\n"
+                                      "    free, started = list(free), []\n")),
      ["started nothing, EASY backfill starts long, one", "no reservation"]),
     # never the second test: only jobs that end by the shadow time
     (lambda: mutant("easy_backfill", (

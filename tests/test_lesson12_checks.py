@@ -110,7 +110,8 @@ def max_batch(cfg, memory, context, dtype_bytes=2, utilization=0.9):
     fails(capsys, checks.check_max_batch, wrong("""
 def max_batch(cfg, memory, context, dtype_bytes=2, utilization=0.9):
     return cfg.kv_heads * 2
-"""), "raised TypeError")
+"""), "OPT-13B, fp16, 80 GiB, 512 tokens, max_batch(lab.OPT_13B, 80 * 2**30, 512, 2, 0.9) "
+          "raised TypeError")
 
 
 def test_max_batch_not_started(capsys):
@@ -261,10 +262,38 @@ def test_schedule_reference_passes(capsys):
 
 
 def test_schedule_ignoring_the_watermark(capsys):
-    fails(capsys, checks.check_schedule, wrong("""
+    # the trial: the call was cut ('wate…'), and the hint gave two rules
+    text = fails(capsys, checks.check_schedule, wrong("""
 def schedule(running, waiting, free_blocks, block_size=16, max_num_seqs=256, watermark=0):
     return ok_schedule(running, waiting, free_blocks, block_size, max_num_seqs, 0)
-"""), "the watermark keeps 2 blocks free", "watermark")
+"""), "the watermark keeps 2 blocks free, schedule(running=[40], waiting=[100], "
+          "free_blocks=8, watermark=2): returned ('prefill', 1)",
+          "blocks left once it has its blocks are at least the watermark")
+    assert "max_num_seqs" not in text
+
+
+def test_schedule_ignoring_max_num_seqs(capsys):
+    text = fails(capsys, checks.check_schedule, wrong("""
+def schedule(running, waiting, free_blocks, block_size=16, max_num_seqs=256, watermark=0):
+    return ok_schedule(running, waiting, free_blocks, block_size, 10**6, watermark)
+"""), "max_num_seqs reached", "stay within max_num_seqs")
+    assert "watermark" not in text
+
+
+def test_schedule_a_victim_that_still_needs_its_block(capsys):
+    fails(capsys, checks.check_schedule, wrong("""
+def schedule(running, waiting, free_blocks, block_size=16, max_num_seqs=256, watermark=0):
+    kind, n = ok_schedule(running, waiting, free_blocks, block_size, max_num_seqs, watermark)
+    if kind != "decode":
+        return kind, n
+    running, preempted = list(running), 0
+    needed = sum(1 for length in running if length % block_size == 0)
+    while needed > free_blocks:
+        free_blocks += -(-running.pop() // block_size)
+        preempted += 1
+    return "decode", preempted
+"""), "four need a block, none is free", "returned ('decode', 4)",
+          "no longer needs a new one")
 
 
 def test_schedule_keeping_more_than_the_watermark(capsys):
@@ -385,6 +414,16 @@ def test_size_fleet_reference_passes(capsys):
 ])
 def test_size_fleet_names_each_slip(capsys, slip, case, found, cause):
     fails(capsys, checks.check_size_fleet, fleet_with(**slip), case, found, cause)
+
+
+def test_size_fleet_ignoring_that_tp_must_divide_the_heads(capsys):
+    # the trial: OPT-13B's 40 heads divide every tp, so no case tested it
+    no_test = FLEET.format(**FLEET_RIGHT).replace("        if cfg.heads % tp:\n"
+                                                  "            continue\n", "")
+    assert no_test != FLEET.format(**FLEET_RIGHT)
+    fails(capsys, checks.check_size_fleet, wrong(no_test),
+          "GPT-2 large (20 heads), 20 req/s, TPOT 1 ms (impossible) raised ValueError",
+          "tp not dividing cfg.heads")
 
 
 def test_size_fleet_always_the_whole_node(capsys):
@@ -554,7 +593,8 @@ def test_kpa_returning_a_time_whose_eq_raises(capsys):
     fails(capsys, checks.check_kpa_desired, wrong(HOSTILE + """
 def kpa_desired(stable, panic, ready, panicking_since, now, target):
     return 1, Raising(now)
-"""), "raised RuntimeError")
+"""), "stable, 25 in flight, target 10, kpa_desired(25, 25, 2, None, 0.0, 10) raised "
+          "RuntimeError")
 
 
 def test_the_lab_gives_nudges_and_progressive_hints():

@@ -19,9 +19,21 @@ def topology_placer(free, gpus, gpus_per_node, switches):
                           sched.Topology([max(free)] * len(free), switches))
 
 
+def together(running):
+    """``running`` with the jobs that end at the same time merged into one: at that
+    instant all of them have given their GPUs back, so the head's reservation counts
+    them all (the simulator's ``reservation`` stops at the first one that is enough)."""
+    merged = {}
+    for end, taken in running:
+        into = merged.setdefault(end, {})
+        for node, n in taken.items():
+            into[node] = into.get(node, 0) + n
+    return list(merged.items())
+
+
 def easy_backfill(now, free, running, queue):
     """The names of the jobs behind ``queue[0]`` that EASY backfill starts now."""
-    return [job.name for job, _ in sched.easy_backfill(now, free, running, queue)]
+    return [job.name for job, _ in sched.easy_backfill(now, free, together(running), queue)]
 
 
 def choose_victims(free, running, gpus, gpus_per_node, priority):

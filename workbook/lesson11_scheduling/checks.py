@@ -35,9 +35,10 @@ hint = Hints({
         "Sketch [4, 2, 3, 8] and a 2-GPU job, then a 10-GPU one: which node(s) would you "
         "pick so that the 8-GPU node stays whole? Then ask the same with gpus_per_node=4.",
         "Three situations, in this order: gpus_per_node given (only nodes with k free "
-        "count, and they give exactly k); one node can hold it all; it must be split. For "
-        "the split, think about which nodes you fill completely and where the remainder "
-        "goes so that as little as possible is left over. Ties: the lower index.",
+        "count, and they give exactly k); one node can hold it all; it must be split. To "
+        "split over few nodes, fill the nodes with the most free GPUs completely, one "
+        "after another, until the rest fits on one node; put that rest where the least "
+        "is left over. In every choice, a tie goes to the lower index.",
     ],
     "topology": [
         "Three levels: a node, a leaf switch, the whole tree. Which is the lowest level "
@@ -51,7 +52,8 @@ hint = Hints({
     "backfill": [
         "Two questions, in order: when could the head start at the earliest, and with "
         "which GPUs? Then, for each later job: does starting it now change that answer?",
-        "The running jobs end in time order, whatever order the list is in. A later job "
+        "The running jobs end in time order, whatever order the list is in, and all the "
+        "jobs that end at one instant free their GPUs together. A later job "
         "that fits now is safe if it is over by the head's start (careful with when it "
         "starts), or if the head still fits at its start with this job's GPUs still "
         "taken; the jobs you start use up both what is free now and, if they run past "
@@ -62,7 +64,8 @@ hint = Hints({
         "Victims free GPUs all at once, and only a placement of the whole gang counts. "
         "Which jobs may you stop at all, and when is stopping nobody the answer? When "
         "is it None?",
-        "Grow a set of victims, cheapest first, until the gang fits (test the placement "
+        "The check's bar, a heuristic: grow a set of victims, cheapest first, until the "
+        "gang fits (test the placement "
         "each time), then shrink it: try to spare the most expensive first, and once one "
         "is spared its GPUs are no longer freed for the next test.",
     ],
@@ -87,11 +90,12 @@ class _Odd(Exception):
         self.what, self.hint = what, hint_text
 
 
-def _run(fn, name, cases, reference, plain):
+def _run(fn, name, cases, reference, plain, cause=None):
     """``[(case, expected, answer)]``: the reference's answers, computed first on copies
     of the cases, then ``fn(*case)`` on its own copy of each case, on one simulated rank,
     its answer made plain there (``plain``). An exception, a changed input or an answer
-    ``plain`` cannot read becomes a :class:`Failure` naming the case."""
+    ``plain`` cannot read becomes a :class:`Failure` naming the case; ``cause(case)`` may
+    name the likely mistake behind an exception."""
     expected = [reference(*copy.deepcopy(case)) for case in cases]
     inputs = [copy.deepcopy(case) for case in cases]
 
@@ -124,13 +128,29 @@ def _run(fn, name, cases, reference, plain):
                           "work on a copy (free = list(free)): the scheduler still needs "
                           "the cluster as it is.")
         # an unwritten exercise is ⬜ not started (as make progress says), with its hint
-        raise raised(where, error, "call it yourself, in a cell, with these arguments to "
-                                   "see the traceback.")
+        likely = cause(case) if cause is not None else None
+        raise raised(where, error, (f"{likely}; " if likely else "") +
+                     "call it yourself, in a cell, with these arguments to see the traceback.")
     return list(zip(cases, expected, out))
 
 
+def _code(value):
+    """``value`` as Python a learner can paste into a cell (jobs and running jobs
+    short: only the fields the exercise reads)."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_code(v) for v in value) + "]"
+    if isinstance(value, sched.Job):
+        k = "" if value.gpus_per_node is None else f", gpus_per_node={value.gpus_per_node}"
+        return f"sched.Job({value.name!r}, {value.gpus}, {value.duration!r}{k})"
+    if isinstance(value, sched.Running):
+        return (f"sched.Running({value.name!r}, {value.taken!r}, {value.priority}, "
+                f"{value.preemptible}, {value.lost!r})")
+    return repr(value)
+
+
 def _args(case):
-    return short(", ".join(repr(a) for a in case), 120)
+    """The arguments of ``case``, whole, as they could be typed into a call."""
+    return ", ".join(_code(a) for a in case)
 
 
 PLACEMENT_HINT = ("return {node: GPUs taken} (a dict of whole numbers), or None if the job "
@@ -244,6 +264,8 @@ BEST_FIT_CASES = (
     ([4, 4, 4, 4], 8, 4),             # k per node, all tie: the lower indices
     ([3, 3, 3], 4, 4),                # no node has k free
     ([8, 3, 2, 2], 8, 4),             # one node with 2k free still gives k
+    ([8, 8], 8, 4),                   # nodes with 2k free give k each, never all they have
+    ([6, 5, 8, 3], 8, 4),             # k per node from nodes with more than k free
     (HETERO_BUSY, 16, None),
     (HETERO_BUSY, 8, 8),
     (HETERO_BUSY, 2, None),
@@ -302,10 +324,12 @@ def check_best_fit(fn):
 # ------------------------------------------------------------------- 2. topology-aware
 
 S2 = [[0, 1], [2, 3]]
+S3 = [[0, 1], [2, 3], [4, 5]]
 S11 = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
 TOPOLOGY_CASES = (
     ([4, 2, 4, 4], 2, None, S2),
     ([4, 4, 2, 4], 4, 4, S2),          # k == gpus: one node, the fullest
+    ([4, 4, 4, 4, 2, 5], 4, 4, S3),    # k == gpus: one node, not the switch with least room
     ([3, 2, 4, 4], 6, None, S2),
     ([4, 3, 4, 4], 5, None, S2),
     ([4, 4, 3, 3], 6, None, S2),       # both switches fit: the one with less room
@@ -317,6 +341,7 @@ TOPOLOGY_CASES = (
     ([4, 1, 4, 4], 8, 4, S2),
     ([8, 0, 4, 4], 8, 4, S2),          # a node with 8 free gives a 4-per-node gang 4
     ([6, 3, 5, 0], 8, 4, S2),          # free, not room, is 9 under switch 0
+    ([5, 3, 4, 5], 8, 4, S2),          # switch 0 has 8 free but room 4: switch 1
     (HETERO_BUSY, 6, None, S11),
     (HETERO_BUSY, 8, None, S11),
     (HETERO_BUSY, 12, None, S11),
@@ -329,6 +354,46 @@ def _room(free, k, members):
     return sum(free[n] if k is None else (k if free[n] >= k else 0) for n in members)
 
 
+def _free_under(free, k, members):
+    """A switch's room miscounted as all its free GPUs, whatever ``k``."""
+    return sum(free[n] for n in members)
+
+
+def _switch_choice(free, gpus, k, switches, room):
+    """The switch the rule picks when rooms are counted by ``room``, or None."""
+    fits = [i for i, members in enumerate(switches) if room(free, k, members) >= gpus]
+    return min(fits, key=lambda i: (room(free, k, switches[i]), i), default=None)
+
+
+def _beneath(free, gpus, k, members):
+    """Best fit on the nodes ``members`` alone."""
+    return sched.best_fit([f if n in members else 0 for n, f in enumerate(free)], gpus, k)
+
+
+def _miscounted(free, gpus, k, switches, taken):
+    """Whether ``taken`` is what a placer that counts free GPUs as room places: best fit
+    on the switch it picks, or on the whole tree when that switch cannot hold the gang."""
+    wrong = _switch_choice(free, gpus, k, switches, _free_under)
+    if k is None or wrong is None or wrong == _switch_choice(free, gpus, k, switches, _room):
+        return False
+    return taken in (_beneath(free, gpus, k, switches[wrong]), sched.best_fit(free, gpus, k))
+
+
+ROOM_CAUSE = ("count a switch's room as what this gang could take there: k from each node "
+              "with k free, nothing from the others")
+
+
+def _topology_error_cause(case):
+    """The likely mistake behind an exception on ``case``: a switch picked by its free
+    GPUs, on which best fit then finds no placement."""
+    free, gpus, k, switches = case
+    wrong = _switch_choice(free, gpus, k, switches, _free_under)
+    if k is not None and wrong is not None and _room(free, k, switches[wrong]) < gpus:
+        return f"switch {wrong} has {_free_under(free, k, switches[wrong])} free GPUs but " \
+               f"room for {_room(free, k, switches[wrong])} of this gang: {ROOM_CAUSE}"
+    return None
+
+
 def _topology_cause(free, gpus, k, switches, taken, expected):
     """The mistake that explains a valid placement other than the topology rule's."""
     leaf = {n: i for i, members in enumerate(switches) for n in members}
@@ -336,7 +401,14 @@ def _topology_cause(free, gpus, k, switches, taken, expected):
     if len(expected) == 1:
         if len(taken) > 1:
             return "first try one node: if one can hold the gang, it stays there"
+        best = _switch_choice(free, gpus, k, switches, _room)
+        if k == gpus and best is not None and taken == _beneath(free, gpus, k,
+                                                                 switches[best]):
+            return ("with gpus_per_node equal to gpus the gang sits on one node: the "
+                    "one-node level comes first for it too, before any switch")
         return _best_fit_cause(free, gpus, k, taken, expected)
+    if _miscounted(free, gpus, k, switches, taken):
+        return ROOM_CAUSE
     if len(want) > 1 or want == got:
         return ("beneath the switch (or the tree) chosen, place by best fit on its nodes "
                 "only: " + _best_fit_cause(free, gpus, k, taken, expected))
@@ -347,9 +419,6 @@ def _topology_cause(free, gpus, k, switches, taken, expected):
     rooms = [_room(free, k, members) for members in switches]
     if rooms[mine] == rooms[best]:
         return "switches with the same room tie: take the lower-numbered one"
-    if k is not None and sum(free[n] for n in switches[mine]) >= gpus > rooms[mine]:
-        return ("count a switch's room as what this gang could take there: k from each "
-                "node with k free, nothing from the others")
     return (f"switch {mine} has room {rooms[mine]}, switch {best} {rooms[best]}: of the "
             "switches that fit, take the one with the LEAST room (best fit), so that "
             "emptier switches stay free for bigger jobs")
@@ -369,7 +438,8 @@ def check_topology_placer(fn):
     ref = _reference()
     _refuse(fn, ref.topology_placer, sched.topology)
     for (free, gpus, k, switches), expected, taken in _run(
-            fn, "topology_placer", TOPOLOGY_CASES, ref.topology_placer, _placement):
+            fn, "topology_placer", TOPOLOGY_CASES, ref.topology_placer, _placement,
+            _topology_error_cause):
         where = f"topology_placer({free}, {gpus}, {k}, {switches})"
         if taken == expected:
             continue
@@ -429,6 +499,9 @@ BACKFILL_CASES = (
     (0.0, [2, 2, 0, 0], [(600.0, {2: 4}), (700.0, {3: 4}), (800.0, {0: 2, 1: 2})],
      [_job("head", 12, 100), _job("p", 2, 50), _job("q", 2, 5000), _job("r", 1, 5000)]),
     (0.0, [1, 0], [(100.0, {1: 4})], [_job("head", 4, 100)]),      # only the head
+    # two jobs end at the same instant: the head has both their GPUs at its shadow time
+    (0.0, [2, 0, 0], [(100.0, {1: 4}), (100.0, {2: 4})],
+     [_job("head", 6, 100), _job("long", 2, 5000)]),
 )
 
 
@@ -448,7 +521,9 @@ def _in_given_order(running, head, free):
 def _backfill_cause(now, free, running, queue, names, expected):
     """The mistake that explains ``names`` where EASY backfill starts ``expected``:
     each candidate is EASY backfill itself on inputs changed the way a slip changes them."""
-    def easy(now=now, running=running, pad=0.0):
+    together = _reference().together
+
+    def easy(now=now, running=together(running), pad=0.0):
         return [job.name for job, _ in sched.easy_backfill(
             now, list(free), running, queue, duration=lambda job, taken: job.duration + pad)]
 
@@ -466,9 +541,13 @@ def _backfill_cause(now, free, running, queue, names, expected):
     if names == easy(now=0.0):
         return ("a job started now ends at now + its duration, not at its duration: "
                 "compare that with the shadow time")
-    if names == easy(running=_in_given_order(running, queue[0], free)):
+    if names == easy(running=_in_given_order(together(running), queue[0], free)):
         return ("the head's reservation comes from the running jobs in the order they END; "
                 "the list is not sorted")
+    if names == easy(running=running):
+        return ("jobs that end at the same time give their GPUs back at the same instant: "
+                "at its shadow time the head has the GPUs of all of them, not only of the "
+                "first one that is enough")
     if math.isinf(shadow) and not names:
         return ("nothing running ever frees enough for the head: it has no reservation "
                 "(an infinite shadow time), so every later job that fits may start")
@@ -498,7 +577,7 @@ def check_easy_backfill(fn):
             continue
         where = (f"at now={num(now)}, free {free}, running {running}, queue "
                  f"{listed([f'{j.name} ({j.gpus} GPUs, {num(j.duration)} s)' for j in queue])}")
-        raise Failure(f"{short(where, 240)}: started {listed(names) or 'nothing'}, EASY "
+        raise Failure(f"{where}: started {listed(names) or 'nothing'}, EASY "
                       f"backfill starts {listed(expected) or 'nothing'}",
                       _more("backfill", _backfill_cause(now, free, running, queue, names,
                                                         expected)))

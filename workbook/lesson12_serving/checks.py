@@ -136,16 +136,21 @@ SLIP_HINTS = {
              "start), up to max_batch.",
     "batch_rule": "a batch starts at the earlier of its two closing times, never "
                   "before the server is free, and takes what has arrived by then.",
-    "preempt": "a sequence needs a new block exactly when its length is a multiple of "
-               "block_size; preempt from the end of `running`: each victim gives back "
-               "all its blocks and no longer needs one.",
-    "admit_in_order": "admit in order while both limits hold; stop at the first prompt "
-                      "that does not fit (a later, smaller one waits its turn).",
+    "preempt_order": "preempt from the end of `running`: the most recently admitted "
+                     "sequence goes first.",
+    "preempt_need": "a sequence needs a new block exactly when its last block is full "
+                    "(its length a multiple of block_size); here the free blocks cover "
+                    "that need without preempting anyone.",
+    "preempt_frees": "a preempted sequence gives back all its blocks and no longer needs "
+                     "a new one: count both before you preempt the next.",
+    "admit_in_order": "admission stops at the first prompt that does not fit: a later, "
+                      "smaller one waits its turn (first come, first served).",
+    "admit_seqs": "a prompt comes in only while the sequences, running and admitted, "
+                  "stay within max_num_seqs.",
     "watermark_equal": "a prompt may come in when the blocks left after it are at "
                        "least the watermark (equal is enough).",
-    "admit_limits": "a prompt comes in only while the sequences stay within "
-                    "max_num_seqs and the blocks left after it are at least the "
-                    "watermark; admission stops at the first prompt that does not fit.",
+    "admit_watermark": "a prompt comes in only if the free blocks left once it has its "
+                       "blocks are at least the watermark.",
     "idle": "'idle' is for an iteration with nothing admitted and nothing running.",
     "admit_first": "first try to admit; decode only when no prompt came in.",
     "threshold_first": "test the threshold first: a crossing (re)starts the panic at "
@@ -339,6 +344,14 @@ def _whole(got, args):
     return got
 
 
+def _max_batch_call(case):
+    """The call of ``case``, to paste into a cell of the lab."""
+    cfg, memory, context, dtype_bytes, utilization = case
+    model = next(name for name in ("OPT_13B", "LLAMA2_70B") if getattr(lab, name) is cfg)
+    return (f"max_batch(lab.{model}, {memory // GiB} * 2**30, {context}, {dtype_bytes}, "
+            f"{utilization})")
+
+
 @check("max_batch")
 def check_max_batch(fn):
     """``fn(cfg, memory, context, dtype_bytes, utilization)`` returns the reference's
@@ -349,7 +362,8 @@ def check_max_batch(fn):
                     "write the KV-cache formula yourself.")
     cases = [c[1:] for c in MAX_BATCH_CASES]
     wants = [ref.max_batch(*case) for case in cases]
-    results = _calls(fn, [(c[0], c[1:]) for c in MAX_BATCH_CASES], _whole)
+    results = _calls(fn, [(f"{c[0]}, {_max_batch_call(c[1:])}", c[1:])
+                          for c in MAX_BATCH_CASES], _whole)
     for (name, *_), got, want in zip(MAX_BATCH_CASES, results, wants):
         if got != want:
             cause = _diagnose(results, cases, _max_batch_slips(ref),
@@ -504,6 +518,11 @@ def _schedule_args(kwargs):
             kwargs.get("watermark", 0))
 
 
+def _schedule_call(kwargs):
+    """The call of the case ``kwargs``, whole, to paste into a cell."""
+    return "schedule(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
+
+
 def _step(got, args):
     """What the learner returned as ``(kind, count)``."""
     kind, count = _pair(got, "(kind, count)", "return a tuple such as ('prefill', 2), "
@@ -523,44 +542,64 @@ def check_schedule(fn):
     refuse_reference(fn, ref.schedule)
     cases = list(SCHEDULE_CASES) + _random_schedule_cases()
     wants = [ref.schedule(*_schedule_args(kwargs)) for _, kwargs, _ in cases]
-    results = _calls(fn, [(name, _schedule_args(kwargs)) for name, kwargs, _ in cases],
-                     _step, names=("running", "waiting"))
+    results = _calls(fn, [(f"{name}, {_schedule_call(kwargs)}", _schedule_args(kwargs))
+                          for name, kwargs, _ in cases], _step, names=("running", "waiting"))
     for (name, kwargs, expected), (kind, count), want in zip(cases, results, wants):
         assert expected is None or want == expected, (name, want)   # the cases say it
-        shown = short(repr(kwargs), 120)
         if (kind, count) != want:
-            raise Failure(f"{name} {shown}: returned {(kind, count)}, expected {want}",
+            raise Failure(f"{name}, {_schedule_call(kwargs)}: returned {(kind, count)}, "
+                          f"expected {want}",
                           _more("schedule", _schedule_cause(kwargs, kind, count, want)))
     return f"{len(cases)} iterations scheduled (admission, watermark, max_num_seqs, " \
            "preemption) as vLLM's scheduler does"
 
 
 def _schedule_cause(kwargs, kind, count, want):
-    """The cause of a wrong ``(kind, count)`` on the case ``kwargs``."""
+    """The one rule that explains a wrong ``(kind, count)`` on the case ``kwargs``: the
+    reference on the case changed the way a slip changes it, or the kind of mistake."""
+    ref, got = _reference(), (kind, count)
+
+    def schedule(**changes):
+        return ref.schedule(*_schedule_args({**kwargs, **changes}))
+
     if want[0] == "decode" and kind == "decode":
-        return SLIP_HINTS["preempt"]
-    if want[0] == "prefill" and kind == "prefill":
-        return SLIP_HINTS["admit_in_order"]
-    if want[0] == "prefill" and kwargs.get("watermark"):
-        return SLIP_HINTS["watermark_equal"]
-    if kind == "prefill":
-        return SLIP_HINTS["admit_limits"]
+        if got == schedule(running=kwargs["running"][::-1]):
+            return SLIP_HINTS["preempt_order"]
+        return SLIP_HINTS["preempt_need" if want[1] == 0 else "preempt_frees"]
     if want[0] == "idle" or kind == "idle":
         return SLIP_HINTS["idle"]
+    if got == schedule(max_num_seqs=len(kwargs["running"]) + len(kwargs["waiting"])):
+        return SLIP_HINTS["admit_seqs"]
+    watermark = kwargs.get("watermark", 0)
+    if watermark and got == schedule(watermark=watermark + 1):
+        return SLIP_HINTS["watermark_equal"]
+    if watermark and got == schedule(watermark=0):
+        return SLIP_HINTS["admit_watermark"]
+    if kind == "prefill":
+        return SLIP_HINTS["admit_in_order"]
     return SLIP_HINTS["admit_first"]
 
 
 # ------------------------------------------------------ exercise 4: size a fleet
 
+# (name, the model in lab, request rate, TTFT SLO, TPOT SLO)
 FLEET_CASES = (
-    ("4 req/s, TTFT 0.5 s, TPOT 50 ms", 4.0, 0.5, 0.050),
-    ("20 req/s, TTFT 0.3 s, TPOT 40 ms", 20.0, 0.3, 0.040),
-    ("4 req/s, TTFT 0.5 s, TPOT 15 ms", 4.0, 0.5, 0.015),
-    ("12 req/s, TTFT 0.16 s, TPOT 35 ms", 12.0, 0.16, 0.035),
-    ("20 req/s, TTFT 0.3 s, TPOT 30 ms", 20.0, 0.3, 0.030),
-    ("8 req/s, TTFT 0.12 s, TPOT 40 ms", 8.0, 0.12, 0.040),
-    ("4 req/s, TPOT 3 ms (impossible)", 4.0, 0.5, 0.003),
+    ("4 req/s, TTFT 0.5 s, TPOT 50 ms", "OPT_13B", 4.0, 0.5, 0.050),
+    ("20 req/s, TTFT 0.3 s, TPOT 40 ms", "OPT_13B", 20.0, 0.3, 0.040),
+    ("4 req/s, TTFT 0.5 s, TPOT 15 ms", "OPT_13B", 4.0, 0.5, 0.015),
+    ("12 req/s, TTFT 0.16 s, TPOT 35 ms", "OPT_13B", 12.0, 0.16, 0.035),
+    ("20 req/s, TTFT 0.3 s, TPOT 30 ms", "OPT_13B", 20.0, 0.3, 0.030),
+    ("8 req/s, TTFT 0.12 s, TPOT 40 ms", "OPT_13B", 8.0, 0.12, 0.040),
+    ("4 req/s, TPOT 3 ms (impossible)", "OPT_13B", 4.0, 0.5, 0.003),
+    # 20 heads: tp=8 is no layout of this model, and every search meets it here
+    ("GPT-2 large (20 heads), 20 req/s, TPOT 1 ms (impossible)", "GPT2_LARGE", 20.0, 0.5,
+     0.001),
 )
+
+FLEET_RAISED_HINT = ("call your function yourself, in a cell, with the case's arguments to "
+                     "see the traceback. A layout that cannot be built — tp not dividing "
+                     "cfg.heads, or more GPUs than the node has — makes serving.Deployment "
+                     "raise ValueError: it is no candidate.")
 
 
 def _layouts(cluster, cfg, requests, load_balancer):
@@ -609,7 +648,7 @@ def _fleet_slip(answers, expected):
     layout of the learner's GPUs that passes its test (None where nothing does)."""
     for cause, balancer, ok in FLEET_SLIPS:
         explains = True
-        for got, (_, ttft, tpot, _, tables) in zip(answers, expected):
+        for got, (_, _, ttft, tpot, _, tables) in zip(answers, expected):
             layouts = tables[balancer]
             fewest = min((r * tp for (r, tp), v in layouts.items() if ok(v, ttft, tpot)),
                          default=None)
@@ -630,11 +669,11 @@ def _fleet_answers(fn, expected):
     with its own copies of the cluster, the model and the requests; stops at the first
     case that fails, returning its :class:`Failure` last."""
     answers = []
-    for name, ttft, tpot, requests, _ in expected:
+    for name, cfg, ttft, tpot, requests, _ in expected:
         try:
             got = on_a_rank(_judged(fn, _fleet, (None, None, "requests")),
-                            (lab.node(), copy.deepcopy(lab.OPT_13B), copy.deepcopy(requests),
-                             ttft, tpot), name)
+                            (lab.node(), copy.deepcopy(cfg), copy.deepcopy(requests),
+                             ttft, tpot), name, FLEET_RAISED_HINT)
         except Failure as failure:
             return answers + [failure]
         if isinstance(got, _Shape):
@@ -651,16 +690,16 @@ def check_size_fleet(fn):
     answer are computed before the learner's code runs."""
     ref = _reference()
     refuse_reference(fn, ref.size_fleet)
-    cluster, cfg = lab.node(), lab.OPT_13B
+    cluster = lab.node()
     expected = []
-    for name, rate, ttft, tpot in FLEET_CASES:
-        requests = lab.traffic(rate)
+    for name, model, rate, ttft, tpot in FLEET_CASES:
+        cfg, requests = getattr(lab, model), lab.traffic(rate)
         tables = {lb: _layouts(cluster, cfg, requests, lb) for lb in serving.LOAD_BALANCERS}
-        expected.append((name, ttft, tpot, requests, tables))
+        expected.append((name, cfg, ttft, tpot, requests, tables))
     wants = [ref.size_fleet(cluster, cfg, copy.deepcopy(requests), ttft, tpot)
-             for _, ttft, tpot, requests, _ in expected]
+             for _, cfg, ttft, tpot, requests, _ in expected]
     answers = _fleet_answers(fn, expected)
-    for got, want, (name, ttft, tpot, _, tables) in zip(answers, wants, expected):
+    for got, want, (name, _, ttft, tpot, _, tables) in zip(answers, wants, expected):
         if isinstance(got, Failure):
             raise got
         table = tables["least_outstanding"]
@@ -691,7 +730,9 @@ def check_size_fleet(fn):
                                   "meets the SLO is not always the cheapest."
         raise Failure(f"{name}: ({replicas}, {tp}) uses {replicas * tp} GPUs; "
                       f"{want[0] * want[1]} are enough", _more("size_fleet", cause))
-    return f"{len(FLEET_CASES)} SLOs met with the fewest GPUs (one impossible one refused)"
+    impossible = sum(want is None for want in wants)
+    return f"{len(FLEET_CASES)} SLOs met with the fewest GPUs ({impossible} impossible ones " \
+           "refused)"
 
 
 # ------------------------------------------------------ exercise 5: the autoscaling rule
@@ -749,7 +790,8 @@ def check_kpa_desired(fn):
     refuse_reference(fn, ref.kpa_desired)
     _refuse_library(fn, ("Autoscaler",), "write the rule yourself.")
     wants = [ref.kpa_desired(*args) for _, args in KPA_CASES]
-    results = _calls(fn, KPA_CASES, _decision)
+    results = _calls(fn, [(f"{name}, kpa_desired{args}", args) for name, args in KPA_CASES],
+                     _decision)
     for (name, args), got, want in zip(KPA_CASES, results, wants):
         if got != want:
             raise Failure(f"{name} {args}: returned {got}, expected {want}",

@@ -9,6 +9,9 @@ OPT_13B = planner.TransformerConfig(layers=40, hidden=5120, heads=40, seq_len=20
 LLAMA2_70B = planner.TransformerConfig(layers=80, hidden=8192, heads=64, kv_heads=8,
                                        ffn_hidden=28672, seq_len=4096, vocab=32000,
                                        swiglu=True, tied_embeddings=False)
+# 20 heads: tp=8 does not divide them (the vocabulary padded to a multiple of 64)
+GPT2_LARGE = planner.TransformerConfig(layers=36, hidden=1280, heads=20, seq_len=1024,
+                                       vocab=50304)
 
 
 def node():
