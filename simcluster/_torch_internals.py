@@ -64,6 +64,8 @@ What we rely on, and why:
   accounting mode (:class:`DispatchMode`). Its ``_should_skip_dynamo`` hook is turned off:
   torch would otherwise wrap every op the mode sees in ``torch._dynamo.disable``, which
   imports ``torch._dynamo`` (1-4 s) on the first op and costs ~0.5 µs per op after.
+  Its ``ignore_compile_internals`` hook is turned on, so that ``torch.compile`` in a rank
+  compiles the learner's code and the mode charges the compiled code's ops.
 * ``torch.utils.module_tracker.ModuleTracker``'s ``_get_mod_name`` names modules the way
   torch's own tools do ("Sequential.0"); :class:`ModuleStack` reuses it.
 * ``torch._C._disabled_torch_dispatch_impl`` is the ``__torch_dispatch__`` that
@@ -100,10 +102,12 @@ What we rely on, and why:
   ctypes view gives its raw Mersenne Twister words cheaply (:func:`numpy_rng_words`).
 """
 
+import collections.abc
 import ctypes
 import contextlib
 import functools
 import importlib.abc
+import inspect
 import operator
 import os
 import pickle
@@ -357,6 +361,7 @@ def _foreach_reduce(original, hooks):
 
 _FSDP = "torch.distributed.fsdp._fully_shard."
 _FUNCOL = "torch.distributed._functional_collectives"
+_REDISTRIBUTE = "torch.distributed.tensor._redistribute"
 _SCHEDULES = "torch.distributed.pipelining.schedules"
 _CHECKPOINT = "torch.distributed.checkpoint"
 _NN_MODULE = "torch.nn.modules.module"
@@ -382,6 +387,7 @@ def patches():
         Patch(SWITCHES, "thread_isolation", lambda original, hooks: True),
         *(Patch(module, "init_process_group", _init_process_group)
           for module in ("torch.distributed", "torch.distributed.distributed_c10d")),
+        Patch("torch.distributed.distributed_c10d", "_new_group_with_tag", _new_group_with_tag),
         Patch("sys", "excepthook", None),   # init_process_group prefixes it with "[rankN]"
         # memory accounting: what the dispatcher does not see, or cannot label
         Patch("torch:UntypedStorage", "resize_", _resize),
@@ -406,6 +412,11 @@ def patches():
         Patch(_FUNCOL, "_are_we_tracing", _are_we_tracing),
         Patch("torch.distributed.tensor._sharding_prop:ShardingPropagator", "_fake_mode_lock",
               lambda original, hooks: hooks.not_charged),
+        # DTensor's redistribution plans and planners depend on the rank's coordinates
+        # (uneven shards): one cache per rank, made afresh for each run
+        Patch(_REDISTRIBUTE, "_gen_transform_infos",
+              lambda original, hooks: _PerRankCache(original.__wrapped__)),
+        Patch(_REDISTRIBUTE, "_planner_cache", lambda original, hooks: _PerRankDict()),
         # module hooks registered inside a rank fire for that rank's modules only
         *(Patch(_NN_MODULE, name, _rank_local_hooks, undo=_RankLocalHooks.clear_ranks)
           for name in _MODULE_HOOK_DICTS),
@@ -648,6 +659,93 @@ def _rank_local_hooks(original, hooks):
     proxy.clear_ranks()
     proxy.outside = threading.get_ident()
     return proxy
+
+
+def _own(local, make):
+    """The calling thread's ``local.value``, made with ``make()`` on its first use."""
+    try:
+        return local.value
+    except AttributeError:
+        local.value = make()
+        return local.value
+
+
+class _PerRankCache:
+    """A ``functools.cache`` of ``function`` of each thread's own, for a module-level
+    cache whose entries hold one rank's view (DTensor's redistribution plans)."""
+
+    def __init__(self, function):
+        self._function, self._local = function, threading.local()
+
+    def __call__(self, *args, **kwargs):
+        return _own(self._local, lambda: functools.cache(self._function))(*args, **kwargs)
+
+    def cache_clear(self):
+        _own(self._local, lambda: functools.cache(self._function)).cache_clear()
+
+
+class _PerRankDict(collections.abc.MutableMapping):
+    """A dict whose contents each thread has of its own (a module-level cache dict)."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def _dict(self):
+        return _own(self._local, dict)
+
+    def __getitem__(self, key):
+        return self._dict()[key]
+
+    def __setitem__(self, key, value):
+        self._dict()[key] = value
+
+    def __delitem__(self, key):
+        del self._dict()[key]
+
+    def __iter__(self):
+        return iter(self._dict())
+
+    def __len__(self):
+        return len(self._dict())
+
+
+def _new_group_with_tag(original, hooks):
+    """``_new_group_with_tag`` (behind ``new_group``), keeping ``pg_tag`` as gloo does.
+
+    torch hands the creation to a default group that implements ``new_group`` (the
+    sim's does) and files the result under ``ptd:<name>`` whatever the tag. Here, as in
+    torch's own path for gloo: a group with the tag and these ranks is returned again
+    (the group counter still moves on, as it does there), a new one is filed under
+    ``user:<tag>`` only, where ``_find_pg_by_ranks_and_tag`` looks.
+    """
+    signature = inspect.signature(original)
+
+    def new_group_with_tag(*args, **kwargs):
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        tag = call.arguments["pg_tag"]
+        if tag in (None, "") or hooks.registry() is None:
+            return original(*args, **kwargs)
+        ranks = call.arguments["ranks"]
+        ranks = list(range(c10d.get_world_size())) if ranks is None else list(ranks)
+        if call.arguments["sort_ranks"]:
+            ranks.sort()
+        existing = c10d._find_pg_by_ranks_and_tag(tag, ranks)
+        if existing is not None:
+            c10d._process_group_name(ranks, call.arguments["use_local_synchronization"])
+            return existing
+        group = original(*args, **kwargs)
+        if group is not None and group is not c10d.GroupMember.NON_GROUP_MEMBER:
+            world = c10d._world
+            old = world.pg_to_tag[group]
+            world.tags_to_pg[old].remove(group)
+            if not world.tags_to_pg[old]:
+                del world.tags_to_pg[old]
+            world.tags_to_pg.setdefault(f"user:{tag}", []).append(group)
+            world.pg_to_tag[group] = f"user:{tag}"
+        return group
+
+    return _wrapped(new_group_with_tag, original)
 
 
 def _init_process_group(original, hooks):
@@ -1299,11 +1397,19 @@ class DispatchMode(TorchDispatchMode):
     the wrapper imports ``torch._dynamo`` on the first op (1-4 s, which would look like a
     hang in the first run) and costs about 0.5 µs on every op after. The simulator's
     modes run eagerly anyway.
+
+    ``ignore_compile_internals``: ``torch.compile`` inside a rank compiles as if no mode
+    were on and the mode sees the compiled code's ops when they run (without it dynamo
+    would refuse to compile under a mode, or trace into ``__torch_dispatch__``).
     """
 
     @classmethod
     def _should_skip_dynamo(cls):
         return False
+
+    @classmethod
+    def ignore_compile_internals(cls):
+        return True
 
 
 class ModuleStack(ModuleTracker):

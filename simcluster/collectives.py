@@ -4,8 +4,10 @@ Each function receives the ranks' arguments as a list in group-rank order and wr
 results into the ranks' output tensors. Reductions always run in rank order
 (``((x0 + x1) + x2) + ...``), which is what makes results bit-identical from run to run.
 
-Writes go through ``.detach()`` under ``no_grad`` because collectives mutate tensors
-behind autograd's back, exactly as a real backend does.
+Writes go through ``.data``: collectives mutate tensors behind autograd's back, exactly
+as gloo does, and leave the version counter alone (a write through ``.detach()`` bumps it,
+and autograd then refuses a view of the output, or a backward that saved it, as
+"modified by an inplace operation", which gloo never causes).
 
 Meta and fake tensors hold no data: for them only the sizes are checked, and nothing is
 computed or written (a 7B model's FSDP all-gathers would otherwise run thousands of
@@ -104,8 +106,7 @@ def _write(dst, src):
     _check_fits(dst, src)
     if _no_data(dst):
         return
-    # detach(): the copy is invisible to autograd, as a real backend's write is.
-    dst.detach().copy_(src)
+    dst.data.copy_(src)
 
 
 def copy_bytes(src, dst):
@@ -113,10 +114,10 @@ def copy_bytes(src, dst):
     ``dst``, whatever their shapes and dtypes (``dst`` holds at least as many bytes; both
     are contiguous, as validation requires). The rest of ``dst`` is left as it was."""
     if src.shape == dst.shape and src.dtype == dst.dtype:
-        dst.detach().copy_(src)   # detach(): invisible to autograd, as a real backend's write
+        dst.data.copy_(src)
     elif not (_no_data(src) or _no_data(dst)):
         raw = src.detach().reshape(-1).view(torch.uint8)
-        dst.detach().reshape(-1).view(torch.uint8)[:raw.numel()].copy_(raw)
+        dst.data.reshape(-1).view(torch.uint8)[:raw.numel()].copy_(raw)
 
 
 def all_reduce(args, op):
@@ -154,12 +155,9 @@ def all_gather(args):
         # n copies per rank in one call, in the same order: O(n) Python on n ranks, not
         # O(n^2). Only where no dispatch mode would see the ops (it would see one op
         # instead of n): the accounting's fast path has set its mode aside here.
-        # (detach only what autograd tracks: a copy between tensors it does not track
-        # records nothing, and is quicker than n detaches)
-        inputs = [inp.detach() if inp.requires_grad else inp for inp in inputs]
+        inputs = [inp.detach() for inp in inputs]
         for outputs, _ in args:
-            torch._foreach_copy_([out.detach() if out.requires_grad else out
-                                  for out in outputs], inputs)
+            torch._foreach_copy_([out.data for out in outputs], inputs)
         return
     for outputs, _ in args:
         for j, (_, inp) in enumerate(args):
