@@ -120,7 +120,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.utils import flop_counter
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.module_tracker import ModuleTracker
 
 TESTED_TORCH = "2.13"
@@ -1410,6 +1410,52 @@ class DispatchMode(TorchDispatchMode):
     @classmethod
     def ignore_compile_internals(cls):
         return True
+
+
+class _RunsTheCollective(DispatchMode):
+    """At the bottom of the mode stack while :func:`through_c10d` calls a c10d op: runs
+    the simulator's collective where torch's kernel would run (that kernel asks the group
+    for a C++ backend, which a Python process group does not have)."""
+
+    def __init__(self, run, returns_work_only):
+        super().__init__()
+        self.run, self.returns_work_only, self.work = run, returns_work_only, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.work = self.run()
+        boxed = self.work.boxed()
+        return boxed if self.returns_work_only else (args[0], boxed)
+
+
+def through_c10d(op, args, run):
+    """``run()``, the simulator's collective (it returns the ``Work``), seen by the
+    dispatch modes a learner opened (``CommDebugMode``, ``DebugMode``) as the c10d op
+    ``op`` called with ``args``, as gloo's collectives are: torch's C++ ``ProcessGroup``
+    calls ``torch.ops.c10d.<op>`` and the op reaches gloo, but a Python ``ProcessGroup``
+    such as the sim's is called directly, past the dispatcher. Returns the Work.
+
+    Without such a mode (the usual case: only the simulator's own, which charge
+    collectives themselves), or inside ``sc.fake_tensors()`` (the fake mode would answer
+    the op with its meta kernel instead of running it), ``run()`` runs directly.
+    """
+    stack = torch._C._len_torch_dispatch_stack()
+    if stack == 0 or fake_mode_active():
+        return run()
+    seeing = [m for m in (torch._C._get_dispatch_stack_at(i) for i in range(stack))
+              if not isinstance(m, (DispatchMode, _RealBookkeeping))]
+    if not seeing:
+        return run()
+    runs = _RunsTheCollective(run, len(op._schema.returns) == 1)
+    args = tuple(a.boxed() if isinstance(a, dist.ProcessGroup) else a for a in args)
+    with _disable_current_modes():
+        for mode in (runs, *seeing):
+            torch._C._push_on_torch_dispatch_stack(mode)
+        try:
+            op(*args)
+        finally:
+            for _ in range(len(seeing) + 1):
+                torch._C._pop_torch_dispatch_stack(None)
+    return runs.work   # the Python object itself: the one the op hands back has lost it
 
 
 class ModuleStack(ModuleTracker):
