@@ -92,6 +92,16 @@ What we rely on, and why:
   tensors of the global shapes, which only learns the output's shape; accounting charges
   nothing inside it (``RunHooks.not_charged`` takes its place), else every DTensor op
   would cost the rank its global size on top of its local one.
+* ``torch.distributed.tensor._redistribute``'s ``_gen_transform_infos`` (a
+  ``functools.cache``) and ``_planner_cache`` (a dict) cache redistribution plans whose
+  shapes and mesh coordinates are one rank's: each rank thread gets caches of its own for
+  the run (:class:`_PerRankCache`, :class:`_PerRankDict`), else a rank reuses another's
+  plan for its uneven shard and gets wrong values.
+* ``c10d._new_group_with_tag`` keeps ``pg_tag``, which torch drops when the default
+  group creates sub-groups itself (``new_group`` on a Python group, as the sim's).
+* ``torch.ops.c10d.<collective>`` are called, with the groups as ``pg.boxed()`` script
+  objects, when a learner's dispatch mode is on (:func:`through_c10d`), so that the mode
+  sees a collective as gloo's; ``torch.classes.c10d.ReduceOp()`` stands in for the op.
 * ``torch.save`` and ``torch.load`` are wrapped while a run is active, and so are
   ``torch.distributed.checkpoint.filesystem``'s ``_FileSystemWriter.write_data``,
   ``FileSystemReader.read_data`` (whose plan's ``storage_data`` gives each item's file,
