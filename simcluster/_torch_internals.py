@@ -1437,10 +1437,10 @@ class _RunsTheCollective(DispatchMode):
         return boxed if self.returns_work_only else (args[0], boxed)
 
 
-def through_c10d(op, args, run):
+def through_c10d(op, make_args, run):
     """``run()``, the simulator's collective (it returns the ``Work``), seen by the
     dispatch modes a learner opened (``CommDebugMode``, ``DebugMode``) as the c10d op
-    ``op`` called with ``args``, as gloo's collectives are: torch's C++ ``ProcessGroup``
+    ``op`` called with ``make_args()``, as gloo's collectives are: torch's C++ ``ProcessGroup``
     calls ``torch.ops.c10d.<op>`` and the op reaches gloo, but a Python ``ProcessGroup``
     such as the sim's is called directly, past the dispatcher. Returns the Work.
 
@@ -1456,7 +1456,7 @@ def through_c10d(op, args, run):
     if not seeing:
         return run()
     runs = _RunsTheCollective(run, len(op._schema.returns) == 1)
-    args = tuple(a.boxed() if isinstance(a, dist.ProcessGroup) else a for a in args)
+    args = tuple(a.boxed() if isinstance(a, dist.ProcessGroup) else a for a in make_args())
     with _disable_current_modes():
         for mode in (runs, *seeing):
             torch._C._push_on_torch_dispatch_stack(mode)

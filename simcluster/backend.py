@@ -63,7 +63,7 @@ def _via_c10d(op_name, c10d_args):
 
     def decorate(operation):
         def method(self, *args, **kwargs):
-            return through_c10d(op, c10d_args(self, *args, **kwargs),
+            return through_c10d(op, lambda: c10d_args(self, *args, **kwargs),
                                 lambda: operation(self, *args, **kwargs))
 
         return functools.update_wrapper(method, operation)
@@ -567,11 +567,13 @@ class SimProcessGroup(dist.ProcessGroup):
                                 lambda args: collectives.all_reduce(args, op), tensors,
                                 _nbytes(tensors))
 
-    @_via_c10d("allreduce_coalesced_", lambda pg, tensors, opts=None: (tensors, pg, _reduce_op(opts)))
+    @_via_c10d("allreduce_coalesced_", lambda pg, tensors, opts=None:
+               (tensors, pg, _reduce_op(opts)))
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
-    @_via_c10d("broadcast_", lambda pg, tensors, opts=None: (tensors, pg, _option(opts, "rootRank", 0), 0))
+    @_via_c10d("broadcast_", lambda pg, tensors, opts=None:
+               (tensors, pg, _option(opts, "rootRank", 0), 0))
     def broadcast(self, tensors, opts=None):
         validation.broadcast(self._global_rank, tensors)
         self._check_root(_option(opts, "rootRank", 0), "source")
@@ -581,7 +583,8 @@ class SimProcessGroup(dist.ProcessGroup):
                                 lambda args: collectives.broadcast(args, _option(opts, "rootRank", 0)),
                                 tensors, _nbytes(tensors))
 
-    @_via_c10d("reduce_", lambda pg, tensors, opts=None: (tensors, pg, _reduce_op(opts), _option(opts, "rootRank", 0), 0))
+    @_via_c10d("reduce_", lambda pg, tensors, opts=None:
+               (tensors, pg, _reduce_op(opts), _option(opts, "rootRank", 0), 0))
     def reduce(self, tensors, opts=None):
         validation.tensors("reduce", self._global_rank, tensors)
         self._check_root(_option(opts, "rootRank", 0), "destination")
@@ -601,7 +604,8 @@ class SimProcessGroup(dist.ProcessGroup):
                                 collectives.all_gather, output_tensors,
                                 _nbytes([inp]) * self.size())
 
-    @_via_c10d("allgather_coalesced_", lambda pg, outputs, inputs, opts=None: (outputs, inputs, pg))
+    @_via_c10d("allgather_coalesced_", lambda pg, outputs, inputs, opts=None:
+               (outputs, inputs, pg))
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         works = [self.allgather([outs], [inp], opts) for outs, inp in zip(output_lists, input_list)]
         return works[-1]
@@ -614,12 +618,14 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._collective("all_gather_into_tensor", spec, (output, inp),
                                 collectives.all_gather_single, [output], _nbytes([output]))
 
-    @_via_c10d("allgather_into_tensor_coalesced_", lambda pg, outputs, inputs, opts=None: (outputs, inputs, pg))
+    @_via_c10d("allgather_into_tensor_coalesced_", lambda pg, outputs, inputs, opts=None:
+               (outputs, inputs, pg))
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return works[-1]
 
-    @_via_c10d("gather_", lambda pg, outputs, inputs, opts=None: (outputs, inputs, pg, _option(opts, "rootRank", 0)))
+    @_via_c10d("gather_", lambda pg, outputs, inputs, opts=None:
+               (outputs, inputs, pg, _option(opts, "rootRank", 0)))
     def gather(self, output_tensors, input_tensors, opts=None):
         self._check_root(_option(opts, "rootRank", 0), "destination")
         inp = input_tensors[0]
@@ -631,7 +637,8 @@ class SimProcessGroup(dist.ProcessGroup):
                                 lambda args: collectives.gather(args, _option(opts, "rootRank", 0)),
                                 output_tensors, _nbytes([inp]) * self.size())
 
-    @_via_c10d("scatter_", lambda pg, outputs, inputs, opts=None: (outputs, inputs, pg, _option(opts, "rootRank", 0)))
+    @_via_c10d("scatter_", lambda pg, outputs, inputs, opts=None:
+               (outputs, inputs, pg, _option(opts, "rootRank", 0)))
     def scatter(self, output_tensors, input_tensors, opts=None):
         self._check_root(_option(opts, "rootRank", 0), "source")
         out = output_tensors[0]
@@ -643,7 +650,8 @@ class SimProcessGroup(dist.ProcessGroup):
                                 lambda args: collectives.scatter(args, _option(opts, "rootRank", 0)),
                                 output_tensors, _nbytes([out]) * self.size())
 
-    @_via_c10d("reduce_scatter_", lambda pg, outputs, inputs, opts=None: (outputs, inputs, pg, _reduce_op(opts)))
+    @_via_c10d("reduce_scatter_", lambda pg, outputs, inputs, opts=None:
+               (outputs, inputs, pg, _reduce_op(opts)))
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         out, inputs = output_tensors[0], input_lists[0]
         validation.reduce_scatter(self._global_rank, self.size(), out, inputs)
@@ -653,7 +661,8 @@ class SimProcessGroup(dist.ProcessGroup):
                                 lambda args: collectives.reduce_scatter(args, op),
                                 output_tensors, _nbytes([out]) * self.size())
 
-    @_via_c10d("_reduce_scatter_base_", lambda pg, output, inp, opts=None: (output, inp, pg, _reduce_op(opts)))
+    @_via_c10d("_reduce_scatter_base_", lambda pg, output, inp, opts=None:
+               (output, inp, pg, _reduce_op(opts)))
     def reduce_scatter_single(self, output, inp, opts=None):
         validation.into_tensor("reduce_scatter_tensor", self._global_rank, self.size(),
                                inp, "input", output, "output")
@@ -663,7 +672,8 @@ class SimProcessGroup(dist.ProcessGroup):
                                 lambda args: collectives.reduce_scatter_single(args, op),
                                 [output], _nbytes([inp]))
 
-    @_via_c10d("reduce_scatter_tensor_coalesced_", lambda pg, outputs, inputs, opts=None: (outputs, inputs, pg, _reduce_op(opts)))
+    @_via_c10d("reduce_scatter_tensor_coalesced_", lambda pg, outputs, inputs, opts=None:
+               (outputs, inputs, pg, _reduce_op(opts)))
     def reduce_scatter_single_coalesced(self, outputs, inputs,
                                         opts=None):
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
