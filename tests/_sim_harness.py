@@ -8,19 +8,38 @@ the harness but that: the test method runs on the ranks of ``cluster.run`` (the 
 backend, its accounting, its per-rank process groups), each rank on a fresh instance of
 the test class with ``self.rank`` set, between ``perThreadSetUp`` and ``perThreadTearDown``.
 A failing rank fails the test with the simulator's ``RankError`` (its traceback).
+
+Two things the harness changes for the whole process are undone, since the rest of the
+suite runs in the same process: importing torch's test utilities freezes
+``torch.backends``' flags (``disable_global_flags``: setting ``cudnn.enabled`` raises),
+and each test's setUp sets ``TORCH_SHOW_CPP_STACKTRACES=1``, which lengthens every error
+message torch raises from C++.
 """
 
 import functools
+import os
 
+import torch
 import torch.distributed as dist
+from torch.testing._internal import common_utils  # noqa: F401  (freezes the flags)
 
 import simcluster as sc
 
 CLUSTER = sc.Cluster.preset("dgx-a100")
 
+torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = True
+
 
 class OnTheSim:
     """Put first among a ``MultiThreadedTestCase`` subclass's bases."""
+
+    def setUp(self):
+        saved = os.environ.get("TORCH_SHOW_CPP_STACKTRACES")
+        super().setUp()
+        if saved is None:
+            os.environ.pop("TORCH_SHOW_CPP_STACKTRACES", None)
+        else:
+            os.environ["TORCH_SHOW_CPP_STACKTRACES"] = saved
 
     def _spawn_threads(self):
         """The harness's setUp starts its rank threads here: the simulator starts its own

@@ -8,6 +8,7 @@ changes what the harness's tests rely on shows here at once.
 
 import os
 import sys
+import unittest
 
 import pytest
 import torch
@@ -147,6 +148,17 @@ class FullyShardInitialisation(OnTheSim, FSDPTestMultiThread):
             out = model(x)
         self.assertEqual(out, reference(x))
         self.assertEqual(mode.get_total_counts(), 2)   # one all-gather per layer
+
+
+def test_the_harness_leaves_the_process_as_it_was():
+    """torch's harness freezes torch.backends' flags on import and sets an environment
+    variable in every setUp: _sim_harness undoes both for the rest of the suite."""
+    before = os.environ.get("TORCH_SHOW_CPP_STACKTRACES")
+    result = unittest.TestResult()
+    FunctionalCollectivesAndTags("test_a_tagged_group_is_created_once").run(result)
+    assert result.wasSuccessful(), result.errors + result.failures
+    assert os.environ.get("TORCH_SHOW_CPP_STACKTRACES") == before
+    assert not torch.backends.flags_frozen()
 
 
 # ------------------------------------------------------------- CommDebugMode vs gloo
