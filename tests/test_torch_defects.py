@@ -105,6 +105,24 @@ def test_torch_compile_fullgraph_runs_inside_ranks():
     assert _run(_compiled_matches_eager, 2) == [True, True]
 
 
+def _matmuls(compiled):
+    def step(w, x):
+        return (x @ w).relu()
+
+    fn = torch.compile(step, fullgraph=True, backend="aot_eager") if compiled else step
+    w, x = torch.randn(512, 512), torch.randn(256, 512)
+    for _ in range(4):
+        fn(w, x)
+
+
+def test_compiled_code_is_charged_as_its_eager_ops():
+    # the accounting mode sees the compiled graph's ops when they run
+    node = sc.Cluster.preset("dgx-a100")
+    eager = node.run(_matmuls, world_size=1, args=(False,)).elapsed
+    compiled = node.run(_matmuls, world_size=1, args=(True,)).elapsed
+    assert eager > 0 and compiled == pytest.approx(eager, rel=1e-12)
+
+
 # ----------------------------------------------------------------- 4: group tags
 def _tagged_groups():
     first = c10d._new_group_with_tag([0, 1], pg_tag="blu")
