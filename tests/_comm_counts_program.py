@@ -33,3 +33,40 @@ def comm_counts():
         funcol.all_reduce(t, "sum", mesh).wait()
         big.redistribute(mesh, [Replicate()]).to_local()
     return {str(op): count for op, count in mode.get_comm_counts().items()}
+
+
+def version_bumps():
+    """How much each collective moves its output's autograd version counter:
+    ``{collective: increase}``. gloo writes some results in C++ out of autograd's sight
+    (0) and copies others in with ``copy_`` (1)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    calls = {
+        "all_reduce": lambda o: dist.all_reduce(o),
+        "broadcast": lambda o: dist.broadcast(o, src=0),
+        "reduce": lambda o: dist.reduce(o, dst=0),
+        "all_gather": lambda o: dist.all_gather([o] + [torch.zeros(4) for _ in range(n - 1)],
+                                                torch.ones(4)),
+        "all_gather_into_tensor": lambda o: dist.all_gather_into_tensor(
+            o, torch.ones(4 // n)),
+        "reduce_scatter_tensor": lambda o: dist.reduce_scatter_tensor(o, torch.ones(4 * n)),
+        "reduce_scatter": lambda o: dist.reduce_scatter(o, [torch.ones(4) for _ in range(n)]),
+        "all_to_all_single": lambda o: dist.all_to_all_single(o, torch.ones(4)),
+        "all_to_all": lambda o: dist.all_to_all([o] + [torch.zeros(4) for _ in range(n - 1)],
+                                                [torch.ones(4) for _ in range(n)]),
+        "scatter": lambda o: dist.scatter(o, [torch.ones(4)] * n if rank == 0 else None,
+                                          src=0),
+        "gather": lambda o: dist.gather(torch.ones(4), [o] + [torch.zeros(4)] * (n - 1)
+                                        if rank == 0 else None, dst=0),
+    }
+    bumps = {}
+    for name, call in calls.items():
+        out = torch.zeros(4)
+        before = out._version
+        call(out)
+        bumps[name] = out._version - before
+    return bumps
+
+
+def counts_and_bumps():
+    """What the gloo comparison runs: :func:`comm_counts` and :func:`version_bumps`."""
+    return {"counts": comm_counts(), "bumps": version_bumps()}

@@ -162,15 +162,29 @@ def test_the_harness_leaves_the_process_as_it_was():
 
 
 # ------------------------------------------------------------- CommDebugMode vs gloo
-@pytest.mark.slow   # spawns 2 gloo processes
-def test_comm_debug_mode_counts_on_the_sim_equal_gloos():
-    gloo = cases.GlooRun(world_sizes=(2,), target=program.comm_counts).start()
+@pytest.fixture(scope="module")
+def sim_and_gloo():
+    """``program.counts_and_bumps`` on two simulated ranks and on two gloo processes."""
+    gloo = cases.GlooRun(world_sizes=(2,), target=program.counts_and_bumps).start()
     try:
-        sim = CLUSTER.run(program.comm_counts, world_size=2).results
+        sim = CLUSTER.run(program.counts_and_bumps, world_size=2).results
         on_gloo = gloo.collect()[2]
     finally:
         gloo.close()
     if isinstance(on_gloo, Exception):
         raise on_gloo
-    assert sim == on_gloo
-    assert sim[0]["c10d.allreduce_"] == 2 and len(sim[0]) >= 12
+    return sim, on_gloo
+
+
+@pytest.mark.slow   # spawns 2 gloo processes
+def test_comm_debug_mode_counts_on_the_sim_equal_gloos(sim_and_gloo):
+    sim, gloo = sim_and_gloo
+    assert [r["counts"] for r in sim] == [r["counts"] for r in gloo]
+    assert sim[0]["counts"]["c10d.allreduce_"] == 2 and len(sim[0]["counts"]) >= 12
+
+
+@pytest.mark.slow
+def test_collectives_move_the_version_counter_as_gloos_do(sim_and_gloo):
+    sim, gloo = sim_and_gloo
+    assert [r["bumps"] for r in sim] == [r["bumps"] for r in gloo]
+    assert gloo[0]["bumps"]["all_reduce"] == 0   # the case of issue 43
