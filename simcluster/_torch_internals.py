@@ -64,6 +64,8 @@ What we rely on, and why:
   accounting mode (:class:`DispatchMode`). Its ``_should_skip_dynamo`` hook is turned off:
   torch would otherwise wrap every op the mode sees in ``torch._dynamo.disable``, which
   imports ``torch._dynamo`` (1-4 s) on the first op and costs ~0.5 µs per op after.
+  Its ``ignore_compile_internals`` hook is turned on, so that ``torch.compile`` in a rank
+  compiles the learner's code and the mode charges the compiled code's ops.
 * ``torch.utils.module_tracker.ModuleTracker``'s ``_get_mod_name`` names modules the way
   torch's own tools do ("Sequential.0"); :class:`ModuleStack` reuses it.
 * ``torch._C._disabled_torch_dispatch_impl`` is the ``__torch_dispatch__`` that
@@ -90,6 +92,16 @@ What we rely on, and why:
   tensors of the global shapes, which only learns the output's shape; accounting charges
   nothing inside it (``RunHooks.not_charged`` takes its place), else every DTensor op
   would cost the rank its global size on top of its local one.
+* ``torch.distributed.tensor._redistribute``'s ``_gen_transform_infos`` (a
+  ``functools.cache``) and ``_planner_cache`` (a dict) cache redistribution plans whose
+  shapes and mesh coordinates are one rank's: each rank thread gets caches of its own for
+  the run (:class:`_PerRankCache`, :class:`_PerRankDict`), else a rank reuses another's
+  plan for its uneven shard and gets wrong values.
+* ``c10d._new_group_with_tag`` keeps ``pg_tag``, which torch drops when the default
+  group creates sub-groups itself (``new_group`` on a Python group, as the sim's).
+* ``torch.ops.c10d.<collective>`` are called, with the groups as ``pg.boxed()`` script
+  objects, when a learner's dispatch mode is on (:func:`through_c10d`), so that the mode
+  sees a collective as gloo's; ``torch.classes.c10d.ReduceOp()`` stands in for the op.
 * ``torch.save`` and ``torch.load`` are wrapped while a run is active, and so are
   ``torch.distributed.checkpoint.filesystem``'s ``_FileSystemWriter.write_data``,
   ``FileSystemReader.read_data`` (whose plan's ``storage_data`` gives each item's file,
@@ -100,10 +112,12 @@ What we rely on, and why:
   ctypes view gives its raw Mersenne Twister words cheaply (:func:`numpy_rng_words`).
 """
 
+import collections.abc
 import ctypes
 import contextlib
 import functools
 import importlib.abc
+import inspect
 import operator
 import os
 import pickle
@@ -116,7 +130,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.utils import flop_counter
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.module_tracker import ModuleTracker
 
 TESTED_TORCH = "2.13"
@@ -357,6 +371,7 @@ def _foreach_reduce(original, hooks):
 
 _FSDP = "torch.distributed.fsdp._fully_shard."
 _FUNCOL = "torch.distributed._functional_collectives"
+_REDISTRIBUTE = "torch.distributed.tensor._redistribute"
 _SCHEDULES = "torch.distributed.pipelining.schedules"
 _CHECKPOINT = "torch.distributed.checkpoint"
 _NN_MODULE = "torch.nn.modules.module"
@@ -382,6 +397,7 @@ def patches():
         Patch(SWITCHES, "thread_isolation", lambda original, hooks: True),
         *(Patch(module, "init_process_group", _init_process_group)
           for module in ("torch.distributed", "torch.distributed.distributed_c10d")),
+        Patch("torch.distributed.distributed_c10d", "_new_group_with_tag", _new_group_with_tag),
         Patch("sys", "excepthook", None),   # init_process_group prefixes it with "[rankN]"
         # memory accounting: what the dispatcher does not see, or cannot label
         Patch("torch:UntypedStorage", "resize_", _resize),
@@ -406,6 +422,11 @@ def patches():
         Patch(_FUNCOL, "_are_we_tracing", _are_we_tracing),
         Patch("torch.distributed.tensor._sharding_prop:ShardingPropagator", "_fake_mode_lock",
               lambda original, hooks: hooks.not_charged),
+        # DTensor's redistribution plans and planners depend on the rank's coordinates
+        # (uneven shards): one cache per rank, made afresh for each run
+        Patch(_REDISTRIBUTE, "_gen_transform_infos",
+              lambda original, hooks: _PerRankCache(original.__wrapped__)),
+        Patch(_REDISTRIBUTE, "_planner_cache", lambda original, hooks: _PerRankDict()),
         # module hooks registered inside a rank fire for that rank's modules only
         *(Patch(_NN_MODULE, name, _rank_local_hooks, undo=_RankLocalHooks.clear_ranks)
           for name in _MODULE_HOOK_DICTS),
@@ -648,6 +669,93 @@ def _rank_local_hooks(original, hooks):
     proxy.clear_ranks()
     proxy.outside = threading.get_ident()
     return proxy
+
+
+def _own(local, make):
+    """The calling thread's ``local.value``, made with ``make()`` on its first use."""
+    try:
+        return local.value
+    except AttributeError:
+        local.value = make()
+        return local.value
+
+
+class _PerRankCache:
+    """A ``functools.cache`` of ``function`` of each thread's own, for a module-level
+    cache whose entries hold one rank's view (DTensor's redistribution plans)."""
+
+    def __init__(self, function):
+        self._function, self._local = function, threading.local()
+
+    def __call__(self, *args, **kwargs):
+        return _own(self._local, lambda: functools.cache(self._function))(*args, **kwargs)
+
+    def cache_clear(self):
+        _own(self._local, lambda: functools.cache(self._function)).cache_clear()
+
+
+class _PerRankDict(collections.abc.MutableMapping):
+    """A dict whose contents each thread has of its own (a module-level cache dict)."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def _dict(self):
+        return _own(self._local, dict)
+
+    def __getitem__(self, key):
+        return self._dict()[key]
+
+    def __setitem__(self, key, value):
+        self._dict()[key] = value
+
+    def __delitem__(self, key):
+        del self._dict()[key]
+
+    def __iter__(self):
+        return iter(self._dict())
+
+    def __len__(self):
+        return len(self._dict())
+
+
+def _new_group_with_tag(original, hooks):
+    """``_new_group_with_tag`` (behind ``new_group``), keeping ``pg_tag`` as gloo does.
+
+    torch hands the creation to a default group that implements ``new_group`` (the
+    sim's does) and files the result under ``ptd:<name>`` whatever the tag. Here, as in
+    torch's own path for gloo: a group with the tag and these ranks is returned again
+    (the group counter still moves on, as it does there), a new one is filed under
+    ``user:<tag>`` only, where ``_find_pg_by_ranks_and_tag`` looks.
+    """
+    signature = inspect.signature(original)
+
+    def new_group_with_tag(*args, **kwargs):
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        tag = call.arguments["pg_tag"]
+        if tag in (None, "") or hooks.registry() is None:
+            return original(*args, **kwargs)
+        ranks = call.arguments["ranks"]
+        ranks = list(range(c10d.get_world_size())) if ranks is None else list(ranks)
+        if call.arguments["sort_ranks"]:
+            ranks.sort()
+        existing = c10d._find_pg_by_ranks_and_tag(tag, ranks)
+        if existing is not None:
+            c10d._process_group_name(ranks, call.arguments["use_local_synchronization"])
+            return existing
+        group = original(*args, **kwargs)
+        if group is not None and group is not c10d.GroupMember.NON_GROUP_MEMBER:
+            world = c10d._world
+            old = world.pg_to_tag[group]
+            world.tags_to_pg[old].remove(group)
+            if not world.tags_to_pg[old]:
+                del world.tags_to_pg[old]
+            world.tags_to_pg.setdefault(f"user:{tag}", []).append(group)
+            world.pg_to_tag[group] = f"user:{tag}"
+        return group
+
+    return _wrapped(new_group_with_tag, original)
 
 
 def _init_process_group(original, hooks):
@@ -1299,11 +1407,65 @@ class DispatchMode(TorchDispatchMode):
     the wrapper imports ``torch._dynamo`` on the first op (1-4 s, which would look like a
     hang in the first run) and costs about 0.5 µs on every op after. The simulator's
     modes run eagerly anyway.
+
+    ``ignore_compile_internals``: ``torch.compile`` inside a rank compiles as if no mode
+    were on and the mode sees the compiled code's ops when they run (without it dynamo
+    would refuse to compile under a mode, or trace into ``__torch_dispatch__``).
     """
 
     @classmethod
     def _should_skip_dynamo(cls):
         return False
+
+    @classmethod
+    def ignore_compile_internals(cls):
+        return True
+
+
+class _RunsTheCollective(DispatchMode):
+    """At the bottom of the mode stack while :func:`through_c10d` calls a c10d op: runs
+    the simulator's collective where torch's kernel would run (that kernel asks the group
+    for a C++ backend, which a Python process group does not have)."""
+
+    def __init__(self, run, returns_work_only):
+        super().__init__()
+        self.run, self.returns_work_only, self.work = run, returns_work_only, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.work = self.run()
+        boxed = self.work.boxed()
+        return boxed if self.returns_work_only else (args[0], boxed)
+
+
+def through_c10d(op, make_args, run):
+    """``run()``, the simulator's collective (it returns the ``Work``), seen by the
+    dispatch modes a learner opened (``CommDebugMode``, ``DebugMode``) as the c10d op
+    ``op`` called with ``make_args()``, as gloo's collectives are: torch's C++ ``ProcessGroup``
+    calls ``torch.ops.c10d.<op>`` and the op reaches gloo, but a Python ``ProcessGroup``
+    such as the sim's is called directly, past the dispatcher. Returns the Work.
+
+    Without such a mode (the usual case: only the simulator's own, which charge
+    collectives themselves), or inside ``sc.fake_tensors()`` (the fake mode would answer
+    the op with its meta kernel instead of running it), ``run()`` runs directly.
+    """
+    stack = torch._C._len_torch_dispatch_stack()
+    if stack == 0 or fake_mode_active():
+        return run()
+    seeing = [m for m in (torch._C._get_dispatch_stack_at(i) for i in range(stack))
+              if not isinstance(m, (DispatchMode, _RealBookkeeping))]
+    if not seeing:
+        return run()
+    runs = _RunsTheCollective(run, len(op._schema.returns) == 1)
+    args = tuple(a.boxed() if isinstance(a, dist.ProcessGroup) else a for a in make_args())
+    with _disable_current_modes():
+        for mode in (runs, *seeing):
+            torch._C._push_on_torch_dispatch_stack(mode)
+        try:
+            op(*args)
+        finally:
+            for _ in range(len(seeing) + 1):
+                torch._C._pop_torch_dispatch_stack(None)
+    return runs.work   # the Python object itself: the one the op hands back has lost it
 
 
 class ModuleStack(ModuleTracker):

@@ -9,6 +9,7 @@ scheduler, which knows what every rank is waiting for — so mismatches and dead
 explained instead of hanging.
 """
 
+import functools
 from collections import defaultdict, deque
 
 import torch
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from . import accounting, collectives, context, validation
 from ._torch_internals import (WorkBase, backend_options_fields, on_side_stream, reduce_op_name,
-                               register_backend)
+                               register_backend, through_c10d)
 from .errors import CollectiveMismatchError, DeadlockError
 from .faults import FaultState, seconds
 
@@ -45,6 +46,29 @@ def _nbytes(tensors):
 def _option(opts, name, default):
     """``opts.name``, or ``default`` when torch passed no options object."""
     return default if opts is None else getattr(opts, name)
+
+
+def _reduce_op(opts):
+    """A stand-in for the c10d ops' ``reduce_op`` argument: torch offers Python no way to
+    make its script object for an op other than SUM (the default one), and the
+    collective itself uses ``opts``, not this."""
+    return torch.classes.c10d.ReduceOp()
+
+
+def _via_c10d(op_name, c10d_args):
+    """Decorates a :class:`SimProcessGroup` operation so that dispatch modes see it as
+    gloo's: as the op ``torch.ops.c10d.<op_name>``, called with
+    ``c10d_args(group, *arguments)`` (see :func:`_torch_internals.through_c10d`)."""
+    op = getattr(torch.ops.c10d, op_name).default
+
+    def decorate(operation):
+        def method(self, *args, **kwargs):
+            return through_c10d(op, lambda: c10d_args(self, *args, **kwargs),
+                                lambda: operation(self, *args, **kwargs))
+
+        return functools.update_wrapper(method, operation)
+
+    return decorate
 
 
 class _Collective:
@@ -534,6 +558,7 @@ class SimProcessGroup(dist.ProcessGroup):
         return name
 
     # --------------------------------------------------------------- collectives
+    @_via_c10d("allreduce_", lambda pg, tensors, opts=None: (tensors, pg, _reduce_op(opts), None))
     def allreduce(self, tensors, opts=None):
         validation.tensors("all_reduce", self._global_rank, tensors)
         op = self._check_reduce(_option(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
@@ -542,9 +567,13 @@ class SimProcessGroup(dist.ProcessGroup):
                                 lambda args: collectives.all_reduce(args, op), tensors,
                                 _nbytes(tensors))
 
+    @_via_c10d("allreduce_coalesced_", lambda pg, tensors, opts=None:
+               (tensors, pg, _reduce_op(opts)))
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
+    @_via_c10d("broadcast_", lambda pg, tensors, opts=None:
+               (tensors, pg, _option(opts, "rootRank", 0), 0))
     def broadcast(self, tensors, opts=None):
         validation.broadcast(self._global_rank, tensors)
         self._check_root(_option(opts, "rootRank", 0), "source")
@@ -554,6 +583,8 @@ class SimProcessGroup(dist.ProcessGroup):
                                 lambda args: collectives.broadcast(args, _option(opts, "rootRank", 0)),
                                 tensors, _nbytes(tensors))
 
+    @_via_c10d("reduce_", lambda pg, tensors, opts=None:
+               (tensors, pg, _reduce_op(opts), _option(opts, "rootRank", 0), 0))
     def reduce(self, tensors, opts=None):
         validation.tensors("reduce", self._global_rank, tensors)
         self._check_root(_option(opts, "rootRank", 0), "destination")
@@ -564,6 +595,7 @@ class SimProcessGroup(dist.ProcessGroup):
                                 lambda args: collectives.reduce(args, op, _option(opts, "rootRank", 0)),
                                 tensors, _nbytes(tensors))
 
+    @_via_c10d("allgather_", lambda pg, outputs, inputs, opts=None: (outputs, inputs, pg))
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs, inp = output_tensors[0], input_tensors[0]
         validation.list_gather("all_gather", self._global_rank, self.size(), outputs, inp)
@@ -572,10 +604,13 @@ class SimProcessGroup(dist.ProcessGroup):
                                 collectives.all_gather, output_tensors,
                                 _nbytes([inp]) * self.size())
 
+    @_via_c10d("allgather_coalesced_", lambda pg, outputs, inputs, opts=None:
+               (outputs, inputs, pg))
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         works = [self.allgather([outs], [inp], opts) for outs, inp in zip(output_lists, input_list)]
         return works[-1]
 
+    @_via_c10d("_allgather_base_", lambda pg, output, inp, opts=None: (output, inp, pg))
     def all_gather_single(self, output, inp, opts=None):
         validation.into_tensor("all_gather_into_tensor", self._global_rank, self.size(),
                                output, "output", inp, "input")
@@ -583,10 +618,14 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._collective("all_gather_into_tensor", spec, (output, inp),
                                 collectives.all_gather_single, [output], _nbytes([output]))
 
+    @_via_c10d("allgather_into_tensor_coalesced_", lambda pg, outputs, inputs, opts=None:
+               (outputs, inputs, pg))
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return works[-1]
 
+    @_via_c10d("gather_", lambda pg, outputs, inputs, opts=None:
+               (outputs, inputs, pg, _option(opts, "rootRank", 0)))
     def gather(self, output_tensors, input_tensors, opts=None):
         self._check_root(_option(opts, "rootRank", 0), "destination")
         inp = input_tensors[0]
@@ -598,6 +637,8 @@ class SimProcessGroup(dist.ProcessGroup):
                                 lambda args: collectives.gather(args, _option(opts, "rootRank", 0)),
                                 output_tensors, _nbytes([inp]) * self.size())
 
+    @_via_c10d("scatter_", lambda pg, outputs, inputs, opts=None:
+               (outputs, inputs, pg, _option(opts, "rootRank", 0)))
     def scatter(self, output_tensors, input_tensors, opts=None):
         self._check_root(_option(opts, "rootRank", 0), "source")
         out = output_tensors[0]
@@ -609,6 +650,8 @@ class SimProcessGroup(dist.ProcessGroup):
                                 lambda args: collectives.scatter(args, _option(opts, "rootRank", 0)),
                                 output_tensors, _nbytes([out]) * self.size())
 
+    @_via_c10d("reduce_scatter_", lambda pg, outputs, inputs, opts=None:
+               (outputs, inputs, pg, _reduce_op(opts)))
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         out, inputs = output_tensors[0], input_lists[0]
         validation.reduce_scatter(self._global_rank, self.size(), out, inputs)
@@ -618,6 +661,8 @@ class SimProcessGroup(dist.ProcessGroup):
                                 lambda args: collectives.reduce_scatter(args, op),
                                 output_tensors, _nbytes([out]) * self.size())
 
+    @_via_c10d("_reduce_scatter_base_", lambda pg, output, inp, opts=None:
+               (output, inp, pg, _reduce_op(opts)))
     def reduce_scatter_single(self, output, inp, opts=None):
         validation.into_tensor("reduce_scatter_tensor", self._global_rank, self.size(),
                                inp, "input", output, "output")
@@ -627,11 +672,14 @@ class SimProcessGroup(dist.ProcessGroup):
                                 lambda args: collectives.reduce_scatter_single(args, op),
                                 [output], _nbytes([inp]))
 
+    @_via_c10d("reduce_scatter_tensor_coalesced_", lambda pg, outputs, inputs, opts=None:
+               (outputs, inputs, pg, _reduce_op(opts)))
     def reduce_scatter_single_coalesced(self, outputs, inputs,
                                         opts=None):
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return works[-1]
 
+    @_via_c10d("alltoall_", lambda pg, outputs, inputs, opts=None: (outputs, inputs, pg))
     def alltoall(self, output_tensors, input_tensors, opts=None):
         validation.all_to_all(self._global_rank, self.size(), output_tensors, input_tensors)
         spec = {"dtype": input_tensors[0].dtype}
@@ -648,6 +696,8 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._collective("all_to_all", spec, (output_tensors, input_tensors),
                                 finish, output_tensors, _nbytes(input_tensors))
 
+    @_via_c10d("alltoall_base_", lambda pg, output, inp, out_splits, in_splits, opts=None:
+               (output, inp, pg, list(out_splits), list(in_splits)))
     def all_to_all_single(self, output, inp, output_split_sizes, input_split_sizes,
                           opts=None):
         validation.all_to_all_single(self._global_rank, output, inp, output_split_sizes,
@@ -677,6 +727,7 @@ class SimProcessGroup(dist.ProcessGroup):
             raise ValueError(f"rank {self._global_rank}: cannot {what} to or from itself")
         return self._group.ranks[group_peer]
 
+    @_via_c10d("send", lambda pg, tensors, dst, tag: (tensors, pg, dst, tag))
     def send(self, tensors, dst, tag):
         """Post a send; it completes when the matching receive is posted."""
         validation.point_to_point("send", self._global_rank, tensors[0])
@@ -700,6 +751,7 @@ class SimProcessGroup(dist.ProcessGroup):
                              f"{_shape(tensors[0])}): rank {dst} has not posted a matching recv")
         return SimWork(world, msg, tensors, what, world.clock(me))
 
+    @_via_c10d("recv_", lambda pg, tensors, src, tag: (tensors, pg, src, tag))
     def recv(self, tensors, src, tag):
         """Post a receive from group rank ``src``; it completes when the send arrives."""
         validation.point_to_point("recv", self._global_rank, tensors[0])
@@ -718,6 +770,7 @@ class SimProcessGroup(dist.ProcessGroup):
                              f"{_shape(tensors[0])}): rank {src} has not sent it")
         return SimWork(world, msg, tensors, what, world.clock(me), self._group.ranks)
 
+    @_via_c10d("recv_any_source_", lambda pg, tensors, tag: (tensors, pg, tag))
     def recv_anysource(self, tensors, tag):
         """Post a receive from any rank of the group. Of the sends already waiting, the
         lowest rank's wins (under a schedule seed, a random sender's); else the first

@@ -4,8 +4,13 @@ Each function receives the ranks' arguments as a list in group-rank order and wr
 results into the ranks' output tensors. Reductions always run in rank order
 (``((x0 + x1) + x2) + ...``), which is what makes results bit-identical from run to run.
 
-Writes go through ``.detach()`` under ``no_grad`` because collectives mutate tensors
-behind autograd's back, exactly as a real backend does.
+Writes go through ``.data``: collectives mutate tensors behind autograd's back, as gloo
+does, and leave the autograd version counter alone (a write through ``.detach()`` bumps
+it, and autograd then refuses a backward that saved the tensor as "modified by an
+inplace operation", which gloo's all_reduce never causes). Where gloo itself copies the
+result in with ``copy_`` after its algorithm (all_gather, gather, all_to_all and the
+reduce-scatters; measured against gloo in tests/test_torch_harness.py), the counter moves
+as there: :func:`_copied_in`.
 
 Meta and fake tensors hold no data: for them only the sizes are checked, and nothing is
 computed or written (a 7B model's FSDP all-gathers would otherwise run thousands of
@@ -104,8 +109,16 @@ def _write(dst, src):
     _check_fits(dst, src)
     if _no_data(dst):
         return
-    # detach(): the copy is invisible to autograd, as a real backend's write is.
-    dst.detach().copy_(src)
+    dst.data.copy_(src)
+
+
+def _copied_in(tensors, copies=1):
+    """Move the version counter of each of ``tensors`` as ``copies`` in-place copies into
+    it would: gloo copies these results in from its own buffers."""
+    for t in tensors:
+        if not _no_data(t):
+            for _ in range(copies):
+                torch.autograd.graph.increment_version(t)
 
 
 def copy_bytes(src, dst):
@@ -113,10 +126,10 @@ def copy_bytes(src, dst):
     ``dst``, whatever their shapes and dtypes (``dst`` holds at least as many bytes; both
     are contiguous, as validation requires). The rest of ``dst`` is left as it was."""
     if src.shape == dst.shape and src.dtype == dst.dtype:
-        dst.detach().copy_(src)   # detach(): invisible to autograd, as a real backend's write
+        dst.data.copy_(src)
     elif not (_no_data(src) or _no_data(dst)):
         raw = src.detach().reshape(-1).view(torch.uint8)
-        dst.detach().reshape(-1).view(torch.uint8)[:raw.numel()].copy_(raw)
+        dst.data.reshape(-1).view(torch.uint8)[:raw.numel()].copy_(raw)
 
 
 def all_reduce(args, op):
@@ -154,16 +167,15 @@ def all_gather(args):
         # n copies per rank in one call, in the same order: O(n) Python on n ranks, not
         # O(n^2). Only where no dispatch mode would see the ops (it would see one op
         # instead of n): the accounting's fast path has set its mode aside here.
-        # (detach only what autograd tracks: a copy between tensors it does not track
-        # records nothing, and is quicker than n detaches)
-        inputs = [inp.detach() if inp.requires_grad else inp for inp in inputs]
+        inputs = [inp.detach() for inp in inputs]
         for outputs, _ in args:
-            torch._foreach_copy_([out.detach() if out.requires_grad else out
-                                  for out in outputs], inputs)
+            torch._foreach_copy_([out.data for out in outputs], inputs)
+            torch.autograd.graph.increment_version(outputs)   # as _copied_in: all hold data
         return
     for outputs, _ in args:
         for j, (_, inp) in enumerate(args):
             _write(outputs[j], inp)
+        _copied_in(outputs)
 
 
 def _all_alike(args, inputs):
@@ -195,12 +207,14 @@ def all_gather_single(args):
     stacked = torch.stack([inp.detach() for inp in inputs])
     for output, _ in args:
         _write(output, stacked.view(output.shape))
+        _copied_in([output], copies=len(args))   # gloo: one copy per rank's chunk
 
 
 def reduce_scatter(args, op):
     """``args[r] = (output, inputs)``: rank i gets the reduction of every rank's ``inputs[i]``."""
     for i, (output, _) in enumerate(args):
         _write(output, reduce_tensors([inputs[i] for _, inputs in args], op))
+        _copied_in([output])
 
 
 def reduce_scatter_single(args, op):
@@ -214,6 +228,7 @@ def reduce_scatter_single(args, op):
     split = [inp.detach().reshape(n, -1) for _, inp in args]
     for i, (output, _) in enumerate(args):
         _write(output, reduce_tensors([s[i] for s in split], op).view(output.shape))
+        _copied_in([output])
 
 
 def gather(args, dst):
@@ -222,6 +237,7 @@ def gather(args, dst):
     outputs = args[dst][0]
     for j, (_, inp) in enumerate(args):
         _write(outputs[j], inp)
+    _copied_in(outputs)
 
 
 def scatter(args, src):
@@ -240,6 +256,7 @@ def all_to_all(args):
     for i, (outputs, _) in enumerate(args):
         for j in range(len(args)):
             _write(outputs[j], inputs[j][i])
+        _copied_in(outputs)
 
 
 def _splits(tensor, sizes, n):
