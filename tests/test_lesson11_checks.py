@@ -115,10 +115,6 @@ def mutant(name, *edits):
     return learner(source, name)
 
 
-@pytest.fixture
-def short_timeout(monkeypatch):
-    monkeypatch.setattr(checking, "TIMEOUT", 1.0)
-
 
 NAMES = {checks.check_best_fit: "best-fit gang placer",
          checks.check_topology_placer: "topology-aware placer",

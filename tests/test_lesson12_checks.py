@@ -20,10 +20,6 @@ MINE = learner_namespace(R, R.max_batch, R.dynamic_batches, R.schedule, R.size_f
                          R.kpa_desired)
 
 
-@pytest.fixture
-def short_timeout(monkeypatch):
-    monkeypatch.setattr(checking, "TIMEOUT", 2.0)
-
 
 # right answers under other names, for wrong answers built on them
 OK = dict(MINE, ok_batches=MINE["dynamic_batches"], ok_schedule=MINE["schedule"],
